@@ -1,0 +1,41 @@
+//! Command line: one file per subcommand.
+
+pub mod check;
+pub mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for usage errors (bad flags, bad config, bad quantities).
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(name = "agent", version, about = "Stepwise: where did the training step's time go?")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: sample counters, probe collectives, serve /metrics and the API.
+    Run(run::RunArgs),
+    /// Preflight: kernel, BTF, capabilities, tracefs/bpffs, uprobes, NICs and readable counters.
+    Check(check::CheckArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Check(a) => check::main(a),
+    }
+}

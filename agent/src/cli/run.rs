@@ -1,0 +1,198 @@
+//! `agent run`: the daemon. Samples every counter source each interval on a blocking thread
+//! (sysfs reads and ioctls block), serves `/metrics` and the read-only API, and shuts down
+//! cleanly on SIGINT/SIGTERM.
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+use prometheus_client::registry::Registry;
+use tracing::{error, info, warn};
+
+use crate::{
+    config::{parse_duration, Config, Overrides},
+    export::{api, metrics::{AgentMetrics, SourceLabel}},
+    sources::{self, Errors, Selector, SourceContext},
+    topology,
+};
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Config file (TOML). A missing file at the default path means built-in defaults.
+    #[arg(long, env = "STEPWISE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address [default: 0.0.0.0:9477].
+    #[arg(long, env = "STEPWISE_LISTEN")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Root of sysfs; every sysfs read goes through it [default: /sys].
+    #[arg(long, env = "STEPWISE_SYSFS_ROOT")]
+    pub sysfs_root: Option<PathBuf>,
+    /// Counter sampling interval, e.g. 1s, 250ms [default: 1s; at least 10ms].
+    #[arg(long, env = "STEPWISE_INTERVAL", value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+    /// Log filter (RUST_LOG syntax) [default: info].
+    #[arg(long, env = "STEPWISE_LOG")]
+    pub log: Option<String>,
+    /// Print the default configuration (every value documented in config.rs) and exit.
+    #[arg(long)]
+    pub print_default_config: bool,
+}
+
+impl RunArgs {
+    pub fn overrides(&self) -> Overrides {
+        Overrides { listen: self.listen, sysfs_root: self.sysfs_root.clone(), interval: self.interval, log: self.log.clone() }
+    }
+}
+
+pub fn main(args: RunArgs) -> ExitCode {
+    if args.print_default_config {
+        print!("{}", Config::default_toml());
+        return ExitCode::SUCCESS;
+    }
+    let cfg = match Config::load(args.config.as_deref(), &args.overrides()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agent: {e}");
+            return ExitCode::from(super::EXIT_USAGE);
+        }
+    };
+    init_logging(&cfg.log);
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    let mut registry = Registry::default();
+    let errors = Errors::register(&mut registry);
+    let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
+    let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
+    let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval };
+    let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
+    let state = api::AppState::new(registry);
+
+    let topo = topology::discover(&cfg.sysfs_root, &cfg.rails);
+    if let Ok(mut t) = state.topology.write() {
+        *t = serde_json::to_value(&topo).unwrap_or_default();
+    }
+    info!(nics = topo.nics.len(), gpus = topo.gpus.len(), "topology discovered");
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sampler = {
+        let state = state.clone();
+        let interval = cfg.interval;
+        let mut stop_rx = stop_rx.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let mut next = Instant::now();
+            let mut sweeps: u64 = 0;
+            loop {
+                let mut reports = serde_json::Map::new();
+                for s in srcs.iter_mut() {
+                    let t0 = Instant::now();
+                    let r = s.sweep();
+                    let label = SourceLabel { source: s.name() };
+                    agent_metrics.sweep_seconds.get_or_create(&label).observe(t0.elapsed().as_secs_f64());
+                    let up = match &r {
+                        Ok(_) => 1,
+                        Err(e) => {
+                            if sweeps == 0 {
+                                warn!(source = s.name(), "{e}");
+                            }
+                            0
+                        }
+                    };
+                    agent_metrics.source_up.get_or_create(&label).set(up);
+                    reports.insert(
+                        s.name().to_string(),
+                        serde_json::json!({
+                            "up": up == 1,
+                            "last_sweep": r.as_ref().ok(),
+                            "error": r.as_ref().err().map(|e| e.to_string()),
+                            "detail": s.status(),
+                        }),
+                    );
+                }
+                sweeps += 1;
+                if let Ok(mut st) = state.status.write() {
+                    *st = serde_json::json!({
+                        "version": env!("CARGO_PKG_VERSION"),
+                        "uptime_seconds": started.elapsed().as_secs_f64(),
+                        "interval_seconds": interval.as_secs_f64(),
+                        "sweeps": sweeps,
+                        "ebpf_embedded": crate::ebpf::embedded(),
+                        "sources": reports,
+                    });
+                }
+                state.ready.store(true, Ordering::Relaxed);
+                next += interval;
+                let now = Instant::now();
+                if next < now {
+                    next = now; // fell behind: do not burst to catch up
+                }
+                // Sleep in short slices so shutdown is prompt.
+                while Instant::now() < next {
+                    if *stop_rx.borrow_and_update() {
+                        return;
+                    }
+                    std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+                }
+            }
+        })
+    };
+
+    let app = api::router(state.clone());
+    let mut server_stop = stop_rx.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = server_stop.wait_for(|v| *v).await;
+    });
+    let server = tokio::spawn(async move { server.await });
+
+    shutdown_signal().await;
+    info!("shutting down");
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

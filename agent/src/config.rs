@@ -1,0 +1,248 @@
+//! Configuration: a TOML file (`--config`, default `/etc/stepwise/agent.toml`), overridden by
+//! `STEPWISE_*` environment variables and then by flags. Every field's default is documented
+//! here and in `deploy/agent.toml.example`; an invalid value is a typed error at start-up.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Default config file path.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/stepwise/agent.toml";
+
+/// mlx5 `hw_counters/lifespan` default (10 ms): two reads inside it return the same cached
+/// values, so sampling faster than this measures nothing (platform-facts.md §1).
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The agent's configuration.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// HTTP listen address for `/metrics` and the read-only API. Default `0.0.0.0:9477`.
+    pub listen: SocketAddr,
+    /// Root of sysfs; every sysfs read goes through it (fixtures in tests). Default `/sys`.
+    pub sysfs_root: PathBuf,
+    /// Counter sampling interval. Default `1s`. Never below 10 ms, nor below an mlx5
+    /// device's `hw_counters/lifespan` (the RDMA source raises it per device if needed).
+    #[serde(with = "humantime_serde_compat")]
+    pub interval: Duration,
+    /// Log filter in `RUST_LOG` syntax. Default `info`.
+    pub log: String,
+    /// Which devices to read (globs on device name or PCI address). Empty = all. Default empty.
+    pub include: Vec<String>,
+    /// Devices never to read (globs on device name or PCI address). Default empty.
+    pub exclude: Vec<String>,
+    /// Stop reading a device whose first reads all fail (restricted ConnectX-7 functions flood
+    /// dmesg otherwise). Default `true`.
+    pub probe_safe: bool,
+    /// Rail index per NIC (RDMA device name or netdev name), overriding NIC order. Default empty.
+    pub rails: BTreeMap<String, u32>,
+    /// Which counter sources run. Default: all.
+    pub sources: SourcesConfig,
+}
+
+/// Source switches (`[sources]` table). Each defaults to `true`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourcesConfig {
+    /// RDMA sysfs counters (`/sys/class/infiniband`).
+    pub rdma: bool,
+    /// ethtool driver statistics (SIOCETHTOOL ioctl).
+    pub ethtool: bool,
+    /// netdev statistics (rtnetlink).
+    pub netdev: bool,
+    /// qdisc statistics (rtnetlink).
+    pub qdisc: bool,
+}
+
+impl Default for SourcesConfig {
+    fn default() -> Self {
+        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 9477)),
+            sysfs_root: PathBuf::from("/sys"),
+            interval: Duration::from_secs(1),
+            log: "info".into(),
+            include: Vec::new(),
+            exclude: Vec::new(),
+            probe_safe: true,
+            rails: BTreeMap::new(),
+            sources: SourcesConfig::default(),
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid value {value:?} for {field}: {reason}")]
+    Invalid { field: &'static str, value: String, reason: String },
+    #[error(transparent)]
+    Pattern(#[from] crate::sources::select::PatternError),
+}
+
+/// Overrides from flags or `STEPWISE_*` environment variables (clap merges the two).
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub sysfs_root: Option<PathBuf>,
+    pub interval: Option<Duration>,
+    pub log: Option<String>,
+}
+
+impl Config {
+    /// Loads the file (a missing file at the *default* path means defaults; a missing file
+    /// given explicitly is an error), applies overrides, validates.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let (path, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        let mut cfg = match std::fs::read_to_string(&path) {
+            Ok(text) => Config::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Config::default(),
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        if let Some(v) = overrides.listen {
+            cfg.listen = v;
+        }
+        if let Some(v) = &overrides.sysfs_root {
+            cfg.sysfs_root = v.clone();
+        }
+        if let Some(v) = overrides.interval {
+            cfg.interval = v;
+        }
+        if let Some(v) = &overrides.log {
+            cfg.log = v.clone();
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Checks values that serde alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.interval < MIN_INTERVAL {
+            return Err(ConfigError::Invalid {
+                field: "interval",
+                value: humantime::format_duration(self.interval).to_string(),
+                reason: "must be at least 10ms (the mlx5 hw_counters lifespan); faster sampling reads cached values".into(),
+            });
+        }
+        if self.interval > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                field: "interval",
+                value: humantime::format_duration(self.interval).to_string(),
+                reason: "must be at most 1h".into(),
+            });
+        }
+        if !self.sysfs_root.is_absolute() {
+            return Err(ConfigError::Invalid {
+                field: "sysfs_root",
+                value: self.sysfs_root.display().to_string(),
+                reason: "must be an absolute path".into(),
+            });
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log).map_err(|e| ConfigError::Invalid {
+            field: "log",
+            value: self.log.clone(),
+            reason: e.to_string(),
+        })?;
+        crate::sources::Selector::new(&self.include, &self.exclude, self.probe_safe)?;
+        Ok(())
+    }
+
+    /// The documented default configuration as TOML (`agent run --print-default-config`).
+    pub fn default_toml() -> String {
+        toml::to_string_pretty(&Config::default()).unwrap_or_default()
+    }
+}
+
+/// Parses a human duration (`1s`, `250ms`, `2m`) for flags and env.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 1s, 250ms, 2m)"))
+}
+
+/// serde adapter: durations as humantime strings (`"1s"`).
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = Config::default();
+        assert_eq!(c.listen.to_string(), "0.0.0.0:9477");
+        assert_eq!(c.sysfs_root, PathBuf::from("/sys"));
+        assert_eq!(c.interval, Duration::from_secs(1));
+        assert!(c.probe_safe && c.sources.rdma && c.sources.ethtool);
+        c.validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn default_toml_round_trips() {
+        let text = Config::default_toml();
+        assert_eq!(Config::from_toml(&text).expect("parse"), Config::default());
+    }
+
+    #[test]
+    fn file_values_and_overrides_apply_in_order() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("a.toml");
+        std::fs::write(&p, "interval = \"250ms\"\nlisten = \"127.0.0.1:1\"\n[rails]\nmlx5_3 = 0\n").expect("write");
+        let o = Overrides { listen: Some("127.0.0.1:2".parse().expect("addr")), ..Default::default() };
+        let c = Config::load(Some(&p), &o).expect("load");
+        assert_eq!(c.interval, Duration::from_millis(250));
+        assert_eq!(c.listen.port(), 2);
+        assert_eq!(c.rails.get("mlx5_3"), Some(&0));
+    }
+
+    #[test]
+    fn invalid_configs_are_typed_errors() {
+        assert!(Config::from_toml("intervall = \"1s\"").is_err(), "unknown keys are refused");
+        assert!(Config::from_toml("interval = \"fast\"").is_err());
+        let c = Config { interval: Duration::from_millis(1), ..Config::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { field: "interval", .. })));
+        let c = Config { include: vec!["[".into()], ..Config::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::Pattern(_))));
+        let missing = Config::load(Some(Path::new("/nonexistent/stepwise.toml")), &Overrides::default());
+        assert!(matches!(missing, Err(ConfigError::Read { .. })));
+    }
+}

@@ -1,0 +1,13 @@
+//! Stepwise: a per-host daemon that attributes distributed-training step time to causes.
+//!
+//! Data flows one way (architecture.md): `sources` → `timeline` → `attribution` → sinks
+//! (`export`, `store`, `report`). `model` is pure and used by attribution and `agent model`.
+
+pub mod cli;
+pub mod config;
+pub mod ebpf;
+pub mod export;
+pub mod model;
+pub mod sources;
+pub mod topology;
+pub mod units;

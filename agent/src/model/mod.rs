@@ -1,0 +1,1 @@
+//! The chapter's models (models.md) as pure functions. Being filled in.

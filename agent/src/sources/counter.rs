@@ -1,0 +1,120 @@
+//! Counter semantics: turning successive raw readings into non-negative deltas.
+//!
+//! Hardware counters come in three kinds and each needs its own rule:
+//! - **wrapping** fixed-width counters (mlx5 Q counters in `hw_counters/` are read as 32-bit,
+//!   netdev/qdisc 32-bit fields): a decrease means the counter passed 2^w − 1, so the delta is
+//!   `(cur + 2^w) − prev`;
+//! - **saturating** IBA PMA counters (`counters/`, platform-facts.md §1): they stop at all-ones
+//!   and are cleared by a reset. A reading at all-ones is stuck: no delta beyond it can be known;
+//!   a decrease is a reset, and the delta is `cur` (what was counted since the reset);
+//! - **64-bit monotonic** counters (Ext PMA, ethtool, netdev64): never wrap in practice, so a
+//!   decrease is a reset (driver reload, `ethtool` clear): the delta is `cur`.
+//!
+//! Adding 2^32 to a reset 64-bit counter would invent 4 GiB of traffic; these rules never do.
+
+/// How a counter behaves at its limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Semantics {
+    /// Wraps modulo 2^bits.
+    Wrapping { bits: u8 },
+    /// Stops at 2^bits − 1 until reset.
+    Saturating { bits: u8 },
+    /// 64-bit, monotonic until reset.
+    Monotonic,
+}
+
+/// What happened between two readings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delta {
+    /// Normal increase (or no change).
+    Normal(u64),
+    /// The counter wrapped once; the value is the corrected delta.
+    Wrapped(u64),
+    /// The counter was reset; the value is what it counted since the reset.
+    Reset(u64),
+    /// The counter is stuck at its maximum: the true delta is unknown (at least the value).
+    Saturated(u64),
+}
+
+impl Delta {
+    /// The delta to add to a monotonic accumulator.
+    pub fn value(self) -> u64 {
+        match self {
+            Delta::Normal(v) | Delta::Wrapped(v) | Delta::Reset(v) | Delta::Saturated(v) => v,
+        }
+    }
+}
+
+fn max_for(bits: u8) -> u64 {
+    if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 }
+}
+
+impl Semantics {
+    /// Delta from `prev` to `cur` under these semantics.
+    pub fn delta(self, prev: u64, cur: u64) -> Delta {
+        match self {
+            Semantics::Wrapping { bits } => {
+                if cur >= prev {
+                    Delta::Normal(cur - prev)
+                } else if bits < 64 && prev <= max_for(bits) && cur <= max_for(bits) {
+                    Delta::Wrapped((max_for(bits) - prev) + cur + 1)
+                } else {
+                    // A value wider than the declared width: treat as a reset, never invent bytes.
+                    Delta::Reset(cur)
+                }
+            }
+            Semantics::Saturating { bits } => {
+                let max = max_for(bits);
+                if cur < prev {
+                    Delta::Reset(cur)
+                } else if cur >= max && prev < max {
+                    Delta::Saturated(max - prev)
+                } else if cur >= max {
+                    Delta::Saturated(0)
+                } else {
+                    Delta::Normal(cur - prev)
+                }
+            }
+            Semantics::Monotonic => {
+                if cur >= prev { Delta::Normal(cur - prev) } else { Delta::Reset(cur) }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapping_32_bit_counter_wraps_once() {
+        let s = Semantics::Wrapping { bits: 32 };
+        assert_eq!(s.delta(u32::MAX as u64 - 9, 5), Delta::Wrapped(15));
+        assert_eq!(s.delta(100, 150), Delta::Normal(50));
+        assert_eq!(s.delta(7, 7), Delta::Normal(0));
+    }
+
+    #[test]
+    fn wrapping_counter_with_impossible_width_is_a_reset() {
+        let s = Semantics::Wrapping { bits: 32 };
+        assert_eq!(s.delta(1 << 40, 3), Delta::Reset(3));
+    }
+
+    #[test]
+    fn saturating_counter_never_adds_a_wrap() {
+        let s = Semantics::Saturating { bits: 32 };
+        let max = u32::MAX as u64;
+        assert_eq!(s.delta(max - 10, max), Delta::Saturated(10));
+        assert_eq!(s.delta(max, max), Delta::Saturated(0));
+        assert_eq!(s.delta(max, 12), Delta::Reset(12));
+        assert_eq!(s.delta(10, 20), Delta::Normal(10));
+    }
+
+    #[test]
+    fn monotonic_decrease_is_a_reset_not_two_to_the_32() {
+        let s = Semantics::Monotonic;
+        assert_eq!(s.delta(5_000_000_000, 1_000), Delta::Reset(1_000));
+        assert_eq!(s.delta(u64::MAX - 1, u64::MAX), Delta::Normal(1));
+        assert_eq!(Delta::Reset(1_000).value(), 1_000);
+    }
+}

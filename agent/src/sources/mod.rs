@@ -1,0 +1,129 @@
+//! Inputs. One folder per source; each owns its parsing, its metrics and its tests, and
+//! adding one touches nothing central beyond its line in [`build_sources`].
+
+pub mod counter;
+pub mod ethtool;
+pub mod netdev;
+pub mod qdisc;
+pub mod rdma;
+pub mod select;
+
+use std::{path::PathBuf, time::Duration};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+    registry::Registry,
+};
+
+pub use select::Selector;
+
+/// Labels of `stepwise_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub source: &'static str,
+    pub kind: &'static str,
+}
+
+/// `stepwise_errors_total{source,kind}`: every skipped value, failed read or vanished device.
+/// Cheap to clone; all clones count into the same family.
+#[derive(Clone, Default)]
+pub struct Errors(Family<ErrorLabels, Counter>);
+
+impl Errors {
+    pub fn register(registry: &mut Registry) -> Self {
+        let e = Errors::default();
+        registry.register("stepwise_errors", "Errors by source and kind (bad values, failed reads, vanished devices)", e.0.clone());
+        e
+    }
+    pub fn inc(&self, source: &'static str, kind: &'static str) {
+        self.0.get_or_create(&ErrorLabels { source, kind }).inc();
+    }
+    pub fn get(&self, source: &'static str, kind: &'static str) -> u64 {
+        self.0.get_or_create(&ErrorLabels { source, kind }).get()
+    }
+}
+
+/// Error kinds used as `kind` label values, shared so names stay consistent.
+pub mod kind {
+    /// A file or attribute could not be read (I/O error other than "not found").
+    pub const READ: &str = "read";
+    /// A value did not parse (garbage, empty, wrong format).
+    pub const PARSE: &str = "parse";
+    /// The kernel said the value is not available (`N/A (no PMA)`).
+    pub const NOT_AVAILABLE: &str = "not_available";
+    /// A device present in the previous sweep is gone.
+    pub const VANISHED: &str = "vanished";
+    /// A device was skipped by probe-safe mode after failing reads.
+    pub const PROBE_SAFE_SKIP: &str = "probe_safe_skip";
+    /// A netlink request failed.
+    pub const NETLINK: &str = "netlink";
+    /// An ioctl failed.
+    pub const IOCTL: &str = "ioctl";
+    /// A counter was reset or saturated between two sweeps.
+    pub const COUNTER_RESET: &str = "counter_reset";
+}
+
+/// What every source gets at construction.
+#[derive(Clone)]
+pub struct SourceContext {
+    /// Root under which every sysfs read happens (`--sysfs-root`, default `/sys`).
+    pub sysfs_root: PathBuf,
+    pub selector: Selector,
+    pub errors: Errors,
+    /// Sampling interval, for sources that must respect a hardware cache lifetime.
+    pub interval: Duration,
+}
+
+/// Outcome of one sweep, for logs and `/api/v1/status`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SweepReport {
+    /// Devices (NIC ports, netdevs, qdiscs) read in this sweep.
+    pub devices: usize,
+    /// Counter values read.
+    pub values: usize,
+    /// Values skipped (garbage, N/A, unreadable).
+    pub skipped: usize,
+}
+
+/// Failure of a whole source for one sweep (individual bad values are counted, not returned).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{source_name}: {what}: {err}")]
+    Io {
+        source_name: &'static str,
+        what: String,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("{source_name}: not available on this host: {reason}")]
+    Unavailable { source_name: &'static str, reason: String },
+}
+
+/// A counter source sampled every interval.
+pub trait Source: Send + 'static {
+    /// Stable name, used as the `source` label.
+    fn name(&self) -> &'static str;
+    /// Reads everything once and updates the source's own metrics.
+    fn sweep(&mut self) -> Result<SweepReport, SourceError>;
+    /// A JSON description of what the source currently sees (for `/api/v1/status`).
+    fn status(&self) -> serde_json::Value;
+}
+
+/// The sources enabled by configuration, each registering its metrics.
+pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry: &mut Registry) -> Vec<Box<dyn Source>> {
+    let mut out: Vec<Box<dyn Source>> = Vec::new();
+    if cfg.sources.rdma {
+        out.push(Box::new(rdma::RdmaSource::new(ctx.clone(), registry)));
+    }
+    if cfg.sources.ethtool {
+        out.push(Box::new(ethtool::EthtoolSource::new(ctx.clone(), registry)));
+    }
+    if cfg.sources.netdev {
+        out.push(Box::new(netdev::NetdevSource::new(ctx.clone(), registry)));
+    }
+    if cfg.sources.qdisc {
+        out.push(Box::new(qdisc::QdiscSource::new(ctx.clone(), registry)));
+    }
+    out
+}

@@ -1,0 +1,1 @@
+//! Typed units (bytes, seconds, bytes/s). Being filled in.

@@ -1,0 +1,4 @@
+//! `cargo xtask <task>`: setup, demo, test tiers, benchmarks, fixtures.
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}
