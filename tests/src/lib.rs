@@ -1,2 +1,4 @@
 //! Test support: the sysfs scenario writer (a fake of the kernel's files, not of our code)
 //! and helpers for the privileged integration tests.
+
+pub mod scenario;

@@ -1,4 +1,26 @@
-//! `cargo xtask <task>`: setup, demo, test tiers, benchmarks, fixtures.
+//! `cargo xtask <task>`: setup, demo, test tiers, benchmarks, fixtures and scenarios.
+//! Everything a fresh machine needs is installed by `setup` (xtask/setup.sh), which `demo`
+//! and `test` run first.
+
+mod tasks;
+
 fn main() -> anyhow::Result<()> {
-    Ok(())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, rest) = match args.split_first() {
+        Some((t, r)) => (t.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    match task {
+        "setup" => tasks::setup(),
+        "demo" => tasks::demo(rest),
+        "test" => tasks::test(rest),
+        "bench" => tasks::bench(rest),
+        "scenario" => stepwise_tests::scenario::run_cli(rest),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)"
+            );
+            if task == "help" { Ok(()) } else { anyhow::bail!("unknown task {task:?}") }
+        }
+    }
 }

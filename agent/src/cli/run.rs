@@ -88,7 +88,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let errors = Errors::register(&mut registry);
     let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
-    let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval };
+    let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
     let state = api::AppState::new(registry);
 

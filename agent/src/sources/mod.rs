@@ -73,6 +73,8 @@ pub struct SourceContext {
     pub errors: Errors,
     /// Sampling interval, for sources that must respect a hardware cache lifetime.
     pub interval: Duration,
+    /// Rail overrides from config (RDMA device or netdev name → rail); see `topology`.
+    pub rails: std::collections::BTreeMap<String, u32>,
 }
 
 /// Outcome of one sweep, for logs and `/api/v1/status`.
