@@ -1,4 +1,5 @@
 //! Test support: the sysfs scenario writer (a fake of the kernel's files, not of our code)
 //! and helpers for the privileged integration tests.
 
+pub mod harness;
 pub mod scenario;

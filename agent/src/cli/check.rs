@@ -1,19 +1,210 @@
-//! `agent check`: preflight (being filled in).
-use std::process::ExitCode;
+//! `agent check`: preflight. Tells whether this host can run the agent and what it would see:
+//! kernel, BTF, capabilities, tracefs/bpffs, uprobes, the eBPF pipeline (a real load, attach
+//! and RingBuf round trip), every NIC found and which counter groups are readable.
+//! Exit status 1 with the reasons when the agent could not do its job.
+
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::Args;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::{
+    config::{Config, Overrides},
+    sources::{self, Errors, Selector, SourceContext},
+    topology,
+};
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Mount tracefs at /sys/kernel/tracing and bpffs at /sys/fs/bpf if they are not mounted.
+    #[arg(long)]
+    pub mount: bool,
+    /// Config file (same as `agent run`).
+    #[arg(long, env = "STEPWISE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Root of sysfs for NIC discovery [default: /sys].
+    #[arg(long, env = "STEPWISE_SYSFS_ROOT")]
+    pub sysfs_root: Option<PathBuf>,
 }
 
-pub fn main(_a: CheckArgs) -> ExitCode {
-    match crate::ebpf::self_test(100) {
-        Ok(t) => println!("{t:?}"),
-        Err(e) => println!("{e}"),
+/// Outcome of one check.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Item {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+}
+
+/// Linux capability numbers (include/uapi/linux/capability.h).
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+pub const CAP_SYS_PTRACE: u32 = 19;
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// Effective capability mask of this process (`CapEff` in /proc/self/status).
+pub fn effective_caps() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+    u64::from_str_radix(line.trim_start_matches("CapEff:").trim(), 16).ok()
+}
+
+pub fn has_cap(mask: u64, cap: u32) -> bool {
+    mask & (1u64 << cap) != 0
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+}
+
+fn mounted(path: &str, fstype: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| m.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            let (_, mp, ty) = (f.next(), f.next(), f.next());
+            mp == Some(path) && ty == Some(fstype)
+        }))
+        .unwrap_or(false)
+}
+
+fn try_mount(path: &str, fstype: &str) -> Result<(), String> {
+    let st = std::process::Command::new("mount").args(["-t", fstype, "nodev", path]).status().map_err(|e| e.to_string())?;
+    if st.success() { Ok(()) } else { Err(format!("mount -t {fstype} {path} failed: {st}")) }
+}
+
+/// Runs every check.
+pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
+    let mut items = Vec::new();
+    let mut push = |name: &str, status: Status, detail: String| items.push(Item { name: name.into(), status, detail });
+
+    push("kernel", Status::Ok, kernel_release());
+    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
+    push("btf", if btf { Status::Ok } else { Status::Warn }, if btf { "/sys/kernel/btf/vmlinux present".into() } else { "no kernel BTF: CO-RE programs unavailable (uprobes still work)".into() });
+
+    match effective_caps() {
+        Some(mask) => {
+            let need = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")];
+            let missing: Vec<&str> = need.iter().filter(|(c, _)| !has_cap(mask, *c) && !has_cap(mask, CAP_SYS_ADMIN)).map(|(_, n)| *n).collect();
+            if missing.is_empty() {
+                push("capabilities", Status::Ok, format!("CapEff={mask:016x}: CAP_BPF and CAP_PERFMON present"));
+            } else {
+                push("capabilities", Status::Fail, format!("missing {}: grant them (setcap, or the DaemonSet securityContext)", missing.join(", ")));
+            }
+            let extra: Vec<&str> = [(CAP_SYS_PTRACE, "CAP_SYS_PTRACE"), (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH")]
+                .iter()
+                .filter(|(c, _)| !has_cap(mask, *c))
+                .map(|(_, n)| *n)
+                .collect();
+            if !extra.is_empty() {
+                push("capabilities.containers", Status::Warn, format!("without {} the agent cannot read other containers' /proc/<pid>/root and maps", extra.join(", ")));
+            }
+        }
+        None => push("capabilities", Status::Warn, "cannot read /proc/self/status".into()),
     }
-    ExitCode::SUCCESS
+
+    for (path, fstype, what) in [("/sys/kernel/tracing", "tracefs", "tracefs"), ("/sys/fs/bpf", "bpf", "bpffs")] {
+        let mut ok = mounted(path, fstype);
+        let mut detail = if ok { format!("mounted at {path}") } else { format!("not mounted at {path}; `agent check --mount` mounts it") };
+        if !ok && args.mount {
+            match try_mount(path, fstype) {
+                Ok(()) => {
+                    ok = true;
+                    detail = format!("mounted at {path} (by this check)");
+                }
+                Err(e) => detail = e,
+            }
+        }
+        push(what, if ok { Status::Ok } else { Status::Warn }, detail);
+    }
+
+    let uprobe_pmu = std::path::Path::new("/sys/bus/event_source/devices/uprobe/type").exists();
+    push("uprobes", if uprobe_pmu { Status::Ok } else { Status::Fail }, if uprobe_pmu { "uprobe PMU present".into() } else { "no uprobe PMU (CONFIG_UPROBE_EVENTS): collective probes cannot attach".into() });
+
+    match crate::ebpf::self_test(100) {
+        Ok(t) if t.enter_events == t.calls && t.exit_events == t.calls && t.args_ok => {
+            push("ebpf", Status::Ok, format!("load + uprobe/uretprobe attach + RingBuf: {} calls → {} entry and {} return events, arguments decoded", t.calls, t.enter_events, t.exit_events))
+        }
+        Ok(t) => push("ebpf", Status::Fail, format!("self-test lost events: {} calls → {} entry, {} return events (args ok: {})", t.calls, t.enter_events, t.exit_events, t.args_ok)),
+        Err(e) => push("ebpf", Status::Fail, e.to_string()),
+    }
+
+    let overrides = Overrides { sysfs_root: args.sysfs_root.clone(), ..Default::default() };
+    let cfg = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            push("config", Status::Fail, e.to_string());
+            return items;
+        }
+    };
+    let topo = topology::discover(&cfg.sysfs_root, &cfg.rails);
+    if topo.nics.is_empty() {
+        push("nics", Status::Warn, format!("no NIC found under {}", cfg.sysfs_root.display()));
+    }
+    for nic in &topo.nics {
+        let name = match (&nic.ib_device, &nic.netdev) {
+            (Some(d), Some(n)) => format!("nic {d}/{} ({n})", nic.port.unwrap_or(1)),
+            (Some(d), None) => format!("nic {d}/{}", nic.port.unwrap_or(1)),
+            (None, Some(n)) => format!("nic {n}"),
+            (None, None) => "nic ?".into(),
+        };
+        let rate = nic.rate_bytes_per_second.map(|r| format!("{:.1} GB/s", r / 1e9)).unwrap_or_else(|| "rate unknown".into());
+        push(&name, Status::Ok, format!("rail {}, pci {}, numa {}, gpu {}, {}, {}", nic.rail, nic.pci.as_deref().unwrap_or("-"), nic.numa_node.map(|n| n.to_string()).unwrap_or("-".into()), nic.gpu.as_deref().unwrap_or("-"), nic.state.as_deref().unwrap_or("-"), rate));
+    }
+
+    // Counter groups: one real sweep of every source, on a throwaway registry.
+    let mut registry = Registry::default();
+    let errors = Errors::register(&mut registry);
+    match Selector::new(&cfg.include, &cfg.exclude, false) {
+        Ok(selector) => {
+            let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors: errors.clone(), interval: cfg.interval, rails: cfg.rails.clone() };
+            for mut s in sources::build_sources(&cfg, &ctx, &mut registry) {
+                match s.sweep() {
+                    Ok(r) => push(&format!("source {}", s.name()), if r.devices > 0 { Status::Ok } else { Status::Warn }, format!("{} devices, {} values read, {} skipped; {}", r.devices, r.values, r.skipped, s.status())),
+                    Err(e) => push(&format!("source {}", s.name()), Status::Warn, e.to_string()),
+                }
+            }
+        }
+        Err(e) => push("config", Status::Fail, e.to_string()),
+    }
+    items
+}
+
+pub fn main(args: CheckArgs) -> ExitCode {
+    let items = run_checks(&args);
+    let failed: Vec<&Item> = items.iter().filter(|i| i.status == Status::Fail).collect();
+    if args.json {
+        let doc = serde_json::json!({ "ok": failed.is_empty(), "checks": items });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        let w = items.iter().map(|i| i.name.len()).max().unwrap_or(10);
+        for i in &items {
+            let s = match i.status {
+                Status::Ok => "ok  ",
+                Status::Warn => "warn",
+                Status::Fail => "FAIL",
+            };
+            println!("{s}  {:<w$}  {}", i.name, i.detail);
+        }
+        if failed.is_empty() {
+            println!("\nthe agent can run on this host");
+        } else {
+            println!("\nthe agent cannot do its job here:");
+            for f in &failed {
+                println!("  - {}: {}", f.name, f.detail);
+            }
+        }
+    }
+    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -108,9 +108,13 @@ pub fn discover(sysfs_root: &Path, rail_overrides: &BTreeMap<String, u32>) -> To
             continue;
         }
         let pcidev = PciDevice::from_class_device(&dev);
-        // Skip virtual devices other than veth (bridges, tunnels): they are not NICs.
-        let is_veth = read_trim(&dev.join("type")).is_some() && dev.join("iflink").exists() && pcidev.is_none() && std::fs::read_link(&dev).map(|t| t.to_string_lossy().contains("/virtual/")).unwrap_or(false);
-        if pcidev.is_none() && !is_veth {
+        // Virtual devices count as NICs only when paired (veth: iflink is the peer's ifindex);
+        // bridges, ifb, tunnels and the like are not NICs.
+        let paired = match (read_trim(&dev.join("iflink")), read_trim(&dev.join("ifindex"))) {
+            (Some(a), Some(b)) => a != b,
+            _ => false,
+        };
+        if pcidev.is_none() && !paired {
             continue;
         }
         let speed_mbps: Option<f64> = read_trim(&dev.join("speed")).and_then(|s| s.parse::<i64>().ok()).filter(|v| *v > 0).map(|v| v as f64);
