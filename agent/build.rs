@@ -22,6 +22,10 @@ fn main() -> anyhow::Result<()> {
         fs::write(&object, b"")?;
         return Ok(());
     }
+    // The nested cargo's progress lines would each become a cargo:warning; keep it quiet
+    // (compiler diagnostics still come through).
+    // SAFETY: build scripts are single-threaded at this point.
+    unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
     let root = ebpf_dir.to_str().ok_or_else(|| anyhow::anyhow!("non-UTF-8 path"))?;
     aya_build::build_ebpf(
         [aya_build::Package { name: "agent-ebpf", root_dir: root, ..Default::default() }],
