@@ -1,0 +1,183 @@
+//! The RDMA source's Prometheus metrics: typed label sets, registered once.
+//!
+//! Counter series are driven to the source's own cumulative value ([`set_counter`]), not
+//! incremented by raw deltas, so a series never goes backwards when the hardware wraps,
+//! resets or the port vanishes, and a series whose labels change (netdev renamed, rail
+//! override) restarts from the port's full cumulative value instead of from zero.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use super::spec::Typed;
+
+/// `{device,port,netdev,rail}`: one NIC port.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabels {
+    pub device: String,
+    pub port: String,
+    pub netdev: String,
+    pub rail: String,
+}
+
+/// `{device,port,netdev,rail,reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetransmitLabels {
+    pub device: String,
+    pub port: String,
+    pub netdev: String,
+    pub rail: String,
+    pub reason: String,
+}
+
+/// `{device,port,counter}`: generic counters; `counter` is a file name, capped in number.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CounterLabels {
+    pub device: String,
+    pub port: String,
+    pub counter: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every family the RDMA source exports.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pub transmit_bytes: Family<PortLabels, Counter>,
+    pub receive_bytes: Family<PortLabels, Counter>,
+    pub transmit_packets: Family<PortLabels, Counter>,
+    pub receive_packets: Family<PortLabels, Counter>,
+    pub transmit_wait_ticks: Family<PortLabels, Counter>,
+    pub transmit_discards: Family<PortLabels, Counter>,
+    pub receive_errors: Family<PortLabels, Counter>,
+    pub ecn_marked_packets: Family<PortLabels, Counter>,
+    pub cnp_sent: Family<PortLabels, Counter>,
+    pub cnp_handled: Family<PortLabels, Counter>,
+    pub cnp_ignored: Family<PortLabels, Counter>,
+    pub out_of_sequence_packets: Family<PortLabels, Counter>,
+    pub out_of_buffer_drops: Family<PortLabels, Counter>,
+    pub retransmit_events: Family<RetransmitLabels, Counter>,
+    pub hw_counter: Family<CounterLabels, Counter>,
+    pub port_counter: Family<CounterLabels, Counter>,
+    pub port_up: Family<PortLabels, Gauge>,
+    pub link_rate: Family<PortLabels, FloatGauge>,
+}
+
+impl Metrics {
+    /// Registers every family (prometheus-client appends `_total` to counters).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Metrics::default();
+        let counters: [(&str, &str, &Family<PortLabels, Counter>); 13] = [
+            ("stepwise_nic_transmit_bytes", "RDMA bytes transmitted (PMA port_xmit_data x4)", &m.transmit_bytes),
+            ("stepwise_nic_receive_bytes", "RDMA bytes received (PMA port_rcv_data x4)", &m.receive_bytes),
+            ("stepwise_nic_transmit_packets", "Packets transmitted (PMA port_xmit_packets)", &m.transmit_packets),
+            ("stepwise_nic_receive_packets", "Packets received (PMA port_rcv_packets)", &m.receive_packets),
+            ("stepwise_nic_transmit_wait_ticks", "Ticks with data pending but not sent (PMA port_xmit_wait)", &m.transmit_wait_ticks),
+            ("stepwise_nic_transmit_discards", "Outbound packets discarded (PMA port_xmit_discards)", &m.transmit_discards),
+            ("stepwise_nic_receive_errors", "Received packets with errors (PMA port_rcv_errors)", &m.receive_errors),
+            ("stepwise_nic_ecn_marked_packets", "CE-marked RoCEv2 packets received (np_ecn_marked_roce_packets)", &m.ecn_marked_packets),
+            ("stepwise_nic_cnp_sent", "Congestion notification packets sent (np_cnp_sent)", &m.cnp_sent),
+            ("stepwise_nic_cnp_handled", "CNPs received and handled by rate throttling (rp_cnp_handled)", &m.cnp_handled),
+            ("stepwise_nic_cnp_ignored", "CNPs received and ignored (rp_cnp_ignored)", &m.cnp_ignored),
+            ("stepwise_nic_out_of_sequence_packets", "Out-of-sequence packets received (out_of_sequence)", &m.out_of_sequence_packets),
+            ("stepwise_nic_out_of_buffer_drops", "Packets dropped for lack of a posted receive WQE (out_of_buffer)", &m.out_of_buffer_drops),
+        ];
+        for (name, help, fam) in counters {
+            registry.register(name, help, fam.clone());
+        }
+        registry.register(
+            "stepwise_nic_retransmit_events",
+            "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)",
+            m.retransmit_events.clone(),
+        );
+        registry.register(
+            "stepwise_rdma_hw_counter",
+            "Every other RDMA hw_counters entry, by file name (at most 256 names)",
+            m.hw_counter.clone(),
+        );
+        registry.register(
+            "stepwise_rdma_port_counter",
+            "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
+            m.port_counter.clone(),
+        );
+        registry.register("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
+        registry.register(
+            "stepwise_nic_link_rate_bytes_per_second",
+            "RDMA port link rate (from the rate file, Gb/s x 125000000)",
+            m.link_rate.clone(),
+        );
+        m
+    }
+
+    /// The family of a typed counter other than retransmissions.
+    pub fn port_family(&self, t: Typed) -> Option<&Family<PortLabels, Counter>> {
+        Some(match t {
+            Typed::TransmitBytes => &self.transmit_bytes,
+            Typed::ReceiveBytes => &self.receive_bytes,
+            Typed::TransmitPackets => &self.transmit_packets,
+            Typed::ReceivePackets => &self.receive_packets,
+            Typed::TransmitWaitTicks => &self.transmit_wait_ticks,
+            Typed::TransmitDiscards => &self.transmit_discards,
+            Typed::ReceiveErrors => &self.receive_errors,
+            Typed::EcnMarkedPackets => &self.ecn_marked_packets,
+            Typed::CnpSent => &self.cnp_sent,
+            Typed::CnpHandled => &self.cnp_handled,
+            Typed::CnpIgnored => &self.cnp_ignored,
+            Typed::OutOfSequencePackets => &self.out_of_sequence_packets,
+            Typed::OutOfBufferDrops => &self.out_of_buffer_drops,
+            Typed::Retransmit(_) => return None,
+        })
+    }
+}
+
+/// Raises a counter series to `total` (never lowers it).
+pub fn set_counter(c: &Counter, total: u64) {
+    let cur = c.get();
+    if total > cur {
+        c.inc_by(total - cur);
+    }
+}
+
+impl PortLabels {
+    pub fn retransmit(&self, reason: &str) -> RetransmitLabels {
+        RetransmitLabels {
+            device: self.device.clone(),
+            port: self.port.clone(),
+            netdev: self.netdev.clone(),
+            rail: self.rail.clone(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_counter_never_goes_backwards() {
+        let c = Counter::<u64>::default();
+        set_counter(&c, 10);
+        set_counter(&c, 4);
+        assert_eq!(c.get(), 10);
+        set_counter(&c, 25);
+        assert_eq!(c.get(), 25);
+    }
+
+    #[test]
+    fn families_are_registered_with_total_suffix() {
+        let mut reg = Registry::default();
+        let m = Metrics::register(&mut reg);
+        let l = PortLabels { device: "mlx5_0".into(), port: "1".into(), netdev: "eth0".into(), rail: "0".into() };
+        m.transmit_bytes.get_or_create(&l).inc_by(8);
+        m.link_rate.get_or_create(&l).set(50e9);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
+        assert!(out.contains(r#"stepwise_nic_transmit_bytes_total{device="mlx5_0",port="1",netdev="eth0",rail="0"} 8"#), "{out}");
+        assert!(out.contains("stepwise_nic_link_rate_bytes_per_second{"), "{out}");
+    }
+}
