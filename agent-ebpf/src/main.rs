@@ -1,16 +1,17 @@
 //! Stepwise eBPF programs: one uprobe and one uretprobe, attached by the agent to every
-//! probed library function. The agent sets a per-attachment cookie (`probe_id`) so one pair of
-//! programs serves every symbol; decoding of arguments happens in userspace.
+//! probed library function. The uprobe cookie (see `agent_common::cookie`) carries the probe
+//! id and capture flags, so one pair of programs serves every symbol; argument decoding
+//! happens in userspace.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use agent_common::{ProbeEvent, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT};
+    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT};
     use aya_ebpf::{
-        helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie},
+        helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
         macros::{map, uprobe, uretprobe},
-        maps::{PerCpuArray, RingBuf},
+        maps::{HashMap, PerCpuArray, RingBuf},
         programs::{ProbeContext, RetProbeContext},
         EbpfContext,
     };
@@ -23,6 +24,10 @@ mod programs {
     #[map(name = "DROPS")]
     static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+    /// tid → out-pointer saved at entry, read at return (cookie deref flag).
+    #[map(name = "OUTPTR")]
+    static OUTPTR: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+
     #[inline(always)]
     fn count_drop() {
         if let Some(p) = DROPS.get_ptr_mut(0) {
@@ -32,39 +37,56 @@ mod programs {
     }
 
     #[inline(always)]
-    fn header(cookie: u64, kind: u32) -> ProbeEvent {
+    fn fill_header(ev: &mut ProbeEvent, cookie: u64, kind: u32) {
         let pid_tgid = bpf_get_current_pid_tgid();
-        ProbeEvent {
-            // SAFETY: helper without arguments.
-            ts_ns: unsafe { bpf_ktime_get_ns() },
-            pid: (pid_tgid >> 32) as u32,
-            tid: pid_tgid as u32,
-            kind,
-            probe_id: cookie as u32,
-            args: [0; 6],
-            stack: [0; 2],
-        }
+        // SAFETY: helper without arguments.
+        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+        ev.pid = (pid_tgid >> 32) as u32;
+        ev.tid = pid_tgid as u32;
+        ev.kind = kind;
+        ev.probe_id = cookie as u32;
+        ev.has_blob = 0;
+        ev.has_deref = 0;
     }
 
     #[uprobe]
     pub fn call_enter(ctx: ProbeContext) -> u32 {
         // SAFETY: the context pointer is the program's own.
         let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-        let mut ev = header(cookie, KIND_ENTER);
-        let mut i = 0;
-        while i < 6 {
-            ev.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
-            i += 1;
-        }
+        let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
+            count_drop();
+            return 0;
+        };
+        let ev = entry.as_mut_ptr();
+        // SAFETY: `ev` points at a reserved, exclusively owned RingBuf record of our type.
+        let ev = unsafe { &mut *ev };
+        fill_header(ev, cookie, KIND_ENTER);
+        ev.args[0] = ctx.arg::<u64>(0).unwrap_or(0);
+        ev.args[1] = ctx.arg::<u64>(1).unwrap_or(0);
+        ev.args[2] = ctx.arg::<u64>(2).unwrap_or(0);
+        ev.args[3] = ctx.arg::<u64>(3).unwrap_or(0);
+        ev.args[4] = ctx.arg::<u64>(4).unwrap_or(0);
+        ev.args[5] = ctx.arg::<u64>(5).unwrap_or(0);
         // SysV x86-64: at entry [rsp] is the return address, stack arguments start at rsp+8.
         // SAFETY: regs points at the probed thread's saved registers.
         let rsp = unsafe { (*ctx.regs).rsp };
-        // SAFETY: user memory read through the helper; a fault yields an error, not a crash.
+        // SAFETY: user memory reads through the helper; a fault yields an error, not a crash.
         ev.stack[0] = unsafe { bpf_probe_read_user((rsp + 8) as *const u64) }.unwrap_or(0);
         ev.stack[1] = unsafe { bpf_probe_read_user((rsp + 16) as *const u64) }.unwrap_or(0);
-        if EVENTS.output::<ProbeEvent>(&ev, 0).is_err() {
-            count_drop();
+        if cookie & COOKIE_STACK_BLOB != 0 {
+            // SAFETY: as above; the destination is the record's own buffer.
+            let ok = unsafe { bpf_probe_read_user_buf((rsp + 8) as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();
+            ev.has_blob = ok as u32;
         }
+        let deref = (cookie >> COOKIE_DEREF_SHIFT) & 0xff;
+        if deref != 0 {
+            let idx = (deref - 1) as usize;
+            if idx < 6 {
+                let ptr = ev.args[idx];
+                let _ = OUTPTR.insert(&ev.tid, &ptr, 0);
+            }
+        }
+        entry.submit(0);
         0
     }
 
@@ -72,11 +94,27 @@ mod programs {
     pub fn call_exit(ctx: RetProbeContext) -> u32 {
         // SAFETY: the context pointer is the program's own.
         let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-        let mut ev = header(cookie, KIND_EXIT);
-        ev.args[0] = ctx.ret::<u64>();
-        if EVENTS.output::<ProbeEvent>(&ev, 0).is_err() {
+        let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
             count_drop();
+            return 0;
+        };
+        // SAFETY: exclusively owned reserved record.
+        let ev = unsafe { &mut *entry.as_mut_ptr() };
+        fill_header(ev, cookie, KIND_EXIT);
+        ev.args[0] = ctx.ret::<u64>();
+        ev.args[1] = 0;
+        if (cookie >> COOKIE_DEREF_SHIFT) & 0xff != 0 {
+            // SAFETY: map lookup by value; the pointer is read with the user-read helper.
+            if let Some(ptr) = unsafe { OUTPTR.get(&ev.tid) } {
+                let p = *ptr;
+                if let Ok(v) = unsafe { bpf_probe_read_user(p as *const u64) } {
+                    ev.args[1] = v;
+                    ev.has_deref = 1;
+                }
+            }
+            let _ = OUTPTR.remove(&ev.tid);
         }
+        entry.submit(0);
         0
     }
 

@@ -6,12 +6,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{ProbeEvent, EVENTS_MAP, KIND_ENTER, KIND_EXIT, PROG_CALL_ENTER, PROG_CALL_EXIT};
+use agent_common::{ProbeEvent, DROPS_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, PROG_CALL_ENTER, PROG_CALL_EXIT};
 use aya::{
-    maps::RingBuf,
-    programs::{uprobe::{UProbeAttachPoint, UProbeScope}, UProbe},
+    maps::{PerCpuArray, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        UProbe,
+    },
     Ebpf,
 };
+
+/// One attached program (entry or return) at one location.
+#[derive(Debug)]
+pub struct AttachedLink {
+    program: &'static str,
+    id: UProbeLinkId,
+}
 
 /// The eBPF object built by agent/build.rs (empty when built without bpf-linker).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
@@ -68,8 +78,19 @@ impl Probes {
     }
 
     /// Attaches the entry and return programs to `symbol` in `target` for every process;
-    /// `probe_id` comes back in each event (the uprobe cookie).
-    pub fn attach(&mut self, target: &Path, symbol: &str, probe_id: u32) -> Result<(), EbpfError> {
+    /// `cookie` (see `agent_common::cookie`) carries the probe id and capture flags.
+    pub fn attach(&mut self, target: &Path, symbol: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
+        self.attach_at(target, UProbeAttachLocation::Symbol(symbol), symbol, cookie)
+    }
+
+    /// Attaches at a file offset (used to attach once per offset when several symbols —
+    /// NCCL's weak `ncclX` and strong `pncclX` — share one address).
+    pub fn attach_offset(&mut self, target: &Path, offset: u64, what: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
+        self.attach_at(target, UProbeAttachLocation::AbsoluteOffset(offset), what, cookie)
+    }
+
+    fn attach_at(&mut self, target: &Path, location: UProbeAttachLocation<'_>, symbol: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
+        let mut links = Vec::with_capacity(2);
         for (name, _) in [(PROG_CALL_ENTER, KIND_ENTER), (PROG_CALL_EXIT, KIND_EXIT)] {
             let p: &mut UProbe = self
                 .ebpf
@@ -77,14 +98,42 @@ impl Probes {
                 .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
                 .try_into()
                 .map_err(|source| EbpfError::Program { name, source })?;
-            let point = UProbeAttachPoint { location: symbol.into(), cookie: Some(u64::from(probe_id)) };
-            p.attach(point, target, UProbeScope::AllProcesses).map_err(|source| EbpfError::Attach {
-                symbol: symbol.to_string(),
-                target: target.display().to_string(),
-                source,
-            })?;
+            let loc = match &location {
+                UProbeAttachLocation::Symbol(s) => UProbeAttachLocation::Symbol(s),
+                UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
+                UProbeAttachLocation::SymbolOffset(s, o) => UProbeAttachLocation::SymbolOffset(s, *o),
+            };
+            let point = UProbeAttachPoint { location: loc, cookie: Some(cookie) };
+            let attached = p.attach(point, target, UProbeScope::AllProcesses);
+            match attached {
+                Ok(id) => links.push(AttachedLink { program: name, id }),
+                Err(source) => {
+                    // Roll back the half-attached pair.
+                    for l in links.drain(..) {
+                        self.detach(l);
+                    }
+                    return Err(EbpfError::Attach { symbol: symbol.to_string(), target: target.display().to_string(), source });
+                }
+            }
         }
-        Ok(())
+        Ok(links)
+    }
+
+    /// Detaches one link (errors are ignored: the target may be gone already).
+    pub fn detach(&mut self, link: AttachedLink) {
+        if let Some(p) = self.ebpf.program_mut(link.program) {
+            let p: Result<&mut UProbe, _> = p.try_into();
+            if let Ok(p) = p {
+                let _ = p.detach(link.id);
+            }
+        }
+    }
+
+    /// Events dropped in the kernel because the RingBuf was full (sum over CPUs).
+    pub fn drops(&self) -> u64 {
+        let Some(map) = self.ebpf.map(DROPS_MAP) else { return 0 };
+        let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return 0 };
+        arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
 
     /// Drains all events currently in the RingBuf.
@@ -126,7 +175,7 @@ pub struct SelfTest {
 pub fn self_test(calls: u64) -> Result<SelfTest, EbpfError> {
     let mut probes = Probes::load()?;
     let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "/proc/self/exe".into());
-    probes.attach(&exe, "stepwise_selftest_target", 7)?;
+    let _links = probes.attach(&exe, "stepwise_selftest_target", agent_common::cookie(7, false, None))?;
     let me = std::process::id();
     for i in 0..calls {
         std::hint::black_box(stepwise_selftest_target(1000 + i));

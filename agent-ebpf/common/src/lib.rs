@@ -9,6 +9,9 @@ pub const DROPS_MAP: &str = "DROPS";
 /// Size of the RingBuf in bytes (a power of two multiple of the page size).
 pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 
+/// Name of the hash map (tid → pointer argument) used to dereference an out-pointer at return.
+pub const OUTPTR_MAP: &str = "OUTPTR";
+
 /// Program names, as exported from the eBPF object.
 pub const PROG_CALL_ENTER: &str = "call_enter";
 pub const PROG_CALL_EXIT: &str = "call_exit";
@@ -17,10 +20,35 @@ pub const PROG_CALL_EXIT: &str = "call_exit";
 pub const KIND_ENTER: u32 = 1;
 pub const KIND_EXIT: u32 = 2;
 
+/// The uprobe cookie carries the probe id and per-symbol capture flags, so one pair of
+/// programs serves every symbol:
+/// - bits 0..32: probe id, echoed in [`ProbeEvent::probe_id`];
+/// - bit 32 ([`COOKIE_STACK_BLOB`]): copy 128 bytes of stack arguments (from rsp+8) into
+///   [`ProbeEvent::blob`] at entry — NCCL's `ncclUniqueId` is passed by value there;
+/// - bits 40..48 ([`COOKIE_DEREF_SHIFT`]): 1 + index of an out-pointer argument saved at entry
+///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`).
+pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
+pub const COOKIE_DEREF_SHIFT: u32 = 40;
+
+/// Builds a cookie.
+pub const fn cookie(probe_id: u32, stack_blob: bool, deref_arg: Option<u8>) -> u64 {
+    let mut c = probe_id as u64;
+    if stack_blob {
+        c |= COOKIE_STACK_BLOB;
+    }
+    if let Some(i) = deref_arg {
+        c |= ((i as u64) + 1) << COOKIE_DEREF_SHIFT;
+    }
+    c
+}
+
+/// Bytes of stack arguments captured when [`COOKIE_STACK_BLOB`] is set.
+pub const BLOB_BYTES: usize = 128;
+
 /// One probe hit: a function entry (with its first six integer arguments and two stack
 /// words) or a function return (with its return value in `args[0]`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeEvent {
     /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`).
     pub ts_ns: u64,
@@ -36,9 +64,21 @@ pub struct ProbeEvent {
     pub args: [u64; 6],
     /// The first two 8-byte stack arguments ([rsp+8], [rsp+16]) at entry.
     pub stack: [u64; 2],
+    /// 1 if `blob` holds the stack argument bytes, 0 otherwise.
+    pub has_blob: u32,
+    /// 1 if `args[1]` of a return event holds the dereferenced out-pointer.
+    pub has_deref: u32,
+    /// 128 bytes of stack arguments (only with [`COOKIE_STACK_BLOB`]).
+    pub blob: [u8; BLOB_BYTES],
 }
 
-const _: () = assert!(core::mem::size_of::<ProbeEvent>() == 88);
+const _: () = assert!(core::mem::size_of::<ProbeEvent>() == 96 + BLOB_BYTES);
+
+impl Default for ProbeEvent {
+    fn default() -> Self {
+        ProbeEvent { ts_ns: 0, pid: 0, tid: 0, kind: 0, probe_id: 0, args: [0; 6], stack: [0; 2], has_blob: 0, has_deref: 0, blob: [0; BLOB_BYTES] }
+    }
+}
 
 #[cfg(feature = "user")]
 // SAFETY: ProbeEvent is repr(C), Copy, and has no padding (size asserted above).
