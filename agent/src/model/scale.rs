@@ -1,0 +1,1 @@
+//! Being filled in (issue 3).
