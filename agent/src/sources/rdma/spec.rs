@@ -63,7 +63,7 @@ pub const RETRANSMIT_REASONS: [&str; 5] =
 
 /// mlx5 Q counters (basic, out_of_seq, retransmission, enhanced error, roce_accl): the driver
 /// reads them as 32-bit (`be32_to_cpu` in counters.c), so they roll over at 2^32.
-const MLX5_Q_COUNTERS: [&str; 25] = [
+const MLX5_Q_COUNTERS: [&str; 26] = [
     "rx_write_requests",
     "rx_read_requests",
     "rx_atomic_requests",
@@ -89,6 +89,7 @@ const MLX5_Q_COUNTERS: [&str; 25] = [
     "roce_adp_retrans_to",
     "roce_slow_restart",
     "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
 ];
 
 /// Files in `hw_counters/` that are not counters.
