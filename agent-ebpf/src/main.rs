@@ -81,10 +81,9 @@ mod programs {
         let deref = (cookie >> COOKIE_DEREF_SHIFT) & 0xff;
         if deref != 0 {
             let idx = (deref - 1) as usize;
-            if idx < 6 {
-                let ptr = ev.args[idx];
-                let _ = OUTPTR.insert(&ev.tid, &ptr, 0);
-            }
+            // 0..5: register arguments; 6, 7: the first two stack arguments.
+            let ptr = if idx < 6 { ev.args[idx] } else if idx == 6 { ev.stack[0] } else { ev.stack[1] };
+            let _ = OUTPTR.insert(&ev.tid, &ptr, 0);
         }
         entry.submit(0);
         0

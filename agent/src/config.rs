@@ -28,7 +28,7 @@ pub struct Config {
     pub sysfs_root: PathBuf,
     /// Counter sampling interval. Default `1s`. Never below 10 ms, nor below an mlx5
     /// device's `hw_counters/lifespan` (the RDMA source raises it per device if needed).
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "duration_str")]
     pub interval: Duration,
     /// Log filter in `RUST_LOG` syntax. Default `info`.
     pub log: String,
@@ -43,6 +43,8 @@ pub struct Config {
     pub rails: BTreeMap<String, u32>,
     /// Which counter sources run. Default: all.
     pub sources: SourcesConfig,
+    /// Collective probes (`[collectives]`): process selection, user probes, history size.
+    pub collectives: crate::sources::collectives::CollectivesConfig,
 }
 
 /// Source switches (`[sources]` table). Each defaults to `true`.
@@ -77,6 +79,7 @@ impl Default for Config {
             probe_safe: true,
             rails: BTreeMap::new(),
             sources: SourcesConfig::default(),
+            collectives: Default::default(),
         }
     }
 }
@@ -188,7 +191,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// serde adapter: durations as humantime strings (`"1s"`).
-mod humantime_serde_compat {
+pub mod duration_str {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

@@ -54,9 +54,11 @@ pub enum EbpfError {
     Map(&'static str),
 }
 
-/// Loaded programs with their RingBuf.
+/// Loaded programs with their RingBuf (taken out of the object once, so draining does not
+/// re-map the ring every time).
 pub struct Probes {
     ebpf: Ebpf,
+    ring: Option<RingBuf<aya::maps::MapData>>,
 }
 
 impl Probes {
@@ -74,7 +76,8 @@ impl Probes {
                 .map_err(|source| EbpfError::Program { name, source })?;
             p.load().map_err(|source| EbpfError::Program { name, source })?;
         }
-        Ok(Probes { ebpf })
+        let ring = ebpf.take_map(EVENTS_MAP).and_then(|m| RingBuf::try_from(m).ok());
+        Ok(Probes { ebpf, ring })
     }
 
     /// Attaches the entry and return programs to `symbol` in `target` for every process;
@@ -136,10 +139,15 @@ impl Probes {
         arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
 
+    /// Raw fd of the RingBuf, for poll(2).
+    pub fn ring_fd(&self) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        self.ring.as_ref().map(|r| r.as_raw_fd())
+    }
+
     /// Drains all events currently in the RingBuf.
     pub fn drain(&mut self, out: &mut Vec<ProbeEvent>) -> Result<usize, EbpfError> {
-        let map = self.ebpf.map_mut(EVENTS_MAP).ok_or(EbpfError::Map(EVENTS_MAP))?;
-        let mut ring = RingBuf::try_from(map).map_err(|_| EbpfError::Map(EVENTS_MAP))?;
+        let ring = self.ring.as_mut().ok_or(EbpfError::Map(EVENTS_MAP))?;
         let mut n = 0;
         while let Some(item) = ring.next() {
             if item.len() >= std::mem::size_of::<ProbeEvent>() {

@@ -26,7 +26,8 @@ pub const KIND_EXIT: u32 = 2;
 /// - bit 32 ([`COOKIE_STACK_BLOB`]): copy 128 bytes of stack arguments (from rsp+8) into
 ///   [`ProbeEvent::blob`] at entry — NCCL's `ncclUniqueId` is passed by value there;
 /// - bits 40..48 ([`COOKIE_DEREF_SHIFT`]): 1 + index of an out-pointer argument saved at entry
-///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`).
+///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`);
+///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments.
 pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
 pub const COOKIE_DEREF_SHIFT: u32 = 40;
 

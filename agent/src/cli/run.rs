@@ -16,7 +16,11 @@ use tracing::{error, info, warn};
 use crate::{
     config::{parse_duration, Config, Overrides},
     export::{api, metrics::{AgentMetrics, SourceLabel}},
-    sources::{self, Errors, Selector, SourceContext},
+    sources::{
+        self,
+        collectives::{Collectives, CollectivesError},
+        Errors, Selector, SourceContext,
+    },
     topology,
 };
 
@@ -90,6 +94,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
+    let coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
     let state = api::AppState::new(registry);
 
     let topo = topology::discover(&cfg.sysfs_root, &cfg.rails);
@@ -98,14 +103,18 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     info!(nics = topo.nics.len(), gpus = topo.gpus.len(), "topology discovered");
 
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());
+
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sampler = {
         let state = state.clone();
+        let agent_metrics = agent_metrics.clone();
+        let probes_status = probes_status.clone();
         let interval = cfg.interval;
         let mut stop_rx = stop_rx.clone();
         tokio::task::spawn_blocking(move || {
@@ -148,6 +157,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                         "sweeps": sweeps,
                         "ebpf_embedded": crate::ebpf::embedded(),
                         "sources": reports,
+                        "collectives": probes_status,
                     });
                 }
                 state.ready.store(true, Ordering::Relaxed);
@@ -179,7 +189,37 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;
+    if let Some(t) = probes_thread {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
     Ok(())
+}
+
+/// Starts the collective probes on their own blocking thread. A host where eBPF cannot load
+/// still gets counters: the failure is logged, shown in `/api/v1/status` and
+/// `stepwise_source_up{source="collectives"} 0`, and the agent keeps running.
+fn start_collectives(
+    coll: Option<Result<Collectives, CollectivesError>>,
+    state: &api::AppState,
+    up: &AgentMetrics,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> (Option<tokio::task::JoinHandle<()>>, serde_json::Value) {
+    let label = SourceLabel { source: "collectives" };
+    match coll {
+        None => (None, serde_json::json!({"enabled": false})),
+        Some(Ok(coll)) => {
+            if let Ok(mut g) = state.collectives.write() {
+                *g = Some(coll.history());
+            }
+            up.source_up.get_or_create(&label).set(1);
+            (Some(tokio::task::spawn_blocking(move || coll.run(|| *stop.borrow()))), serde_json::json!({"enabled": true, "up": true}))
+        }
+        Some(Err(e)) => {
+            warn!("collective probes disabled: {e}");
+            up.source_up.get_or_create(&label).set(0);
+            (None, serde_json::json!({"enabled": true, "up": false, "error": e.to_string()}))
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -8,7 +8,7 @@ use std::sync::{
 };
 
 use axum::{
-    extract::State,
+    extract::{Query, State},
     http::{header, StatusCode},
     response::{IntoResponse, Response},
     routing::get,
@@ -23,6 +23,8 @@ pub struct AppState {
     pub ready: Arc<AtomicBool>,
     pub status: Arc<RwLock<serde_json::Value>>,
     pub topology: Arc<RwLock<serde_json::Value>>,
+    /// Collective call history, when the probes run.
+    pub collectives: Arc<RwLock<Option<crate::sources::collectives::SharedHistory>>>,
 }
 
 impl AppState {
@@ -32,6 +34,7 @@ impl AppState {
             ready: Arc::new(AtomicBool::new(false)),
             status: Arc::new(RwLock::new(serde_json::json!({}))),
             topology: Arc::new(RwLock::new(serde_json::json!({}))),
+            collectives: Arc::new(RwLock::new(None)),
         }
     }
 }
@@ -46,6 +49,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/topology", get(topology))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/collectives", get(collectives))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; see /api/v1/status\n") })
         .with_state(state)
 }
@@ -76,4 +80,44 @@ async fn topology(State(s): State<AppState>) -> Json<serde_json::Value> {
 
 async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
     Json(snapshot(&s.status))
+}
+
+/// Query of `/api/v1/collectives`.
+#[derive(Debug, serde::Deserialize)]
+pub struct CollectivesQuery {
+    /// Wall-clock seconds since the epoch; calls that entered at or after it. Default 0.
+    pub since: Option<f64>,
+    /// At most this many calls (default 1000, at most 100 000).
+    pub limit: Option<usize>,
+}
+
+/// Most calls one response carries.
+pub const MAX_COLLECTIVES_LIMIT: usize = 100_000;
+
+async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Ok(Query(q)) = q else {
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>\n").into_response();
+    };
+    let since = q.since.unwrap_or(0.0);
+    if !since.is_finite() {
+        return (StatusCode::BAD_REQUEST, "since must be a finite number of seconds\n").into_response();
+    }
+    let limit = q.limit.unwrap_or(1000).min(MAX_COLLECTIVES_LIMIT);
+    let hist = s.collectives.read().ok().and_then(|g| g.clone());
+    let Some(hist) = hist else {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": "collective probes are not running (see /api/v1/status)"}))).into_response();
+    };
+    let h = match hist.lock() {
+        Ok(h) => h,
+        Err(p) => p.into_inner(),
+    };
+    Json(serde_json::json!({
+        "host": h.host,
+        "clock_error_seconds": h.clock.error_seconds,
+        "clock_synchronized": h.clock.synchronized,
+        "evicted": h.evicted,
+        "calls": h.calls_since(since, limit),
+        "net_requests": h.net_since(since, limit),
+    }))
+    .into_response()
 }

@@ -1,0 +1,166 @@
+//! Bounded in-memory history of decoded calls and network requests, with wall-clock times,
+//! served at `/api/v1/collectives`.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use super::decode::{Call, NetRequest};
+
+/// Monotonic → wall clock conversion with its error bound.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct ClockMap {
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC, in ns.
+    pub offset_ns: i128,
+    /// Error bound in seconds: the kernel's NTP `maxerror` plus the read gap.
+    pub error_seconds: f64,
+    /// Whether the kernel reports the clock synchronised (adjtimex not TIME_ERROR).
+    pub synchronized: bool,
+}
+
+impl ClockMap {
+    /// Reads both clocks and `adjtimex`.
+    pub fn now() -> ClockMap {
+        let read = |id| {
+            let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: valid out-pointer; clock ids are constants.
+            unsafe { libc::clock_gettime(id, &mut ts) };
+            ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+        };
+        let m0 = read(libc::CLOCK_MONOTONIC);
+        let r = read(libc::CLOCK_REALTIME);
+        let m1 = read(libc::CLOCK_MONOTONIC);
+        // SAFETY: zeroed timex with modes = 0 only reads.
+        let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointer to a timex struct.
+        let state = unsafe { libc::adjtimex(&mut tx) };
+        let maxerror_s = tx.maxerror as f64 * 1e-6;
+        ClockMap {
+            offset_ns: r - (m0 + m1) / 2,
+            error_seconds: maxerror_s + (m1 - m0) as f64 * 1e-9,
+            synchronized: state != libc::TIME_ERROR,
+        }
+    }
+
+    /// Wall-clock seconds since the epoch for a CLOCK_MONOTONIC ns value.
+    pub fn wall(&self, mono_ns: u64) -> f64 {
+        (mono_ns as i128 + self.offset_ns) as f64 * 1e-9
+    }
+}
+
+/// One call as served by the API.
+#[derive(Clone, Debug, Serialize)]
+pub struct CallRecord {
+    #[serde(flatten)]
+    pub call: Call,
+    pub host: String,
+    /// Wall-clock seconds since the epoch.
+    pub enter: f64,
+    pub exit: f64,
+    /// Seconds inside the call.
+    pub duration: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NetRecord {
+    #[serde(flatten)]
+    pub req: NetRequest,
+    pub posted: f64,
+    pub completed: f64,
+}
+
+/// Ring buffers of the most recent calls and network requests.
+#[derive(Debug)]
+pub struct History {
+    pub host: String,
+    cap: usize,
+    calls: VecDeque<CallRecord>,
+    net: VecDeque<NetRecord>,
+    pub clock: ClockMap,
+    /// Calls dropped from the front because the ring was full.
+    pub evicted: u64,
+}
+
+impl History {
+    pub fn new(host: String, cap: usize) -> History {
+        History { host, cap: cap.max(16), calls: VecDeque::new(), net: VecDeque::new(), clock: ClockMap::now(), evicted: 0 }
+    }
+
+    pub fn push_call(&mut self, call: Call) {
+        let rec = CallRecord {
+            host: self.host.clone(),
+            enter: self.clock.wall(call.enter_ns),
+            exit: self.clock.wall(call.exit_ns),
+            duration: call.exit_ns.saturating_sub(call.enter_ns) as f64 * 1e-9,
+            call,
+        };
+        if self.calls.len() >= self.cap {
+            self.calls.pop_front();
+            self.evicted += 1;
+        }
+        self.calls.push_back(rec);
+    }
+
+    pub fn push_net(&mut self, req: NetRequest) {
+        let rec = NetRecord { posted: self.clock.wall(req.posted_ns), completed: self.clock.wall(req.completed_ns), req };
+        if self.net.len() >= self.cap {
+            self.net.pop_front();
+        }
+        self.net.push_back(rec);
+    }
+
+    /// Calls that entered at or after `since` (wall seconds), oldest first, at most `limit`.
+    pub fn calls_since(&self, since: f64, limit: usize) -> Vec<CallRecord> {
+        let start = self.calls.partition_point(|c| c.enter < since);
+        self.calls.iter().skip(start).take(limit).cloned().collect()
+    }
+
+    pub fn net_since(&self, since: f64, limit: usize) -> Vec<NetRecord> {
+        self.net.iter().filter(|n| n.posted >= since).take(limit).cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::collectives::targets::Family;
+
+    fn call(enter_ns: u64) -> Call {
+        Call { pid: 1, tid: 1, library: Family::Mpi, op: "all_reduce".into(), bytes: Some(8), comm: None, comm_global: false, rank: Some(0), nranks: Some(2), seq: Some(enter_ns), enter_ns, exit_ns: enter_ns + 1000, ret: Some(0), aborted: false, grouped: false }
+    }
+
+    #[test]
+    fn clock_map_is_close_to_realtime() {
+        let c = ClockMap::now();
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let wall = c.wall(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("epoch").as_secs_f64();
+        assert!((wall - now).abs() < 0.05, "{wall} vs {now}");
+        assert!(c.error_seconds >= 0.0);
+    }
+
+    #[test]
+    fn history_is_bounded_and_filters_by_time() {
+        let mut h = History::new("h".into(), 16);
+        h.clock = ClockMap { offset_ns: 0, error_seconds: 0.0, synchronized: true };
+        for i in 0..20u64 {
+            h.push_call(call(i * 1_000_000_000));
+        }
+        assert_eq!(h.len(), 16);
+        assert_eq!(h.evicted, 4);
+        let v = h.calls_since(10.0, 3);
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].call.enter_ns, 10_000_000_000);
+        assert!((v[0].duration - 1e-6).abs() < 1e-12);
+    }
+}

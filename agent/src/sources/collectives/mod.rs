@@ -1,0 +1,448 @@
+//! Collective probes: every collective call of the traced processes on this host, from eBPF
+//! uprobes on NCCL, MPI, gloo and user-defined symbols, without touching the processes.
+//!
+//! Flow: [`procs::scan`] finds processes mapping a target library → symbols are resolved in
+//! the file ([`elf`]) and each distinct file offset is attached once (NCCL's weak `ncclX` and
+//! strong `pncclX` share an address) → the RingBuf is drained → [`decode::CallDecoder`] pairs
+//! entry/exit per thread and assigns `(CommId, seq)` → [`history::History`] and metrics.
+
+pub mod decode;
+pub mod elf;
+pub mod history;
+mod metrics;
+pub mod procs;
+pub mod targets;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use agent_common::ProbeEvent;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use self::{
+    decode::{CallDecoder, Decoded, ProbeInfo, ProcInfo},
+    elf::SymbolTable,
+    history::{ClockMap, History},
+    metrics::CollectiveMetrics,
+    procs::{FileKey, Selection},
+    targets::{Family, Target, UserProbe, OMPI_COMM_WORLD, OMPI_DATATYPES},
+};
+use crate::ebpf::{AttachedLink, Probes};
+
+/// `[collectives]` configuration.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CollectivesConfig {
+    /// Probe collective libraries. Default `true`.
+    pub enabled: bool,
+    /// Which processes to watch. Default: all.
+    pub select: Selection,
+    /// Library families probed. Default: nccl, mpi, gloo.
+    pub libraries: Vec<Family>,
+    /// User-defined probes (`[[collectives.user]]`).
+    pub user: Vec<UserProbe>,
+    /// Calls kept in memory for `/api/v1/collectives`. Default 65536.
+    pub history: usize,
+    /// How often to rescan `/proc` for new processes and late-loaded libraries. Default 500ms.
+    #[serde(with = "crate::config::duration_str")]
+    pub rescan: Duration,
+    /// Sampled probes (NCCL's `ncclIbTest`, polled continuously by the proxy thread) are
+    /// attached for `sample_window` every `sample_every`. Defaults 200ms / 10s.
+    #[serde(with = "crate::config::duration_str")]
+    pub sample_window: Duration,
+    #[serde(with = "crate::config::duration_str")]
+    pub sample_every: Duration,
+    /// Root of procfs (tests). Default `/proc`.
+    pub proc_root: PathBuf,
+    /// Host name reported with each call. Default: the kernel's hostname.
+    pub host: Option<String>,
+}
+
+impl Default for CollectivesConfig {
+    fn default() -> Self {
+        CollectivesConfig {
+            enabled: true,
+            select: Selection::default(),
+            libraries: vec![Family::Nccl, Family::Mpi, Family::Gloo],
+            user: Vec::new(),
+            history: 65536,
+            rescan: Duration::from_millis(500),
+            sample_window: Duration::from_millis(200),
+            sample_every: Duration::from_secs(10),
+            proc_root: PathBuf::from("/proc"),
+            host: None,
+        }
+    }
+}
+
+/// The kernel's hostname.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+/// Shared read access for the API and the timeline.
+pub type SharedHistory = Arc<Mutex<History>>;
+
+struct Attachment {
+    target: usize,
+    path: PathBuf,
+    links: Vec<AttachedLink>,
+    /// Sampled probes: (file offset, cookie, symbol) attached only in windows.
+    sampled: Vec<(u64, u64, String)>,
+    sampled_links: Vec<AttachedLink>,
+    users: HashSet<u32>,
+    symbols: SymbolTable,
+}
+
+/// The running probe service (owned by one blocking thread).
+pub struct Collectives {
+    cfg: CollectivesConfig,
+    targets: Vec<Target>,
+    globs: Vec<glob::Pattern>,
+    selector: procs::Selector,
+    probes: Probes,
+    decoder: CallDecoder,
+    attached: HashMap<FileKey, Attachment>,
+    procs: HashMap<u32, ProcInfo>,
+    rejected: HashSet<u32>,
+    history: SharedHistory,
+    metrics: CollectiveMetrics,
+    next_probe_id: u32,
+    last_drops: u64,
+    self_pid: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectivesError {
+    #[error(transparent)]
+    Ebpf(#[from] crate::ebpf::EbpfError),
+    #[error("invalid collectives.select: {0}")]
+    Select(std::io::Error),
+    #[error("invalid library glob {0:?}")]
+    Glob(String),
+}
+
+impl Collectives {
+    pub fn new(cfg: CollectivesConfig, registry: &mut Registry) -> Result<Collectives, CollectivesError> {
+        let mut targets: Vec<Target> = Vec::new();
+        for f in &cfg.libraries {
+            targets.push(match f {
+                Family::Nccl => targets::nccl(),
+                Family::Mpi => targets::mpi(),
+                Family::Gloo => targets::gloo(),
+                Family::User => continue,
+            });
+        }
+        targets.extend(cfg.user.iter().map(UserProbe::target));
+        let globs = targets
+            .iter()
+            .map(|t| glob::Pattern::new(&t.library).map_err(|_| CollectivesError::Glob(t.library.clone())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let selector = cfg.select.resolve().map_err(CollectivesError::Select)?;
+        let probes = Probes::load()?;
+        let host = cfg.host.clone().unwrap_or_else(hostname);
+        let history = Arc::new(Mutex::new(History::new(host, cfg.history)));
+        Ok(Collectives {
+            targets,
+            globs,
+            selector,
+            probes,
+            decoder: CallDecoder::default(),
+            attached: HashMap::new(),
+            procs: HashMap::new(),
+            rejected: HashSet::new(),
+            history,
+            metrics: CollectiveMetrics::register(registry),
+            next_probe_id: 1,
+            last_drops: 0,
+            self_pid: std::process::id(),
+            cfg,
+        })
+    }
+
+    pub fn history(&self) -> SharedHistory {
+        self.history.clone()
+    }
+
+    /// Runs until `stop` returns true: drains events continuously, rescans periodically.
+    pub fn run(mut self, stop: impl Fn() -> bool) {
+        let mut last_scan = Instant::now() - self.cfg.rescan;
+        let mut window_start: Option<Instant> = None;
+        let mut last_window = Instant::now();
+        let mut buf: Vec<ProbeEvent> = Vec::with_capacity(4096);
+        let fd = self.probes.ring_fd();
+        while !stop() {
+            if last_scan.elapsed() >= self.cfg.rescan {
+                self.rescan();
+                last_scan = Instant::now();
+            }
+            // Sampled windows for hot internal functions.
+            match window_start {
+                None if last_window.elapsed() >= self.cfg.sample_every => {
+                    self.attach_sampled();
+                    window_start = Some(Instant::now());
+                }
+                Some(t) if t.elapsed() >= self.cfg.sample_window => {
+                    self.detach_sampled();
+                    window_start = None;
+                    last_window = Instant::now();
+                }
+                _ => {}
+            }
+            if let Some(fd) = fd {
+                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd; a timeout bounds the wait so stop() is honoured.
+                unsafe { libc::poll(&mut pfd, 1, 20) };
+            } else {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            buf.clear();
+            match self.probes.drain(&mut buf) {
+                Ok(_) => {}
+                Err(e) => warn!("draining probe events: {e}"),
+            }
+            self.handle(&buf);
+        }
+        self.detach_sampled();
+    }
+
+    /// Processes a batch of events (also used by tests and benchmarks).
+    pub fn handle(&mut self, events: &[ProbeEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        self.metrics.events.inc_by(events.len() as u64);
+        for ev in events {
+            if !self.procs.contains_key(&ev.pid) {
+                self.admit(ev.pid);
+            }
+        }
+        let history = self.history.clone();
+        let mut hist = match history.lock() {
+            Ok(h) => h,
+            Err(p) => p.into_inner(),
+        };
+        hist.clock = ClockMap::now();
+        self.metrics.clock_error.set(hist.clock.error_seconds);
+        for ev in events {
+            let Some(proc) = self.procs.get(&ev.pid) else { continue };
+            match self.decoder.feed(ev, proc) {
+                Ok(Decoded::Call(c)) => {
+                    self.metrics.observe(&c);
+                    hist.push_call(c);
+                }
+                Ok(Decoded::Net(n)) => {
+                    self.metrics.net_requests.inc();
+                    hist.push_net(n);
+                }
+                Ok(Decoded::Nothing) => {}
+                Err(e) => self.metrics.decode_error(e.kind()),
+            }
+        }
+        let drops = self.probes.drops();
+        if drops > self.last_drops {
+            self.metrics.drops.inc_by(drops - self.last_drops);
+            self.last_drops = drops;
+        }
+        self.metrics.comms.set(self.decoder.tracked_comms() as i64);
+    }
+
+    /// An event from a pid not yet scanned: a process that started after the last rescan
+    /// (its first calls — communicator creation — must not be lost) or an unselected one.
+    fn admit(&mut self, pid: u32) -> bool {
+        if self.rejected.contains(&pid) {
+            return false;
+        }
+        if pid == self.self_pid || !self.selector.selects(&self.cfg.proc_root, pid) {
+            self.rejected.insert(pid);
+            return false;
+        }
+        let info = self.proc_info(pid, &[]);
+        self.procs.insert(pid, info);
+        true
+    }
+
+    fn proc_info(&self, pid: u32, libs: &[(usize, u64, &SymbolTable)]) -> ProcInfo {
+        let raw = std::fs::read(self.cfg.proc_root.join(pid.to_string()).join("environ")).unwrap_or_default();
+        let mut info = ProcInfo { env: procs::parse_environ(&raw), ..Default::default() };
+        for (ti, base, syms) in libs {
+            if self.targets[*ti].family != Family::Mpi {
+                continue;
+            }
+            let bias = base.wrapping_sub(syms.first_load_vaddr);
+            for (name, size) in OMPI_DATATYPES {
+                if let Some(v) = syms.vaddr(name) {
+                    info.ompi_types.insert(bias.wrapping_add(v), *size);
+                }
+            }
+            info.ompi_world = syms.vaddr(OMPI_COMM_WORLD).map(|v| bias.wrapping_add(v));
+        }
+        info
+    }
+
+    fn rescan(&mut self) {
+        let found = procs::scan(&self.cfg.proc_root, &self.globs, &self.selector, self.self_pid);
+        let mut users: HashMap<FileKey, HashSet<u32>> = HashMap::new();
+        for f in &found {
+            for (ti, path, key, _) in &f.libs {
+                users.entry(*key).or_default().insert(f.pid);
+                if !self.attached.contains_key(key) {
+                    self.attach_library(*ti, path, *key);
+                }
+            }
+            let needs_info = !self.procs.contains_key(&f.pid) || self.procs.get(&f.pid).is_some_and(|p| p.ompi_world.is_none() && f.libs.iter().any(|(t, ..)| self.targets[*t].family == Family::Mpi));
+            if needs_info {
+                let libs: Vec<(usize, u64, &SymbolTable)> = f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, &a.symbols))).collect();
+                let info = self.proc_info(f.pid, &libs);
+                self.procs.insert(f.pid, info);
+            }
+        }
+        // Processes that exited: calls still open were aborted (killed inside a collective).
+        let gone: Vec<u32> = self.procs.keys().copied().filter(|p| !procs::alive(&self.cfg.proc_root, *p)).collect();
+        if !gone.is_empty() {
+            let now = mono_ns();
+            let mut hist = match self.history.lock() {
+                Ok(h) => h,
+                Err(p) => p.into_inner(),
+            };
+            for pid in gone {
+                for c in self.decoder.process_exited(pid, now) {
+                    self.metrics.observe(&c);
+                    hist.push_call(c);
+                }
+                self.procs.remove(&pid);
+            }
+        }
+        self.rejected.retain(|p| procs::alive(&self.cfg.proc_root, *p));
+        // Detach libraries no process maps any more.
+        let stale: Vec<FileKey> = self.attached.keys().copied().filter(|k| !users.contains_key(k)).collect();
+        for k in stale {
+            if let Some(a) = self.attached.remove(&k) {
+                info!(library = %a.path.display(), "last user exited; detaching");
+                for l in a.links.into_iter().chain(a.sampled_links) {
+                    self.probes.detach(l);
+                }
+            }
+        }
+        for (k, u) in users {
+            if let Some(a) = self.attached.get_mut(&k) {
+                a.users = u;
+            }
+        }
+        self.metrics.processes.set(self.procs.len() as i64);
+        let mut per_lib: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for a in self.attached.values() {
+            *per_lib.entry(self.targets[a.target].family.as_str()).or_default() += (a.links.len() / 2) as i64;
+        }
+        for f in ["nccl", "mpi", "gloo", "user"] {
+            self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
+        }
+    }
+
+    fn attach_library(&mut self, ti: usize, path: &Path, key: FileKey) {
+        let target = self.targets[ti].clone();
+        let mut wanted: Vec<&str> = target.probes.iter().flat_map(|p| p.symbols.iter().map(String::as_str)).collect();
+        if target.family == Family::Mpi {
+            wanted.extend(OMPI_DATATYPES.iter().map(|(n, _)| *n));
+            wanted.push(OMPI_COMM_WORLD);
+        }
+        let symbols = match SymbolTable::read(path, &wanted) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("{e}");
+                self.metrics.decode_error("elf");
+                return;
+            }
+        };
+        let mut links = Vec::new();
+        let mut sampled = Vec::new();
+        let mut seen_offsets: HashSet<u64> = HashSet::new();
+        let mut missing = Vec::new();
+        for spec in &target.probes {
+            let Some((sym, off)) = spec.symbols.iter().find_map(|s| symbols.offset(s).map(|o| (s.clone(), o))) else {
+                if !spec.optional {
+                    missing.push(spec.symbols[0].clone());
+                }
+                continue;
+            };
+            if !seen_offsets.insert(off) {
+                continue; // an alias of a symbol already attached
+            }
+            let id = self.next_probe_id;
+            self.next_probe_id += 1;
+            self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
+            let cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+            if spec.sampled {
+                sampled.push((off, cookie, sym));
+                continue;
+            }
+            match self.probes.attach_offset(path, off, &sym, cookie) {
+                Ok(l) => links.extend(l),
+                Err(e) => {
+                    warn!("{e}");
+                    self.metrics.decode_error("attach");
+                }
+            }
+        }
+        if !missing.is_empty() {
+            warn!(library = %path.display(), "symbols not found: {}", missing.join(", "));
+        }
+        info!(library = %path.display(), family = target.family.as_str(), probes = links.len() / 2, sampled = sampled.len(), "attached");
+        debug!(?key, "attachment key");
+        self.attached.insert(key, Attachment { target: ti, path: path.to_path_buf(), links, sampled, sampled_links: Vec::new(), users: HashSet::new(), symbols });
+    }
+
+    fn attach_sampled(&mut self) {
+        let keys: Vec<FileKey> = self.attached.keys().copied().collect();
+        for k in keys {
+            let (path, sampled) = match self.attached.get(&k) {
+                Some(a) if !a.sampled.is_empty() => (a.path.clone(), a.sampled.clone()),
+                _ => continue,
+            };
+            for (off, cookie, sym) in sampled {
+                if let Ok(l) = self.probes.attach_offset(&path, off, &sym, cookie) {
+                    if let Some(a) = self.attached.get_mut(&k) {
+                        a.sampled_links.extend(l);
+                    }
+                }
+            }
+        }
+    }
+
+    fn detach_sampled(&mut self) {
+        let links: Vec<AttachedLink> = self.attached.values_mut().flat_map(|a| std::mem::take(&mut a.sampled_links)).collect();
+        for l in links {
+            self.probes.detach(l);
+        }
+    }
+
+    /// A JSON summary for `/api/v1/status`.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "libraries": self.attached.values().map(|a| serde_json::json!({
+                "path": a.path.display().to_string(),
+                "family": self.targets[a.target].family,
+                "probes": a.links.len() / 2,
+                "processes": a.users.len(),
+            })).collect::<Vec<_>>(),
+            "processes": self.procs.len(),
+        })
+    }
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests;

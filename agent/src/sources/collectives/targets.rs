@@ -1,0 +1,416 @@
+//! What to probe: per library family, the symbols and how to decode their arguments.
+//! Register positions follow the SysV x86-64 ABI (platform-facts.md §3): integer arguments in
+//! rdi, rsi, rdx, rcx, r8, r9 (`Arg::Reg(0..6)`), then the stack (`Arg::Stack(0..2)`).
+
+use serde::Serialize;
+
+/// Where an argument lives at function entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Reg(u8),
+    Stack(u8),
+}
+
+impl Arg {
+    /// Index for the eBPF deref cookie (0..5 registers, 6..7 stack).
+    pub fn deref_index(self) -> u8 {
+        match self {
+            Arg::Reg(i) => i,
+            Arg::Stack(i) => 6 + i,
+        }
+    }
+}
+
+/// Library families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    Nccl,
+    Mpi,
+    Gloo,
+    User,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Nccl => "nccl",
+            Family::Mpi => "mpi",
+            Family::Gloo => "gloo",
+            Family::User => "user",
+        }
+    }
+}
+
+/// Operations, as exported in metrics and the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Barrier,
+    Send,
+    Recv,
+    GroupStart,
+    GroupEnd,
+    CommInit,
+    CommSplit,
+    CommDestroy,
+    CommAbort,
+    CommRank,
+    CommSize,
+    NetIsend,
+    NetIrecv,
+    NetTest,
+    /// A user-defined probe's operation name is carried separately.
+    User,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
+            Op::Broadcast => "broadcast",
+            Op::Reduce => "reduce",
+            Op::AllToAll => "all_to_all",
+            Op::Barrier => "barrier",
+            Op::Send => "send",
+            Op::Recv => "recv",
+            Op::GroupStart => "group_start",
+            Op::GroupEnd => "group_end",
+            Op::CommInit => "comm_init",
+            Op::CommSplit => "comm_split",
+            Op::CommDestroy => "comm_destroy",
+            Op::CommAbort => "comm_abort",
+            Op::CommRank => "comm_rank",
+            Op::CommSize => "comm_size",
+            Op::NetIsend => "net_isend",
+            Op::NetIrecv => "net_irecv",
+            Op::NetTest => "net_test",
+            Op::User => "user",
+        }
+    }
+
+    /// Collective operations: every rank of the communicator issues them in the same order,
+    /// so they get a per-communicator sequence number `(CommId, seq)`.
+    pub fn is_collective(self) -> bool {
+        matches!(self, Op::AllReduce | Op::ReduceScatter | Op::AllGather | Op::Broadcast | Op::Reduce | Op::AllToAll | Op::Barrier | Op::User)
+    }
+}
+
+/// How to get bytes, communicator and identity out of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decoder {
+    /// A data-moving call: element count, datatype (family-specific encoding), communicator.
+    Data { count: Arg, dtype: Arg, comm: Option<Arg> },
+    /// Count × fixed element size (user probes).
+    Fixed { count: Option<Arg>, elem_size: u64, comm: Option<Arg> },
+    /// Only the communicator (barrier, destroy, abort).
+    CommOnly { comm: Arg },
+    /// Nothing to decode (group start/end).
+    Nothing,
+    /// NCCL communicator creation: nranks, rank, uniqueId by value on the stack, out-pointer.
+    NcclInit { nranks: Arg, rank: Arg },
+    /// `ncclCommSplit(comm, color, key, newcomm*, config)`.
+    NcclSplit { parent: Arg },
+    /// MPI_Comm_rank / MPI_Comm_size: communicator, int out-pointer.
+    MpiCommQuery { comm: Arg },
+    /// Internal network send/recv: size in bytes, request handle through an out-pointer.
+    NetPost { size: Option<Arg> },
+    /// Internal network test: request handle, `int* done` read at return.
+    NetTest,
+}
+
+/// One symbol to probe.
+#[derive(Clone, Debug)]
+pub struct ProbeSpec {
+    pub family: Family,
+    /// Symbol names to try, in order (the first one found is attached; aliases at the same
+    /// address are attached once).
+    pub symbols: Vec<String>,
+    pub op: Op,
+    pub decoder: Decoder,
+    /// Copy 128 bytes of stack arguments at entry (`ncclUniqueId` by value).
+    pub stack_blob: bool,
+    /// Out-pointer argument read at return.
+    pub deref: Option<Arg>,
+    /// Probed only in short sampled windows (hot internal functions like `ncclIbTest`).
+    pub sampled: bool,
+    /// A missing symbol is normal for this probe (internal symbols, optional entry points).
+    pub optional: bool,
+    /// Operation name for user probes.
+    pub user_op: Option<String>,
+}
+
+/// A probe target: library file glob and its probes.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub family: Family,
+    /// Glob on the library file name (`libnccl.so*`).
+    pub library: String,
+    pub probes: Vec<ProbeSpec>,
+}
+
+fn spec(family: Family, names: &[&str], op: Op, decoder: Decoder) -> ProbeSpec {
+    ProbeSpec {
+        family,
+        symbols: names.iter().map(|s| s.to_string()).collect(),
+        op,
+        decoder,
+        stack_blob: false,
+        deref: None,
+        sampled: false,
+        optional: false,
+        user_op: None,
+    }
+}
+
+use Arg::{Reg, Stack};
+
+/// NCCL (`libnccl.so*`). `ncclX` is a weak alias of `pncclX` at the same address; the
+/// strong name is tried first and the attach is done once per file offset.
+pub fn nccl() -> Target {
+    let f = Family::Nccl;
+    let data = |count, dtype, comm| Decoder::Data { count, dtype, comm: Some(comm) };
+    let mut probes = vec![
+        // (sendbuff, recvbuff, count, datatype, op, comm, stream)
+        spec(f, &["pncclAllReduce", "ncclAllReduce"], Op::AllReduce, data(Reg(2), Reg(3), Reg(5))),
+        spec(f, &["pncclReduceScatter", "ncclReduceScatter"], Op::ReduceScatter, data(Reg(2), Reg(3), Reg(5))),
+        // (sendbuff, recvbuff, sendcount, datatype, comm, stream)
+        spec(f, &["pncclAllGather", "ncclAllGather"], Op::AllGather, data(Reg(2), Reg(3), Reg(4))),
+        // (sendbuff, recvbuff, count, datatype, root, comm, stream)
+        spec(f, &["pncclBroadcast", "ncclBroadcast"], Op::Broadcast, data(Reg(2), Reg(3), Reg(5))),
+        // (sendbuff, recvbuff, count, datatype, op, root, comm, stream): comm on the stack
+        spec(f, &["pncclReduce", "ncclReduce"], Op::Reduce, data(Reg(2), Reg(3), Stack(0))),
+        // (buff, count, datatype, peer, comm, stream)
+        spec(f, &["pncclSend", "ncclSend"], Op::Send, data(Reg(1), Reg(2), Reg(4))),
+        spec(f, &["pncclRecv", "ncclRecv"], Op::Recv, data(Reg(1), Reg(2), Reg(4))),
+        spec(f, &["pncclGroupStart", "ncclGroupStart"], Op::GroupStart, Decoder::Nothing),
+        spec(f, &["pncclGroupEnd", "ncclGroupEnd"], Op::GroupEnd, Decoder::Nothing),
+        spec(f, &["pncclCommDestroy", "ncclCommDestroy"], Op::CommDestroy, Decoder::CommOnly { comm: Reg(0) }),
+        spec(f, &["pncclCommAbort", "ncclCommAbort"], Op::CommAbort, Decoder::CommOnly { comm: Reg(0) }),
+    ];
+    // (ncclComm_t* comm, int nranks, ncclUniqueId commId /* 128 B by value */, int rank [, config])
+    for name in [["pncclCommInitRank", "ncclCommInitRank"], ["pncclCommInitRankConfig", "ncclCommInitRankConfig"]] {
+        let mut s = spec(f, &name, Op::CommInit, Decoder::NcclInit { nranks: Reg(1), rank: Reg(2) });
+        s.stack_blob = true;
+        s.deref = Some(Reg(0));
+        s.optional = name[0].ends_with("Config");
+        probes.push(s);
+    }
+    let mut split = spec(f, &["pncclCommSplit", "ncclCommSplit"], Op::CommSplit, Decoder::NcclSplit { parent: Reg(0) });
+    split.deref = Some(Reg(3));
+    split.optional = true;
+    probes.push(split);
+    // Internal IB transport (platform-facts.md "NCCL's internal network calls").
+    // ncclIbIsend(sendComm, data, size, tag, mhandle, phandle, void** request): request on the stack.
+    let mut isend = spec(f, &["_Z11ncclIbIsendPvS_miS_S_PS_"], Op::NetIsend, Decoder::NetPost { size: Some(Reg(2)) });
+    isend.deref = Some(Stack(0));
+    // ncclIbIrecv(recvComm, n, data**, sizes*, tags*, mhandles**, phandles**, void** request)
+    let mut irecv = spec(f, &["_Z11ncclIbIrecvPviPS_PmPiS0_S0_S0_"], Op::NetIrecv, Decoder::NetPost { size: None });
+    irecv.deref = Some(Stack(1));
+    // ncclIbTest(request, int* done, int* sizes): polled continuously → sampled windows only.
+    let mut test = spec(f, &["_Z10ncclIbTestPvPiS0_"], Op::NetTest, Decoder::NetTest);
+    test.deref = Some(Reg(1));
+    test.sampled = true;
+    for mut s in [isend, irecv, test] {
+        s.optional = true;
+        probes.push(s);
+    }
+    Target { family: f, library: "libnccl.so*".into(), probes }
+}
+
+/// MPI (`libmpi.so*`, OpenMPI and MPICH).
+pub fn mpi() -> Target {
+    let f = Family::Mpi;
+    let data = |count, dtype, comm| Decoder::Data { count, dtype, comm: Some(comm) };
+    let mut probes = vec![
+        // (sendbuf, recvbuf, count, datatype, op, comm)
+        spec(f, &["PMPI_Allreduce", "MPI_Allreduce"], Op::AllReduce, data(Reg(2), Reg(3), Reg(5))),
+        // (sendbuf, recvbuf, recvcount, datatype, op, comm)
+        spec(f, &["PMPI_Reduce_scatter_block", "MPI_Reduce_scatter_block"], Op::ReduceScatter, data(Reg(2), Reg(3), Reg(5))),
+        // (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm)
+        spec(f, &["PMPI_Allgather", "MPI_Allgather"], Op::AllGather, data(Reg(1), Reg(2), Stack(0))),
+        // (buffer, count, datatype, root, comm)
+        spec(f, &["PMPI_Bcast", "MPI_Bcast"], Op::Broadcast, data(Reg(1), Reg(2), Reg(4))),
+        // (sendbuf, recvbuf, count, datatype, op, root, comm)
+        spec(f, &["PMPI_Reduce", "MPI_Reduce"], Op::Reduce, data(Reg(2), Reg(3), Stack(0))),
+        // (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm)
+        spec(f, &["PMPI_Alltoall", "MPI_Alltoall"], Op::AllToAll, data(Reg(1), Reg(2), Stack(0))),
+        spec(f, &["PMPI_Barrier", "MPI_Barrier"], Op::Barrier, Decoder::CommOnly { comm: Reg(0) }),
+    ];
+    // MPI_Reduce_scatter(sendbuf, recvbuf, const int recvcounts[], datatype, op, comm): the
+    // byte count would need the counts array; bytes are reported as unknown.
+    probes.push(spec(f, &["PMPI_Reduce_scatter", "MPI_Reduce_scatter"], Op::ReduceScatter, Decoder::CommOnly { comm: Reg(5) }));
+    for (names, op) in [(["PMPI_Comm_rank", "MPI_Comm_rank"], Op::CommRank), (["PMPI_Comm_size", "MPI_Comm_size"], Op::CommSize)] {
+        let mut s = spec(f, &names, op, Decoder::MpiCommQuery { comm: Reg(0) });
+        s.deref = Some(Reg(1));
+        probes.push(s);
+    }
+    Target { family: f, library: "libmpi.so*".into(), probes }
+}
+
+/// gloo inside PyTorch's `libtorch_cpu.so` (mangled names from platform-facts.md §4).
+/// Byte counts live inside C++ option structs; they are reported as unknown.
+pub fn gloo() -> Target {
+    let f = Family::Gloo;
+    let mut probes = Vec::new();
+    for (name, op) in [
+        ("_ZN4gloo9allreduceERKNS_16AllreduceOptionsE", Op::AllReduce),
+        ("_ZN4gloo9allgatherERNS_16AllgatherOptionsE", Op::AllGather),
+        ("_ZN4gloo9broadcastERNS_16BroadcastOptionsE", Op::Broadcast),
+        ("_ZN4gloo6reduceERNS_13ReduceOptionsE", Op::Reduce),
+        ("_ZN4gloo7barrierERNS_14BarrierOptionsE", Op::Barrier),
+        ("_ZN4gloo8alltoallERNS_15AlltoallOptionsE", Op::AllToAll),
+    ] {
+        let mut s = spec(f, &[name], op, Decoder::Nothing);
+        s.optional = true;
+        probes.push(s);
+    }
+    Target { family: f, library: "libtorch_cpu.so*".into(), probes }
+}
+
+/// A user-defined probe from config.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UserProbe {
+    /// Glob on the library (or executable) file name.
+    pub library: String,
+    pub symbol: String,
+    /// Operation name reported in metrics and the API.
+    pub op: String,
+    /// Argument index (0-based, SysV order; 6 and 7 are the first stack arguments) holding
+    /// the element count, if any.
+    pub count_arg: Option<u8>,
+    /// Bytes per element.
+    #[serde(default = "one")]
+    pub elem_size: u64,
+    /// Argument holding a communicator handle, if any.
+    pub comm_arg: Option<u8>,
+    /// Whether the call blocks until the operation completes (else enter/exit is only issue).
+    #[serde(default = "yes")]
+    pub blocking: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+fn arg_from_index(i: u8) -> Arg {
+    if i < 6 { Reg(i) } else { Stack(i - 6) }
+}
+
+impl UserProbe {
+    pub fn target(&self) -> Target {
+        let mut s = spec(
+            Family::User,
+            &[self.symbol.as_str()],
+            Op::User,
+            Decoder::Fixed { count: self.count_arg.map(arg_from_index), elem_size: self.elem_size, comm: self.comm_arg.map(arg_from_index) },
+        );
+        s.user_op = Some(self.op.clone());
+        Target { family: Family::User, library: self.library.clone(), probes: vec![s] }
+    }
+}
+
+/// NCCL `ncclTypeSize` (src/include/collectives.h): 1 byte for int8/uint8/fp8, 2 for
+/// half/bfloat16, 4 for int32/uint32/float, 8 for int64/uint64/double.
+pub fn nccl_type_size(dtype: u64) -> Option<u64> {
+    match dtype {
+        0 | 1 | 10 | 11 => Some(1),
+        6 | 9 => Some(2),
+        2 | 3 | 7 => Some(4),
+        4 | 5 | 8 => Some(8),
+        _ => None,
+    }
+}
+
+/// MPICH encodes the size of builtin datatypes in the handle: `0x4c00SSKK`, size in bytes
+/// = `(handle >> 8) & 0xff`.
+pub fn mpich_type_size(handle: u64) -> Option<u64> {
+    if handle >> 24 == 0x4c && handle < (1 << 32) {
+        Some((handle >> 8) & 0xff)
+    } else {
+        None
+    }
+}
+
+/// OpenMPI predefined datatype symbols (MPI_FLOAT is `&ompi_mpi_float`) and their sizes.
+pub const OMPI_DATATYPES: &[(&str, u64)] = &[
+    ("ompi_mpi_char", 1),
+    ("ompi_mpi_signed_char", 1),
+    ("ompi_mpi_unsigned_char", 1),
+    ("ompi_mpi_byte", 1),
+    ("ompi_mpi_int8_t", 1),
+    ("ompi_mpi_uint8_t", 1),
+    ("ompi_mpi_short", 2),
+    ("ompi_mpi_unsigned_short", 2),
+    ("ompi_mpi_int16_t", 2),
+    ("ompi_mpi_uint16_t", 2),
+    ("ompi_mpi_int", 4),
+    ("ompi_mpi_unsigned", 4),
+    ("ompi_mpi_int32_t", 4),
+    ("ompi_mpi_uint32_t", 4),
+    ("ompi_mpi_float", 4),
+    ("ompi_mpi_long", 8),
+    ("ompi_mpi_unsigned_long", 8),
+    ("ompi_mpi_long_long_int", 8),
+    ("ompi_mpi_int64_t", 8),
+    ("ompi_mpi_uint64_t", 8),
+    ("ompi_mpi_double", 8),
+    ("ompi_mpi_long_double", 16),
+];
+
+/// OpenMPI's world communicator symbol (MPI_COMM_WORLD is `&ompi_mpi_comm_world`).
+pub const OMPI_COMM_WORLD: &str = "ompi_mpi_comm_world";
+/// MPICH's MPI_COMM_WORLD handle.
+pub const MPICH_COMM_WORLD: u64 = 0x4400_0000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_type_sizes_match_collectives_h() {
+        let want = [(0, 1), (1, 1), (2, 4), (3, 4), (4, 8), (5, 8), (6, 2), (7, 4), (8, 8), (9, 2), (10, 1), (11, 1)];
+        for (t, s) in want {
+            assert_eq!(nccl_type_size(t), Some(s), "dtype {t}");
+        }
+        assert_eq!(nccl_type_size(12), None);
+    }
+
+    #[test]
+    fn mpich_sizes_come_from_the_handle() {
+        assert_eq!(mpich_type_size(0x4c00_040a), Some(4)); // MPI_FLOAT
+        assert_eq!(mpich_type_size(0x4c00_080b), Some(8)); // MPI_DOUBLE
+        assert_eq!(mpich_type_size(0x7f00_0000_1234), None);
+    }
+
+    #[test]
+    fn every_nccl_collective_has_a_strong_and_weak_name() {
+        let t = nccl();
+        for p in t.probes.iter().filter(|p| p.op.is_collective()) {
+            assert_eq!(p.symbols.len(), 2, "{:?}", p.symbols);
+            assert_eq!(p.symbols[0], format!("p{}", p.symbols[1]));
+        }
+        let init = t.probes.iter().find(|p| p.op == Op::CommInit).expect("init");
+        assert!(init.stack_blob && init.deref == Some(Reg(0)));
+        assert!(t.probes.iter().any(|p| p.op == Op::NetTest && p.sampled));
+    }
+
+    #[test]
+    fn user_probe_args_map_to_registers_and_stack() {
+        let u = UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(7), elem_size: 4, comm_arg: Some(0), blocking: true };
+        let t = u.target();
+        assert_eq!(t.probes[0].decoder, Decoder::Fixed { count: Some(Stack(1)), elem_size: 4, comm: Some(Reg(0)) });
+    }
+}

@@ -1,0 +1,169 @@
+//! Decoder tests on synthetic events shaped exactly like the eBPF programs emit them.
+
+use agent_common::{ProbeEvent, KIND_ENTER, KIND_EXIT};
+
+use super::{
+    decode::{fnv1a, CallDecoder, CommId, DecodeError, Decoded, ProbeInfo, ProcInfo},
+    targets::{self, Family, Op},
+};
+
+fn ev(kind: u32, probe_id: u32, tid: u32, ts: u64, args: [u64; 6]) -> ProbeEvent {
+    ProbeEvent { ts_ns: ts, pid: 100, tid, kind, probe_id, args, ..ProbeEvent::default() }
+}
+
+/// A decoder with the NCCL table registered under ids 1.. in table order.
+fn nccl_decoder() -> (CallDecoder, impl Fn(Op) -> u32) {
+    let mut d = CallDecoder::default();
+    let t = targets::nccl();
+    let ids: Vec<(Op, u32)> = t.probes.iter().enumerate().map(|(i, p)| (p.op, i as u32 + 1)).collect();
+    for (i, p) in t.probes.iter().enumerate() {
+        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
+    }
+    (d, move |op| ids.iter().find(|(o, _)| *o == op).map(|(_, i)| *i).expect("op in table"))
+}
+
+fn init(d: &mut CallDecoder, id: u32, tid: u32, comm_handle: u64, uid: u8, nranks: u64, rank: u64) -> CommId {
+    let mut e = ev(KIND_ENTER, id, tid, 10, [0x7000, nranks, rank, 0, 0, 0]);
+    e.blob = [uid; 128];
+    e.has_blob = 1;
+    assert_eq!(d.feed(&e, &ProcInfo::default()), Ok(Decoded::Nothing));
+    let mut x = ev(KIND_EXIT, id, tid, 20, [0, comm_handle, 0, 0, 0, 0]);
+    x.has_deref = 1;
+    match d.feed(&x, &ProcInfo::default()) {
+        Ok(Decoded::Call(c)) => {
+            assert_eq!(c.op, "comm_init");
+            assert_eq!((c.rank, c.nranks), (Some(rank as u32), Some(nranks as u32)));
+            c.comm.expect("comm id")
+        }
+        other => panic!("init did not produce a call: {other:?}"),
+    }
+}
+
+#[test]
+fn nccl_allreduce_decodes_bytes_comm_rank_and_seq() {
+    let (mut d, id) = nccl_decoder();
+    let comm = init(&mut d, id(Op::CommInit), 7, 0xabc0, 0x5a, 8, 3);
+    assert_eq!(comm, CommId(fnv1a(&[&[0x5a; 128]])), "CommId = hash of the 128-byte uniqueId");
+    for seq in 0..3u64 {
+        // ncclAllReduce(send, recv, count=1<<20, dtype=7 (float32), op, comm, [stream])
+        let e = ev(KIND_ENTER, id(Op::AllReduce), 7, 100 + seq * 10, [1, 2, 1 << 20, 7, 0, 0xabc0]);
+        assert_eq!(d.feed(&e, &ProcInfo::default()), Ok(Decoded::Nothing));
+        let x = ev(KIND_EXIT, id(Op::AllReduce), 7, 105 + seq * 10, [0; 6]);
+        let Ok(Decoded::Call(c)) = d.feed(&x, &ProcInfo::default()) else { panic!("no call") };
+        assert_eq!(c.bytes, Some(4 << 20));
+        assert_eq!(c.comm, Some(comm));
+        assert!(c.comm_global);
+        assert_eq!((c.rank, c.nranks, c.seq), (Some(3), Some(8), Some(seq)));
+        assert_eq!((c.enter_ns, c.exit_ns), (100 + seq * 10, 105 + seq * 10));
+        assert_eq!(c.ret, Some(0));
+    }
+}
+
+#[test]
+fn two_ranks_of_one_comm_agree_on_comm_id_and_seq() {
+    let (mut a, id) = nccl_decoder();
+    let (mut b, _) = nccl_decoder();
+    let ca = init(&mut a, id(Op::CommInit), 1, 0x1000, 9, 2, 0);
+    let cb = init(&mut b, id(Op::CommInit), 1, 0x2000, 9, 2, 1);
+    assert_eq!(ca, cb);
+    let mut seqs = Vec::new();
+    for (d, h) in [(&mut a, 0x1000u64), (&mut b, 0x2000u64)] {
+        d.feed(&ev(KIND_ENTER, id(Op::Broadcast), 1, 50, [0, 0, 10, 9, 0, h]), &ProcInfo::default()).expect("enter");
+        let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::Broadcast), 1, 60, [0; 6]), &ProcInfo::default()) else { panic!() };
+        assert_eq!(c.bytes, Some(20), "bfloat16 = 2 bytes");
+        seqs.push((c.comm, c.seq));
+    }
+    assert_eq!(seqs[0], seqs[1]);
+}
+
+#[test]
+fn reduce_takes_its_comm_from_the_stack_and_grouped_calls_are_marked() {
+    let (mut d, id) = nccl_decoder();
+    let comm = init(&mut d, id(Op::CommInit), 1, 0x77, 1, 4, 0);
+    d.feed(&ev(KIND_ENTER, id(Op::GroupStart), 1, 1, [0; 6]), &ProcInfo::default()).expect("gs");
+    d.feed(&ev(KIND_EXIT, id(Op::GroupStart), 1, 2, [0; 6]), &ProcInfo::default()).expect("gs");
+    let mut e = ev(KIND_ENTER, id(Op::Reduce), 1, 3, [0, 0, 100, 8, 0, 0]);
+    e.stack[0] = 0x77;
+    d.feed(&e, &ProcInfo::default()).expect("reduce enter");
+    let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::Reduce), 1, 4, [0; 6]), &ProcInfo::default()) else { panic!() };
+    assert_eq!(c.comm, Some(comm));
+    assert_eq!(c.bytes, Some(800));
+    assert!(c.grouped);
+}
+
+#[test]
+fn bad_datatype_and_unpaired_exit_are_errors_not_panics() {
+    let (mut d, id) = nccl_decoder();
+    let r = d.feed(&ev(KIND_ENTER, id(Op::AllReduce), 1, 1, [0, 0, 10, 99, 0, 0x5]), &ProcInfo::default());
+    assert_eq!(r, Err(DecodeError::BadDatatype));
+    assert_eq!(d.feed(&ev(KIND_EXIT, id(Op::AllGather), 2, 1, [0; 6]), &ProcInfo::default()), Err(DecodeError::UnpairedExit));
+    assert_eq!(d.feed(&ev(KIND_ENTER, 9999, 2, 1, [0; 6]), &ProcInfo::default()), Err(DecodeError::UnknownProbe));
+}
+
+#[test]
+fn a_process_killed_inside_a_collective_leaves_an_aborted_call() {
+    let (mut d, id) = nccl_decoder();
+    init(&mut d, id(Op::CommInit), 1, 0x9, 3, 2, 1);
+    d.feed(&ev(KIND_ENTER, id(Op::AllReduce), 1, 500, [0, 0, 4, 7, 0, 0x9]), &ProcInfo::default()).expect("enter");
+    let calls = d.process_exited(100, 900);
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0].aborted);
+    assert_eq!((calls[0].enter_ns, calls[0].exit_ns, calls[0].ret), (500, 900, None));
+    assert_eq!(d.tracked_comms(), 0);
+}
+
+#[test]
+fn mpi_world_comm_uses_job_env_and_ompi_datatype_addresses() {
+    let mut d = CallDecoder::default();
+    let t = targets::mpi();
+    for (i, p) in t.probes.iter().enumerate() {
+        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
+    }
+    let id = |op| t.probes.iter().position(|p| p.op == op).map(|i| i as u32 + 1).expect("op");
+    let mut proc = ProcInfo::default();
+    proc.env.insert("PMIX_NAMESPACE".into(), "prterun-host-1234@1".into());
+    proc.env.insert("OMPI_COMM_WORLD_RANK".into(), "2".into());
+    proc.env.insert("OMPI_COMM_WORLD_SIZE".into(), "4".into());
+    proc.ompi_world = Some(0x5555_0000);
+    proc.ompi_types.insert(0x5555_1000, 8); // MPI_DOUBLE
+    // MPI_Allreduce(send, recv, count=1000, MPI_DOUBLE, op, MPI_COMM_WORLD)
+    d.feed(&ev(KIND_ENTER, id(Op::AllReduce), 5, 1, [0, 0, 1000, 0x5555_1000, 0, 0x5555_0000]), &proc).expect("enter");
+    let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 5, 2, [0; 6]), &proc) else { panic!() };
+    assert_eq!(c.bytes, Some(8000));
+    assert_eq!((c.rank, c.nranks, c.seq), (Some(2), Some(4), Some(0)));
+    assert!(c.comm_global);
+    assert_eq!(c.comm, Some(CommId(fnv1a(&[b"mpi-world", b"PMIX_NAMESPACE=prterun-host-1234@1"]))));
+    // MPICH handles carry the size.
+    d.feed(&ev(KIND_ENTER, id(Op::AllReduce), 5, 3, [0, 0, 10, 0x4c00_040a, 0, 0x4400_0000]), &proc).expect("enter");
+    let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 5, 4, [0; 6]), &proc) else { panic!() };
+    assert_eq!(c.bytes, Some(40));
+}
+
+#[test]
+fn net_requests_complete_at_the_first_successful_test() {
+    let (mut d, id) = nccl_decoder();
+    let p = ProcInfo::default();
+    // Isend(size=65536) → request 0xfeed via the stack out-pointer.
+    d.feed(&ev(KIND_ENTER, id(Op::NetIsend), 3, 1000, [0, 0, 65536, 0, 0, 0]), &p).expect("isend");
+    let mut x = ev(KIND_EXIT, id(Op::NetIsend), 3, 1100, [0, 0xfeed, 0, 0, 0, 0]);
+    x.has_deref = 1;
+    d.feed(&x, &p).expect("isend exit");
+    for (ts, done) in [(2000u64, 0u64), (3000, 1)] {
+        d.feed(&ev(KIND_ENTER, id(Op::NetTest), 4, ts, [0xfeed, 0, 0, 0, 0, 0]), &p).expect("test");
+        let mut x = ev(KIND_EXIT, id(Op::NetTest), 4, ts + 10, [0, done, 0, 0, 0, 0]);
+        x.has_deref = 1;
+        let r = d.feed(&x, &p).expect("test exit");
+        if done == 1 {
+            let Decoded::Net(n) = r else { panic!("expected a completed request: {r:?}") };
+            assert_eq!((n.send, n.bytes, n.posted_ns, n.completed_ns), (true, Some(65536), 1000, 3010));
+        } else {
+            assert_eq!(r, Decoded::Nothing);
+        }
+    }
+}
+
+#[test]
+fn family_labels_are_stable() {
+    assert_eq!(Family::Nccl.as_str(), "nccl");
+    assert!(Op::AllReduce.is_collective() && !Op::Send.is_collective());
+}
