@@ -2,4 +2,5 @@
 //! and helpers for the privileged integration tests.
 
 pub mod harness;
+pub mod netns;
 pub mod scenario;
