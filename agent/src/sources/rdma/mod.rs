@@ -170,6 +170,17 @@ impl RdmaSource {
         }
     }
 
+    /// A source registering into a private registry, for tools and tests outside the daemon
+    /// (its metrics are not exported; read them through [`RdmaSource::ports`]).
+    pub fn standalone(ctx: SourceContext) -> Self {
+        RdmaSource::new(ctx, &mut Registry::default())
+    }
+
+    /// Cumulative value of one `hw_counters/<name>` file of a port (after wrap/reset handling).
+    pub fn hw_counter_total(&self, device: &str, port: u32, name: &str) -> Option<u64> {
+        self.ports.get(&(device.to_string(), port))?.counters.get(&(Group::Hw, name.to_string())).map(|c| c.total)
+    }
+
     /// Cumulative counters of every port seen so far (vanished ones included, `present` false).
     pub fn ports(&self) -> Vec<PortCounters> {
         self.ports
