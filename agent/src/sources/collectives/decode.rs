@@ -129,6 +129,8 @@ struct Pending {
     comm: Option<(CommId, bool, Option<u32>, Option<u32>)>,
     grouped: bool,
     bytes: Option<u64>,
+    /// (pid, communicator handle) of the call.
+    comm_key: Option<(u32, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -370,12 +372,13 @@ impl CallDecoder {
 
     fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> Result<(), DecodeError> {
         let grouped = self.group_depth.get(&ev.tid).copied().unwrap_or(0) > 0;
-        let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None };
+        let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None };
         let mut result = Ok(());
         if let Some(a) = Self::comm_arg(info) {
             let handle = arg(ev, a);
             let c = self.comm_for(info, ev, handle, proc);
             pend.comm = Some(c);
+            pend.comm_key = Some((ev.pid, handle));
             if info.op.is_collective() {
                 if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
                     pend.seq = Some(st.next_seq);
@@ -385,6 +388,7 @@ impl CallDecoder {
         } else if info.op.is_collective() && info.family == Family::Gloo {
             let c = self.comm_for(info, ev, 0, proc);
             pend.comm = Some(c);
+            pend.comm_key = Some((ev.pid, 0));
             if let Some(st) = self.comms.get_mut(&(ev.pid, 0)) {
                 pend.seq = Some(st.next_seq);
                 st.next_seq += 1;
@@ -417,7 +421,7 @@ impl CallDecoder {
         let (comm, global, rank, nranks) = match p.comm {
             Some((id, g, r, n)) => {
                 // Rank/size learned after entry (MPI_Comm_rank) are picked up here.
-                let st = self.comms.values().find(|c| c.id == id);
+                let st = p.comm_key.and_then(|k| self.comms.get(&k));
                 (Some(id), g, st.and_then(|c| c.rank).or(r), st.and_then(|c| c.nranks).or(n))
             }
             None => (None, false, None, None),

@@ -111,6 +111,7 @@ pub struct Collectives {
     attached: HashMap<FileKey, Attachment>,
     procs: HashMap<u32, ProcInfo>,
     rejected: HashSet<u32>,
+    exe_cache: HashMap<FileKey, SymbolTable>,
     history: SharedHistory,
     metrics: CollectiveMetrics,
     next_probe_id: u32,
@@ -157,6 +158,7 @@ impl Collectives {
             attached: HashMap::new(),
             procs: HashMap::new(),
             rejected: HashSet::new(),
+            exe_cache: HashMap::new(),
             history,
             metrics: CollectiveMetrics::register(registry),
             next_probe_id: 1,
@@ -263,13 +265,16 @@ impl Collectives {
             self.rejected.insert(pid);
             return false;
         }
-        let info = self.proc_info(pid, &[]);
+        let found = procs::libs_of(&self.cfg.proc_root, pid, &self.globs);
+        let libs: Vec<(usize, u64, SymbolTable)> = found.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
+        let info = self.proc_info(pid, &libs);
         self.procs.insert(pid, info);
         true
     }
 
-    fn proc_info(&self, pid: u32, libs: &[(usize, u64, &SymbolTable)]) -> ProcInfo {
-        let raw = std::fs::read(self.cfg.proc_root.join(pid.to_string()).join("environ")).unwrap_or_default();
+    fn proc_info(&mut self, pid: u32, libs: &[(usize, u64, SymbolTable)]) -> ProcInfo {
+        let dir = self.cfg.proc_root.join(pid.to_string());
+        let raw = std::fs::read(dir.join("environ")).unwrap_or_default();
         let mut info = ProcInfo { env: procs::parse_environ(&raw), ..Default::default() };
         for (ti, base, syms) in libs {
             if self.targets[*ti].family != Family::Mpi {
@@ -282,8 +287,44 @@ impl Collectives {
                 }
             }
             info.ompi_world = syms.vaddr(OMPI_COMM_WORLD).map(|v| bias.wrapping_add(v));
+            // A PIE executable that names MPI_COMM_WORLD or MPI_DOUBLE gets *copy
+            // relocations*: the objects live in the executable and the library uses those
+            // copies, so the executable's definitions win.
+            if let Some((exe_base, exe_syms)) = self.exe_symbols(pid) {
+                let bias = exe_base.wrapping_sub(exe_syms.first_load_vaddr);
+                for (name, size) in OMPI_DATATYPES {
+                    if let Some(v) = exe_syms.vaddr(name) {
+                        info.ompi_types.insert(bias.wrapping_add(v), *size);
+                    }
+                }
+                if let Some(v) = exe_syms.vaddr(OMPI_COMM_WORLD) {
+                    info.ompi_world = Some(bias.wrapping_add(v));
+                }
+            }
         }
+        debug!(pid, ompi_world = ?info.ompi_world, types = info.ompi_types.len(), env = info.env.len(), "process facts");
         info
+    }
+
+    /// The main executable's MPI data symbols and load base, cached per executable file.
+    fn exe_symbols(&mut self, pid: u32) -> Option<(u64, SymbolTable)> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.cfg.proc_root.join(pid.to_string());
+        let exe = dir.join("exe");
+        let md = std::fs::metadata(&exe).ok()?;
+        let key = FileKey { dev: md.dev(), inode: md.ino() };
+        let maps = std::fs::read_to_string(dir.join("maps")).ok()?;
+        let base = procs::parse_maps(&maps).into_iter().find(|m| m.inode == key.inode && m.offset == 0)?.start;
+        if !self.exe_cache.contains_key(&key) {
+            let mut wanted: Vec<&str> = OMPI_DATATYPES.iter().map(|(n, _)| *n).collect();
+            wanted.push(OMPI_COMM_WORLD);
+            let t = SymbolTable::read(&exe, &wanted).unwrap_or_default();
+            if self.exe_cache.len() > 256 {
+                self.exe_cache.clear();
+            }
+            self.exe_cache.insert(key, t);
+        }
+        self.exe_cache.get(&key).map(|t| (base, t.clone()))
     }
 
     fn rescan(&mut self) {
@@ -298,7 +339,7 @@ impl Collectives {
             }
             let needs_info = !self.procs.contains_key(&f.pid) || self.procs.get(&f.pid).is_some_and(|p| p.ompi_world.is_none() && f.libs.iter().any(|(t, ..)| self.targets[*t].family == Family::Mpi));
             if needs_info {
-                let libs: Vec<(usize, u64, &SymbolTable)> = f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, &a.symbols))).collect();
+                let libs: Vec<(usize, u64, SymbolTable)> = f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
                 let info = self.proc_info(f.pid, &libs);
                 self.procs.insert(f.pid, info);
             }

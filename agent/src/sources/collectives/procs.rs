@@ -158,6 +158,31 @@ pub struct Found {
     pub libs: Vec<(usize, PathBuf, FileKey, u64)>,
 }
 
+/// Target libraries mapped by one process: (target index, path to open from the agent's
+/// namespace, file key, load base).
+pub fn libs_of(proc_root: &Path, pid: u32, globs: &[glob::Pattern]) -> Vec<(usize, PathBuf, FileKey, u64)> {
+    let dir = proc_root.join(pid.to_string());
+    let Ok(maps) = std::fs::read_to_string(dir.join("maps")) else { return Vec::new() };
+    let mut libs: Vec<(usize, PathBuf, FileKey, u64)> = Vec::new();
+    for m in parse_maps(&maps) {
+        let name = Path::new(&m.path).file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let Some(ti) = globs.iter().position(|g| g.matches(name)) else { continue };
+        if libs.iter().any(|(t, ..)| *t == ti) {
+            continue;
+        }
+        // Open through the process's root so a library inside another container resolves
+        // to the same inode the process mapped.
+        let via_root = dir.join("root").join(m.path.trim_start_matches('/'));
+        let Ok(md) = std::fs::metadata(&via_root) else { continue };
+        if md.ino() != m.inode {
+            continue; // replaced on disk since it was mapped
+        }
+        let base = m.start.saturating_sub(m.offset);
+        libs.push((ti, via_root, FileKey { dev: md.dev(), inode: md.ino() }, base));
+    }
+    libs
+}
+
 /// Scans `/proc` for processes mapping any library whose file name matches one of `globs`.
 pub fn scan(proc_root: &Path, globs: &[glob::Pattern], sel: &Selector, self_pid: u32) -> Vec<Found> {
     let mut out = Vec::new();
@@ -167,24 +192,7 @@ pub fn scan(proc_root: &Path, globs: &[glob::Pattern], sel: &Selector, self_pid:
         if pid == self_pid {
             continue;
         }
-        let Ok(maps) = std::fs::read_to_string(e.path().join("maps")) else { continue };
-        let mut libs: Vec<(usize, PathBuf, FileKey, u64)> = Vec::new();
-        for m in parse_maps(&maps) {
-            let name = Path::new(&m.path).file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let Some(ti) = globs.iter().position(|g| g.matches(name)) else { continue };
-            if libs.iter().any(|(t, ..)| *t == ti) {
-                continue;
-            }
-            // Open through the process's root so a library inside another container resolves
-            // to the same inode the process mapped.
-            let via_root = e.path().join("root").join(m.path.trim_start_matches('/'));
-            let Ok(md) = std::fs::metadata(&via_root) else { continue };
-            if md.ino() != m.inode {
-                continue; // replaced on disk since it was mapped
-            }
-            let base = m.start.saturating_sub(m.offset);
-            libs.push((ti, via_root, FileKey { dev: md.dev(), inode: md.ino() }, base));
-        }
+        let libs = libs_of(proc_root, pid, globs);
         if !libs.is_empty() && sel.selects(proc_root, pid) {
             out.push(Found { pid, libs });
         }
