@@ -169,6 +169,21 @@ fn ethtool_ioctl_on_veth_matches_ethtool_dash_s() {
     assert!(snap.iter().any(|s| s.netdev == "swa0" && s.driver == "veth" && s.fields.is_empty()), "veth has no typed fields: {snap:?}");
     let text = encode(&reg);
     assert!(!text.contains("rx_queue_0") && !text.contains("peer_ifindex"), "per-queue and non-counter names are not exported: {text}");
+
+    // A sysfs tree whose netdev is not in the agent's namespace (a fixture, another netns):
+    // said once in status and errors, not every sweep.
+    let fake = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(fake.path().join("class/net/ghost0")).expect("mkdir");
+    let c2 = ctx(fake.path());
+    let mut ghost = EthtoolSource::new(c2.clone(), &mut Registry::default());
+    for _ in 0..3 {
+        let r = a.run(|_| ghost.sweep()).expect("sweep");
+        assert_eq!((r.devices, r.skipped), (0, 1));
+    }
+    assert_eq!(c2.errors.get("ethtool", kind::NOT_AVAILABLE), 1);
+    assert_eq!(c2.errors.get("ethtool", kind::IOCTL), 0);
+    let st = ghost.status();
+    assert_eq!(st["netdevs"][0]["note"], "ghost0 is not in the agent's network namespace (ENODEV)", "{st}");
 }
 
 fn tbf(snaps: &[QdiscSnapshot]) -> Option<&QdiscSnapshot> {

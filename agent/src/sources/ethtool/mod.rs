@@ -68,6 +68,9 @@ struct Dev {
     stats: Vec<Stat>,
     /// The previous readings come from a netdev that has since been re-created.
     recreated: bool,
+    /// Listed in sysfs but unknown to the ioctl (ENODEV): sysfs of another network
+    /// namespace, or a fixture tree. Counted once, until it is readable again.
+    missing: bool,
     last: Option<Instant>,
 }
 
@@ -102,10 +105,17 @@ impl EthtoolSource {
             .collect()
     }
 
-    /// Reads the string table again and moves each name's state over to it.
+    /// Reads the string table again (`ETHTOOL_GSTRINGS`) and installs it.
     fn reload_table(&mut self, sock: &EthtoolSocket, netdev: &str, n: usize) -> std::io::Result<()> {
         let names = sock.stat_names(netdev, n)?;
         let driver = sock.driver_info(netdev).map(|(d, _)| d).unwrap_or_default();
+        self.install_table(netdev, names, driver);
+        Ok(())
+    }
+
+    /// Installs a string table for `netdev`, moving each name's state (previous reading,
+    /// accumulator) over, and resolving where each name's deltas go.
+    fn install_table(&mut self, netdev: &str, names: Vec<String>, driver: String) {
         let classes = parse_table(&names);
         let dev = self.devs.entry(netdev.to_string()).or_default();
         let mut old: HashMap<String, (Option<u64>, u64)> = dev.stats.drain(..).map(|s| (s.name, (s.prev, s.acc))).collect();
@@ -135,7 +145,34 @@ impl EthtoolSource {
         if overflow > 0 {
             tracing::warn!(netdev, overflow, "ethtool: more than {MAX_GENERIC_STATS} distinct driver statistic names; the rest are not exported");
         }
-        Ok(())
+    }
+
+    /// Adds one reading (values in table order). False when it does not fit the table.
+    fn ingest(&mut self, netdev: &str, values: &[u64], at: Instant) -> bool {
+        let Some(dev) = self.devs.get_mut(netdev) else { return false };
+        if values.len() != dev.stats.len() {
+            return false;
+        }
+        let recreated = std::mem::take(&mut dev.recreated);
+        let mut reset = false;
+        for (s, cur) in dev.stats.iter_mut().zip(values) {
+            let d = match s.prev {
+                // First reading: the counter's value so far is its initial value.
+                None => Delta::Normal(*cur),
+                // A re-created netdev counts from zero again.
+                Some(_) if recreated => Delta::Reset(*cur),
+                Some(p) => Semantics::Monotonic.delta(p, *cur),
+            };
+            reset |= matches!(d, Delta::Reset(_)) && !recreated;
+            s.prev = Some(*cur);
+            s.acc = s.acc.saturating_add(d.value());
+            s.sink.add(d.value());
+        }
+        dev.last = Some(at);
+        if reset {
+            self.ctx.errors.inc(SOURCE, kind::COUNTER_RESET);
+        }
+        true
     }
 
     /// One netdev: count, (re)load the table when it changed, read values, add deltas.
@@ -153,44 +190,24 @@ impl EthtoolSource {
                 return Ok(None);
             }
         };
-        // The count changes when channels are reconfigured; the table is re-read then. A
-        // values answer of another length means it changed between two calls: retry once.
-        let (mut n, mut force) = (n, false);
+        // The count changes when channels are reconfigured, and a re-created netdev may be
+        // another driver: the table is re-read then. A values answer of another length
+        // means it changed between two calls: count again and retry once.
+        let mut n = n;
+        let mut force = self.devs.get(netdev).is_some_and(|d| d.recreated);
         for _attempt in 0..2 {
-            let needs_table = force || self.devs.get(netdev).is_none_or(|d| d.stats.len() != n);
-            if needs_table {
+            if force || self.devs.get(netdev).is_none_or(|d| d.stats.len() != n) {
                 self.reload_table(sock, netdev, n)?;
             }
             let values = sock.stat_values(netdev, n)?;
-            let Some(dev) = self.devs.get_mut(netdev) else { return Ok(None) };
-            if values.len() != dev.stats.len() {
-                n = match sock.stats_count(netdev)? {
-                    StatsCount::Count(n) => n,
-                    StatsCount::NoStats => return Ok(None),
-                };
-                force = true;
-                continue;
+            if self.ingest(netdev, &values, at) {
+                return Ok(Some(values.len()));
             }
-            let recreated = std::mem::take(&mut dev.recreated);
-            let mut reset = false;
-            for (s, cur) in dev.stats.iter_mut().zip(&values) {
-                let d = match s.prev {
-                    // First reading: the counter's value so far is its initial value.
-                    None => Delta::Normal(*cur),
-                    // A re-created netdev counts from zero again.
-                    Some(_) if recreated => Delta::Reset(*cur),
-                    Some(p) => Semantics::Monotonic.delta(p, *cur),
-                };
-                reset |= matches!(d, Delta::Reset(_)) && !recreated;
-                s.prev = Some(*cur);
-                s.acc = s.acc.saturating_add(d.value());
-                s.sink.add(d.value());
-            }
-            dev.last = Some(at);
-            if reset {
-                self.ctx.errors.inc(SOURCE, kind::COUNTER_RESET);
-            }
-            return Ok(Some(values.len()));
+            n = match sock.stats_count(netdev)? {
+                StatsCount::Count(n) => n,
+                StatsCount::NoStats => return Ok(None),
+            };
+            force = true;
         }
         Err(std::io::Error::other(format!("{netdev}: statistics count kept changing during the read")))
     }
@@ -225,7 +242,13 @@ impl Source for EthtoolSource {
                     "typed": count(|c| matches!(c, Class::Typed(_))),
                     "generic": count(|c| matches!(c, Class::Generic)),
                     "per_queue_not_exported": count(|c| matches!(c, Class::PerQueue)),
-                    "note": d.no_stats.then(|| format!("driver {} has no driver statistics", d.driver)),
+                    "note": if d.no_stats {
+                        Some(format!("driver {} has no driver statistics", d.driver))
+                    } else if d.missing {
+                        Some(format!("{name} is not in the agent's network namespace (ENODEV)"))
+                    } else {
+                        None
+                    },
                 })
             })
             .collect();
@@ -276,8 +299,20 @@ impl EthtoolSource {
                     report.devices += 1;
                     report.values += values;
                     self.ctx.selector.record(&key, true);
+                    if let Some(d) = self.devs.get_mut(&netdev) {
+                        d.missing = false;
+                    }
                 }
                 Ok(None) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+                    report.skipped += 1;
+                    let dev = self.devs.entry(netdev.clone()).or_default();
+                    if !dev.missing {
+                        dev.missing = true;
+                        self.ctx.errors.inc(SOURCE, kind::NOT_AVAILABLE);
+                        tracing::warn!(netdev, "ethtool: {netdev} is under {}/class/net but not in the agent's network namespace (or just vanished)", root.display());
+                    }
+                }
                 Err(e) => {
                     report.skipped += 1;
                     self.ctx.errors.inc(SOURCE, kind::IOCTL);
@@ -299,3 +334,6 @@ impl EthtoolSource {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests;
