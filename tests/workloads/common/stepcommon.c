@@ -1,0 +1,153 @@
+#include "stepcommon.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+static long parse_long(const char* name, const char* s, long min, const char* usage) {
+  char* end = NULL;
+  long v = strtol(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || v < min) {
+    fprintf(stderr, "bad %s '%s'\n%s", name, s, usage);
+    exit(2);
+  }
+  return v;
+}
+
+void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const char* usage) {
+  static const struct option opts[] = {
+      {"rank", required_argument, 0, 'r'},       {"nranks", required_argument, 0, 'n'},
+      {"id-file", required_argument, 0, 'f'},    {"steps", required_argument, 0, 's'},
+      {"bytes", required_argument, 0, 'b'},      {"compute-us", required_argument, 0, 'c'},
+      {"marker-socket", required_argument, 0, 'm'}, {"delay-rank", required_argument, 0, 'D'},
+      {"delay-us", required_argument, 0, 'U'},   {"delay-every", required_argument, 0, 'E'},
+      {"no-verify", no_argument, 0, 'V'},        {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  *o = (struct step_opts){.rank = -1, .nranks = -1, .steps = 10, .bytes = 1 << 20,
+                          .compute_us = 10000, .delay_rank = -1, .delay_every = 1, .verify = 1};
+  int c;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+      case 'r': o->rank = (int)parse_long("--rank", optarg, 0, usage); break;
+      case 'n': o->nranks = (int)parse_long("--nranks", optarg, 1, usage); break;
+      case 'f': o->id_file = optarg; break;
+      case 's': o->steps = parse_long("--steps", optarg, 0, usage); break;
+      case 'b': o->bytes = (size_t)parse_long("--bytes", optarg, 4, usage); break;
+      case 'c': o->compute_us = parse_long("--compute-us", optarg, 0, usage); break;
+      case 'm': o->marker_socket = optarg; break;
+      case 'D': o->delay_rank = (int)parse_long("--delay-rank", optarg, 0, usage); break;
+      case 'U': o->delay_us = parse_long("--delay-us", optarg, 0, usage); break;
+      case 'E': o->delay_every = parse_long("--delay-every", optarg, 1, usage); break;
+      case 'V': o->verify = 0; break;
+      case 'h': fputs(usage, stdout); exit(0);
+      default: fputs(usage, stderr); exit(2);
+    }
+  }
+  int bad = optind != argc;
+  if (with_rank)
+    bad |= o->rank < 0 || o->nranks < 1 || o->rank >= o->nranks || o->id_file == NULL;
+  else
+    bad |= o->rank >= 0 || o->nranks >= 0 || o->id_file != NULL;
+  if (bad) {
+    fputs(usage, stderr);
+    exit(2);
+  }
+  o->bytes -= o->bytes % sizeof(float);
+}
+
+double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+void busy_wait_us(long us) {
+  double end = now_us() + (double)us;
+  while (now_us() < end) {
+  }
+}
+
+long step_delay_us(const struct step_opts* o, int rank, long k) {
+  if (rank != o->delay_rank || (k + 1) % o->delay_every != 0) return 0;
+  return o->delay_us;
+}
+
+void markers_open(struct markers* m, const char* path) {
+  m->path = path;
+  m->fd = path ? socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) : -1;
+}
+
+void marker_send(struct markers* m, int rank, long step, const char* phase) {
+  if (m->fd < 0) return;
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  strncpy(a.sun_path, m->path, sizeof a.sun_path - 1);
+  char line[128];
+  int n = snprintf(line, sizeof line, "{\"rank\":%d,\"step\":%ld,\"phase\":\"%s\"}", rank,
+                   step, phase);
+  sendto(m->fd, line, (size_t)n, MSG_DONTWAIT, (struct sockaddr*)&a, sizeof a);
+}
+
+void fill_input(float* buf, size_t n, int rank, long step) {
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(rank + 1) + (float)((i + (size_t)step) % 13);
+}
+
+size_t check_sum(const float* buf, size_t n, int nranks, long step) {
+  size_t bad = 0;
+  float base = (float)nranks * (float)(nranks + 1) / 2.0f;
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != base + (float)nranks * (float)((i + (size_t)step) % 13)) bad++;
+  return bad;
+}
+
+uint64_t checksum64(const void* buf, size_t bytes) {
+  const unsigned char* p = buf;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+void stats_init(struct step_stats* s, long steps) {
+  s->comm_us = calloc((size_t)steps + 1, sizeof(double));
+  s->step_us = calloc((size_t)steps + 1, sizeof(double));
+  s->n = 0;
+  if (!s->comm_us || !s->step_us) {
+    perror("calloc");
+    exit(1);
+  }
+}
+
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+static double median(const double* v, long n) {
+  if (n == 0) return 0;
+  double* c = malloc(sizeof(double) * (size_t)n);
+  memcpy(c, v, sizeof(double) * (size_t)n);
+  qsort(c, (size_t)n, sizeof(double), cmp_double);
+  double m = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+  free(c);
+  return m;
+}
+
+static double mean(const double* v, long n) {
+  double s = 0;
+  for (long i = 0; i < n; i++) s += v[i];
+  return n ? s / (double)n : 0;
+}
+
+void stats_print_summary(const struct step_stats* s, const char* tool, int rank, int nranks,
+                         size_t bytes, uint64_t csum, size_t errors) {
+  printf("summary tool=%s rank=%d nranks=%d steps=%ld bytes=%zu comm_us_mean=%.1f "
+         "comm_us_median=%.1f step_us_mean=%.1f step_us_median=%.1f checksum=%016llx "
+         "errors=%zu\n",
+         tool, rank, nranks, s->n, bytes, mean(s->comm_us, s->n), median(s->comm_us, s->n),
+         mean(s->step_us, s->n), median(s->step_us, s->n), (unsigned long long)csum, errors);
+  fflush(stdout);
+}

@@ -1,0 +1,396 @@
+/*
+ * Public NCCL API. Calls block until the operation is complete on this rank (there is no
+ * stream to enqueue on), except between ncclGroupStart and ncclGroupEnd, where they are
+ * queued and run at the outermost ncclGroupEnd: grouped Send/Recv run concurrently, so
+ * the usual exchange patterns do not deadlock.
+ */
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static void comm_free(struct ncclComm* comm) {
+  if (comm == NULL) return;
+  proxy_stop(comm);
+  for (int p = 0; p < comm->nranks; p++) {
+    if (comm->send) conn_free(comm->send[p]);
+    if (comm->recv) conn_free(comm->recv[p]);
+  }
+  if (comm->listen_fd >= 0) close(comm->listen_fd);
+  free(comm->send);
+  free(comm->recv);
+  free(comm->host_of);
+  free(comm->peers);
+  pthread_mutex_destroy(&comm->mu);
+  pthread_cond_destroy(&comm->cv);
+  free(comm);
+}
+
+static struct ncclComm* comm_alloc(int nranks, int rank) {
+  struct ncclComm* c = calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  c->nranks = nranks;
+  c->rank = rank;
+  c->listen_fd = -1;
+  c->algo_hier = abi_env()->algo_hier;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  return c;
+}
+
+/* Connects the mesh and starts the proxy; takes ownership of peers. */
+static ncclResult_t comm_finish(struct ncclComm* c, struct peer_info* peers, int strict) {
+  c->peers = peers;
+  ncclResult_t rc = comm_setup_hosts(c, peers, strict);
+  if (rc == ncclSuccess) rc = comm_connect(c, peers);
+  if (c->listen_fd >= 0) close(c->listen_fd);
+  c->listen_fd = -1;
+  if (rc == ncclSuccess) rc = proxy_start(c);
+  if (rc == ncclSuccess)
+    abi_log("comm %p rank %d/%d magic %016llx hosts %d local %d algo %s", (void*)c, c->rank,
+            c->nranks, (unsigned long long)c->magic, c->nhosts, c->local_size,
+            c->algo_hier ? "hierarchical" : "ring");
+  return rc;
+}
+
+static ncclResult_t init_common(ncclComm_t* out, int nranks, const ncclUniqueId* id,
+                                int rank, const ncclConfig_t* config) {
+  if (out == NULL || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  *out = NULL;
+  if (config != NULL && config->magic != NCCL_API_MAGIC) return ncclInvalidArgument;
+  struct ncclComm* c = comm_alloc(nranks, rank);
+  struct peer_info* all = calloc((size_t)nranks, sizeof *all);
+  if (c == NULL || all == NULL) {
+    free(all);
+    comm_free(c);
+    return ncclSystemError;
+  }
+  struct peer_info mine = {.ip = abi_env()->iface.s_addr, .host = abi_host_key(rank)};
+  c->listen_fd = sock_listen(abi_env()->iface, &mine.port);
+  ncclResult_t rc = c->listen_fd < 0 ? ncclSystemError : ncclSuccess;
+  if (rc == ncclSuccess) rc = bootstrap_exchange(id, nranks, rank, &mine, all, &c->magic);
+  if (rc == ncclSuccess) bootstrap_peer_addrs(nranks, all);
+  if (rc == ncclSuccess) rc = comm_finish(c, all, 1);
+  else free(all);
+  if (rc != ncclSuccess) {
+    comm_free(c);
+    return rc;
+  }
+  *out = c;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGetVersion, int* version) {
+  abi_trace(__func__);
+  if (version == NULL) return ncclInvalidArgument;
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* uniqueId) {
+  abi_trace(__func__);
+  if (uniqueId == NULL) return ncclInvalidArgument;
+  return bootstrap_new_id(uniqueId);
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t* comm, int nranks, ncclUniqueId commId,
+         int rank) {
+  abi_trace(__func__);
+  return init_common(comm, nranks, &commId, rank, NULL);
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks,
+         ncclUniqueId commId, int rank, ncclConfig_t* config) {
+  abi_trace(__func__);
+  return init_common(comm, nranks, &commId, rank, config);
+}
+
+struct split_info {
+  int32_t color, key;
+  uint16_t port, pad;
+  uint32_t pad2;
+};
+
+/* Split: all-gather (color, key, new listen port) over the parent, then the members of
+ * each color connect a new mesh. The new communicator's magic is derived from the
+ * parent's and the color, so it is the same on all its members. */
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key,
+         ncclComm_t* newcomm, ncclConfig_t* config) {
+  abi_trace(__func__);
+  if (comm == NULL || newcomm == NULL || (color < 0 && color != NCCL_SPLIT_NOCOLOR))
+    return ncclInvalidArgument;
+  if (config != NULL && config->magic != NCCL_API_MAGIC) return ncclInvalidArgument;
+  if (comm->error != ncclSuccess) return comm->error;
+  *newcomm = NULL;
+  int n = comm->nranks;
+  struct split_info* all = calloc((size_t)n, sizeof *all);
+  struct ncclComm* c = comm_alloc(1, 0);
+  if (all == NULL || c == NULL) {
+    free(all);
+    comm_free(c);
+    return ncclSystemError;
+  }
+  all[comm->rank] = (struct split_info){.color = color, .key = key};
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    c->listen_fd = sock_listen(abi_env()->iface, &all[comm->rank].port);
+    if (c->listen_fd < 0) {
+      free(all);
+      comm_free(c);
+      return ncclSystemError;
+    }
+  }
+  struct group world = {.n = n, .pos = comm->rank, .ranks = malloc(sizeof(int) * (size_t)n)};
+  ncclResult_t rc = world.ranks ? ncclSuccess : ncclSystemError;
+  for (int r = 0; world.ranks && r < n; r++) world.ranks[r] = r;
+  if (rc == ncclSuccess)
+    rc = ring_all_gather(comm, &world, (char*)all, (size_t)n * sizeof *all, ncclUint8);
+  free(world.ranks);
+  if (rc != ncclSuccess || color == NCCL_SPLIT_NOCOLOR) {
+    free(all);
+    comm_free(c);
+    return rc;
+  }
+  /* Members ordered by (key, parent rank). */
+  int* order = malloc(sizeof(int) * (size_t)n);
+  int m = 0;
+  for (int r = 0; order && r < n; r++) {
+    if (all[r].color != color) continue;
+    int i = m++;
+    while (i > 0 && all[order[i - 1]].key > all[r].key) {
+      order[i] = order[i - 1];
+      i--;
+    }
+    order[i] = r;
+  }
+  struct peer_info* peers = calloc((size_t)m, sizeof *peers);
+  if (order == NULL || peers == NULL) rc = ncclSystemError;
+  for (int i = 0; rc == ncclSuccess && i < m; i++) {
+    peers[i] = comm->peers[order[i]];
+    peers[i].port = all[order[i]].port;
+    if (order[i] == comm->rank) c->rank = i;
+  }
+  c->nranks = m;
+  c->magic = comm->magic * 1099511628211ull + (uint64_t)color + 1;
+  free(order);
+  free(all);
+  if (rc == ncclSuccess) rc = comm_finish(c, peers, 0);
+  else free(peers);
+  if (rc != ncclSuccess) {
+    comm_free(c);
+    return rc;
+  }
+  *newcomm = c;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
+  abi_trace(__func__);
+  if (comm == NULL) return ncclSuccess;
+  comm_free(comm);
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
+  abi_trace(__func__);
+  if (comm == NULL) return ncclSuccess;
+  for (int p = 0; p < comm->nranks; p++) {
+    conn_abort(comm->send[p]);
+    conn_abort(comm->recv[p]);
+  }
+  comm_free(comm);
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {
+  abi_trace(__func__);
+  if (comm == NULL || count == NULL) return ncclInvalidArgument;
+  *count = comm->nranks;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
+  abi_trace(__func__);
+  if (comm == NULL || rank == NULL) return ncclInvalidArgument;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {
+  abi_trace(__func__);
+  if (comm == NULL || asyncError == NULL) return ncclInvalidArgument;
+  *asyncError = comm->error;
+  return ncclSuccess;
+}
+
+NCCL_API(const char*, ncclGetErrorString, ncclResult_t result) {
+  abi_trace(__func__);
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    case ncclTimeout: return "operation timed out";
+    default: return "unknown result code";
+  }
+}
+
+/* NCCL_ABI_DELAY_*: the chosen rank sleeps inside the call before it sends anything, so it
+ * arrives on time but its data is late (a slow device or NIC). For a late arrival, delay
+ * the caller instead (nccl_steps --delay-*). */
+static void maybe_delay(struct ncclComm* comm) {
+  const struct abi_env* e = abi_env();
+  long call = ++comm->calls;
+  if (e->delay_rank != comm->rank || e->delay_us <= 0 || call % e->delay_every != 0) return;
+  struct timespec ts = {e->delay_us / 1000000, (e->delay_us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+static ncclResult_t check_args(struct ncclComm* comm, ncclDataType_t dt, int op, int root) {
+  if (comm == NULL || abi_type_size(dt) == 0 || op < 0 || root < 0 || root >= comm->nranks)
+    return ncclInvalidArgument;
+  return comm->error;
+}
+
+/* Runs one collective or point-to-point operation now. */
+ncclResult_t run_now(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
+                            ncclDataType_t dt, ncclRedOp_t op, int root,
+                            struct ncclComm* comm) {
+  size_t es = abi_type_size(dt), n = (size_t)comm->nranks, me = (size_t)comm->rank;
+  ncclResult_t rc = ncclSuccess;
+  if (kind == K_SEND || kind == K_RECV) {
+    if (root == comm->rank) return ncclInvalidUsage; /* self send/recv only inside a group */
+    struct xfer x = {root, kind == K_SEND, kind == K_SEND ? (char*)sbuf : rbuf, count * es};
+    return comm_run(comm, &x, 1);
+  }
+  maybe_delay(comm);
+  switch (kind) {
+    case K_ALLREDUCE:
+      if (rbuf != sbuf) memcpy(rbuf, sbuf, count * es);
+      return algo_all_reduce(comm, rbuf, count, dt, op);
+    case K_ALLGATHER: {
+      struct group g = {.n = (int)n, .pos = (int)me, .ranks = malloc(sizeof(int) * n)};
+      if (g.ranks == NULL) return ncclSystemError;
+      for (int r = 0; r < g.n; r++) g.ranks[r] = r;
+      memmove((char*)rbuf + me * count * es, sbuf, count * es);
+      rc = ring_all_gather(comm, &g, rbuf, count * n, dt);
+      free(g.ranks);
+      return rc;
+    }
+    case K_REDUCESCATTER: {
+      struct group g = {.n = (int)n, .pos = (int)me, .ranks = malloc(sizeof(int) * n)};
+      char* work = malloc(count * n * es + 1);
+      if (g.ranks == NULL || work == NULL) rc = ncclSystemError;
+      for (int r = 0; rc == ncclSuccess && r < g.n; r++) g.ranks[r] = r;
+      if (rc == ncclSuccess) {
+        memcpy(work, sbuf, count * n * es);
+        rc = ring_reduce_scatter(comm, &g, work, count * n, dt, op);
+      }
+      if (rc == ncclSuccess) {
+        if (op == ncclAvg) scale_avg(work + me * count * es, count, dt, (int)n);
+        memcpy(rbuf, work + me * count * es, count * es);
+      }
+      free(work);
+      free(g.ranks);
+      return rc;
+    }
+    case K_BROADCAST:
+      if (comm->rank == root && rbuf != sbuf) memcpy(rbuf, sbuf, count * es);
+      return algo_broadcast(comm, rbuf, count * es, root);
+    case K_REDUCE: {
+      char* work = comm->rank == root ? rbuf : malloc(count * es + 1);
+      if (work == NULL) return ncclSystemError;
+      if (work != sbuf) memcpy(work, sbuf, count * es);
+      rc = algo_reduce(comm, work, count, dt, op, root);
+      if (work != rbuf) free(work);
+      return rc;
+    }
+    default:
+      return ncclInternalError;
+  }
+}
+
+static ncclResult_t dispatch(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
+                             ncclDataType_t dt, ncclRedOp_t op, int root, ncclComm_t comm) {
+  ncclResult_t rc = check_args(comm, dt, op, root);
+  if (rc != ncclSuccess) return rc;
+  if (count > 0 && (kind == K_SEND ? sbuf == NULL : rbuf == NULL)) return ncclInvalidArgument;
+  if (count > 0 && kind != K_RECV && (kind != K_BROADCAST || comm->rank == root) &&
+      sbuf == NULL)
+    return ncclInvalidArgument;
+  static const char* const names[] = {"AllReduce", "ReduceScatter", "AllGather", "Broadcast",
+                                      "Reduce", "Send", "Recv"};
+  abi_coll_log(names[kind], comm->op_count++, sbuf, rbuf, count, dt, op, root, comm,
+               comm->nranks);
+  if (group_active()) return group_enqueue(kind, sbuf, rbuf, count, dt, op, root, comm);
+  return run_now(kind, sbuf, rbuf, count, dt, op, root, comm);
+}
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm);
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff,
+         size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+         cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm);
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm);
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm);
+}
+
+NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+         cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm);
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype,
+         int peer, ncclComm_t comm, cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int peer, ncclComm_t comm, cudaStream_t stream) {
+  abi_trace(__func__);
+  (void)stream;
+  return dispatch(K_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm);
+}
+
+NCCL_API(ncclResult_t, ncclGroupStart, void) {
+  abi_trace(__func__);
+  group_start();
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGroupEnd, void) {
+  abi_trace(__func__);
+  return group_end();
+}

@@ -1,0 +1,181 @@
+/*
+ * The per-communicator proxy thread (NCCL's "progress" thread): it turns each transfer
+ * handed over by the calling thread into chunks, keeps at most NCCL_ABI_WINDOW of them
+ * outstanding per transfer through ncclIbIsend/ncclIbIrecv, and polls ncclIbTest until
+ * each completes. The calling thread sleeps meanwhile.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+HIDDEN uint64_t transport_moved(void);
+
+struct xstate {
+  struct xfer* x;
+  struct conn* c;
+  size_t nchunks, posted, completed;
+  int after;     /* index of the previous transfer on the same connection, or -1 */
+  void** ring;   /* outstanding requests, [window] */
+};
+
+static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
+  const struct abi_env* e = abi_env();
+  size_t window = (size_t)e->window, chunk = e->chunk;
+  struct xstate* st = calloc((size_t)n, sizeof *st);
+  void** rings = calloc((size_t)n * window, sizeof(void*));
+  struct pollfd* pfd = calloc((size_t)n, sizeof *pfd);
+  ncclResult_t rc = ncclSuccess;
+  if (!st || !rings || !pfd) {
+    rc = ncclSystemError;
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    struct xfer* x = &xs[i];
+    st[i].x = x;
+    st[i].c = x->is_send ? comm->send[x->peer] : comm->recv[x->peer];
+    st[i].nchunks = (x->bytes + chunk - 1) / chunk;
+    st[i].ring = rings + (size_t)i * window;
+    st[i].after = -1;
+    /* Both sides issue transfers on a connection in call order; chunks of a later
+     * transfer must not overtake an earlier one's, or they land in the wrong buffer. */
+    for (int j = i - 1; j >= 0 && st[i].after < 0; j--)
+      if (st[j].c == st[i].c) st[i].after = j;
+  }
+  uint64_t last = abi_now_ns();
+  uint64_t timeout_ns = (uint64_t)e->timeout_ms * 1000000ull;
+  for (;;) {
+    uint64_t moved = transport_moved();
+    int progressed = 0, all_done = 1;
+    for (int i = 0; i < n; i++) {
+      struct xstate* s = &st[i];
+      int blocked = s->after >= 0 && st[s->after].posted < st[s->after].nchunks;
+      while (!blocked && s->posted < s->nchunks && s->posted - s->completed < window) {
+        size_t off = s->posted * chunk;
+        size_t len = s->x->bytes - off < chunk ? s->x->bytes - off : chunk;
+        void* buf = s->x->buf + off;
+        int tag = (int)s->posted;
+        void* req = NULL;
+        int r = s->x->is_send ? ncclIbIsend(s->c, buf, len, tag, NULL, NULL, &req)
+                              : ncclIbIrecv(s->c, 1, &buf, &len, &tag, NULL, NULL, &req);
+        if (r != ncclSuccess) {
+          rc = (ncclResult_t)r;
+          goto out;
+        }
+        if (req == NULL) break;
+        s->ring[s->posted % window] = req;
+        s->posted++;
+        progressed = 1;
+      }
+      while (s->completed < s->posted) {
+        int done = 0, size = 0;
+        int r = ncclIbTest(s->ring[s->completed % window], &done, &size);
+        if (r != ncclSuccess) {
+          rc = (ncclResult_t)r;
+          goto out;
+        }
+        if (!done) break;
+        s->completed++;
+        progressed = 1;
+      }
+      if (s->completed < s->nchunks) all_done = 0;
+    }
+    if (all_done) break;
+    uint64_t now = abi_now_ns();
+    if (progressed || transport_moved() != moved) {
+      last = now;
+      continue;
+    }
+    if (now - last > timeout_ns) {
+      abi_warn("rank %d: no progress for NCCL_ABI_TIMEOUT_MS=%ld, failing the operation",
+               comm->rank, e->timeout_ms);
+      rc = ncclRemoteError;
+      goto out;
+    }
+    int np = 0;
+    for (int i = 0; i < n; i++)
+      if (st[i].completed < st[i].nchunks)
+        pfd[np++] = (struct pollfd){.fd = conn_fd(st[i].c), .events = conn_poll_events(st[i].c)};
+    long left_ms = (long)((timeout_ns - (now - last)) / 1000000ull) + 1;
+    if (poll(pfd, (nfds_t)np, left_ms < 100 ? (int)left_ms : 100) < 0 && errno != EINTR) {
+      rc = ncclSystemError;
+      goto out;
+    }
+  }
+out:
+  if (rc != ncclSuccess && st) {
+    /* Free what already completed; the rest stays queued on its connection. */
+    for (int i = 0; i < n; i++)
+      for (size_t k = st[i].completed; k < st[i].posted; k++) {
+        int done = 0;
+        if (ncclIbTest(st[i].ring[k % window], &done, NULL) != ncclSuccess || !done) break;
+      }
+  }
+  free(st);
+  free(rings);
+  free(pfd);
+  return rc;
+}
+
+static void* proxy_main(void* arg) {
+  struct ncclComm* comm = arg;
+  pthread_mutex_lock(&comm->mu);
+  for (;;) {
+    while (!comm->stop && (comm->pending == NULL || comm->pending_done))
+      pthread_cond_wait(&comm->cv, &comm->mu);
+    if (comm->stop) break;
+    struct comm_op* op = comm->pending;
+    pthread_mutex_unlock(&comm->mu);
+    ncclResult_t rc = run_op(comm, op->x, op->n);
+    pthread_mutex_lock(&comm->mu);
+    comm->pending_rc = rc;
+    comm->pending_done = 1;
+    pthread_cond_broadcast(&comm->cv);
+  }
+  pthread_mutex_unlock(&comm->mu);
+  return NULL;
+}
+
+ncclResult_t proxy_start(struct ncclComm* comm) {
+  if (pthread_create(&comm->proxy, NULL, proxy_main, comm) != 0) return ncclSystemError;
+  pthread_setname_np(comm->proxy, "NCCL Progress");
+  comm->proxy_started = 1;
+  return ncclSuccess;
+}
+
+void proxy_stop(struct ncclComm* comm) {
+  if (!comm->proxy_started) return;
+  pthread_mutex_lock(&comm->mu);
+  comm->stop = 1;
+  pthread_cond_broadcast(&comm->cv);
+  pthread_mutex_unlock(&comm->mu);
+  pthread_join(comm->proxy, NULL);
+  comm->proxy_started = 0;
+}
+
+/* Runs the transfers concurrently on the proxy thread and waits. The first failure
+ * aborts the communicator: its sockets are shut down so that peers blocked on this rank
+ * fail at once instead of each waiting for its own timeout. */
+ncclResult_t comm_run(struct ncclComm* comm, struct xfer* x, int n) {
+  if (comm->error != ncclSuccess) return comm->error;
+  if (n == 0) return ncclSuccess;
+  struct comm_op op = {.x = x, .n = n};
+  pthread_mutex_lock(&comm->mu);
+  comm->pending = &op;
+  comm->pending_done = 0;
+  pthread_cond_broadcast(&comm->cv);
+  while (!comm->pending_done) pthread_cond_wait(&comm->cv, &comm->mu);
+  ncclResult_t rc = comm->pending_rc;
+  comm->pending = NULL;
+  pthread_mutex_unlock(&comm->mu);
+  if (rc != ncclSuccess) {
+    comm->error = rc;
+    for (int p = 0; p < comm->nranks; p++) {
+      conn_abort(comm->send[p]);
+      conn_abort(comm->recv[p]);
+    }
+  }
+  return rc;
+}
