@@ -170,7 +170,7 @@ pub fn clos(
     if tiers != 2 && tiers != 3 {
         return Err(ModelError::Inconsistent { what: "tiers", detail: format!("must be 2 or 3 (got {tiers})") });
     }
-    if tiers == 3 && k % 2 != 0 {
+    if tiers == 3 && !k.is_multiple_of(2) {
         return Err(ModelError::Inconsistent { what: "switch ports", detail: "a 3-tier fat-tree needs an even k".into() });
     }
     let up = k as f64 / (r + 1.0);

@@ -70,7 +70,7 @@ fn serialise(sizes: &[Bytes], first: usize, paths: usize, rate: BytesPerSecond, 
         .map(|k| {
             let i = first + k;
             let p = i % paths;
-            free[p] = free[p] + sizes[k] / rate;
+            free[p] += sizes[k] / rate;
             (p, free[p])
         })
         .collect()
