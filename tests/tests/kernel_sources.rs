@@ -258,12 +258,21 @@ fn veth_deleted_and_recreated_while_sampled_never_goes_backwards() {
     let mut qd = QdiscSource::new(c.clone(), &mut reg);
     let sweeps = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
+    // Set when the sampler ends for any reason, so a failed assertion in it surfaces as
+    // itself (through join) instead of as a stall here.
+    let sampler_done = AtomicBool::new(false);
+    struct Done<'a>(&'a AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
     const ROUNDS: usize = 3;
 
     let wait_sweeps = |n: usize| {
         let target = sweeps.load(Ordering::SeqCst) + n;
         let deadline = Instant::now() + Duration::from_secs(20);
-        while sweeps.load(Ordering::SeqCst) < target {
+        while sweeps.load(Ordering::SeqCst) < target && !sampler_done.load(Ordering::SeqCst) {
             assert!(Instant::now() < deadline, "sampler stalled");
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -276,6 +285,7 @@ fn veth_deleted_and_recreated_while_sampled_never_goes_backwards() {
 
     let last_sent = std::thread::scope(|s| {
         let sampler = s.spawn(|| {
+            let _done = Done(&sampler_done);
             a.run(|_| {
                 let mut prev_nd: Option<NetdevSnapshot> = None;
                 let mut prev_q: Vec<QdiscSnapshot> = Vec::new();

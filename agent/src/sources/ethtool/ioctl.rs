@@ -163,8 +163,8 @@ fn read_u32(buf: &[u8], at: usize) -> u32 {
 
 fn check_len(got: usize, cap: usize) -> io::Result<()> {
     if got > cap {
-        // The kernel already wrote past our headroom's end would be a bug we cannot undo;
-        // `capacity_for` makes this unreachable short of a driver tripling its channels.
+        // Only reachable if the driver more than doubled its statistics between our count
+        // and this call (see `capacity_for`); the answer is then refused, not parsed.
         return Err(io::Error::other(format!("driver statistics grew from under {cap} to {got} during the read")));
     }
     Ok(())
