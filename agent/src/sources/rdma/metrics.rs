@@ -95,12 +95,12 @@ impl Metrics {
             m.retransmit_events.clone(),
         );
         registry.register(
-            "stepwise_rdma_hw_counter",
+            "stepwise_rdma_hw_stat",
             "Every other RDMA hw_counters entry, by file name (at most 256 names)",
             m.hw_counter.clone(),
         );
         registry.register(
-            "stepwise_rdma_port_counter",
+            "stepwise_rdma_port_stat",
             "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
             m.port_counter.clone(),
         );

@@ -39,9 +39,9 @@ pub enum Typed {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     Typed(Typed),
-    /// `stepwise_rdma_port_counter_total{counter}`: any other `counters/` entry.
+    /// `stepwise_rdma_port_stat_total{counter}`: any other `counters/` entry.
     PortGeneric,
-    /// `stepwise_rdma_hw_counter_total{counter}`: any other `hw_counters/` entry.
+    /// `stepwise_rdma_hw_stat_total{counter}`: any other `hw_counters/` entry.
     HwGeneric,
 }
 
