@@ -18,10 +18,7 @@ fn ctx() -> SourceContext {
 }
 
 fn tbf_message(bytes: u64, packets: u32, q: (u32, u32, u32, u32, u32), pkt64: Option<u64>) -> TcMessage {
-    let mut header = TcHeader::default();
-    header.index = 7;
-    header.handle = TcHandle { major: 0x8001, minor: 0 };
-    header.parent = TcHandle::ROOT;
+    let header = TcHeader { index: 7, handle: TcHandle { major: 0x8001, minor: 0 }, parent: TcHandle::ROOT, ..Default::default() };
     let mut basic = TcStatsBasic::default();
     basic.bytes = bytes;
     basic.packets = packets;
