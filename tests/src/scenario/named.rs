@@ -186,7 +186,7 @@ fn play_step(name: &str, s: &mut Scenario, dt: Duration, duration: Duration) -> 
         }),
         "vanish" => {
             let s5 = s.nic_mut(5);
-            if frac >= 0.3 && frac < 0.6 && s5.is_present() {
+            if (0.3..0.6).contains(&frac) && s5.is_present() {
                 s5.vanish();
             } else if frac >= 0.6 && !s5.is_present() {
                 s5.reappear().reset();
