@@ -1,6 +1,7 @@
 //! Command line: one file per subcommand.
 
 pub mod check;
+pub mod model;
 pub mod run;
 
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Preflight: kernel, BTF, capabilities, tracefs/bpffs, uprobes, NICs and readable counters.
     Check(check::CheckArgs),
+    /// What-if models of the chapter: collectives, paths, in-flight limits, congestion, scale
+    Model(model::ModelArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -37,5 +40,6 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Run(a) => run::main(a),
         Command::Check(a) => check::main(a),
+        Command::Model(a) => model::main(a),
     }
 }

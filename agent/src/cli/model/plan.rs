@@ -1,0 +1,249 @@
+//! `agent model scale|access|state` (models.md §5, §6).
+
+use clap::Args;
+use serde::Serialize;
+
+use super::table::{kv, pct, title, Table};
+use super::Output;
+use crate::model::access::{remote_read, stage_in, AccessPath, AccessReport, StageIn, StateInput, StateRow};
+use crate::model::scale::{self, Egress, ScaleInput, ScaleReport, SWEEP};
+use crate::model::ModelError;
+use crate::units::{parse_bytes, parse_bytes_pos, parse_rate_pos, parse_seconds, Bytes, BytesPerSecond, Seconds, UnitError};
+
+/// `scale` (S × 50 GB/s) or a fixed bandwidth such as `400GB/s`.
+fn parse_egress(s: &str) -> Result<Egress, UnitError> {
+    match s.trim() {
+        "scale" | "scales" => Ok(Egress::Scales),
+        other => parse_rate_pos(other).map(Egress::Fixed),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// GPUs per supernode S.
+    #[arg(long, default_value_t = 8)]
+    pub supernode: usize,
+    /// Supernode egress: `scale` (S × NIC) or a fixed bandwidth such as 400GB/s.
+    #[arg(long, default_value = "scale", value_parser = parse_egress, allow_hyphen_values = true)]
+    pub egress: Egress,
+    /// Divides the egress.
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
+    pub oversubscription: f64,
+    /// NVLink bandwidth per GPU.
+    #[arg(long, default_value = "450GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
+    pub local: BytesPerSecond,
+    /// NIC bandwidth per GPU.
+    #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
+    pub nic: BytesPerSecond,
+    /// Tensor-parallel size (8, 16, 32, 64).
+    #[arg(long, default_value_t = 8)]
+    pub tp: usize,
+    /// Tabulate S = 8, 64, 128, 256.
+    #[arg(long)]
+    pub sweep: bool,
+}
+
+#[derive(Serialize)]
+struct ScaleOut<'a> {
+    input: &'a ScaleInput,
+    rows: &'a [ScaleReport],
+}
+
+fn tok(x: f64) -> String {
+    format!("{:.3} M", x / 1e6)
+}
+
+pub fn scale(a: ScaleArgs) -> Result<Output, ModelError> {
+    let input = ScaleInput {
+        supernode: a.supernode,
+        egress: a.egress,
+        oversubscription: a.oversubscription,
+        local: a.local,
+        nic: a.nic,
+        tp: a.tp,
+        ..ScaleInput::chapter()
+    };
+    let egress = match a.egress {
+        Egress::Scales => format!("egress S × {}", a.nic),
+        Egress::Fixed(b) => format!("egress {b} per supernode"),
+    };
+    let head = title(&format!(
+        "1024 GPUs, TP{} × DP{}, 2^20 tokens/step, P = 32e9; {egress}, oversubscription {}:1",
+        a.tp,
+        1024 / a.tp.max(1),
+        a.oversubscription
+    ));
+    if a.sweep {
+        let rows = scale::sweep(&input, &SWEEP)?;
+        let mut t = Table::new(&[
+            "S", "H", "q", "V_out", "B_out", "T_grad hier", "T_grad flat", "chosen", "step", "tokens/s", "R", "ε", "eff. tokens/s",
+        ]);
+        for r in &rows {
+            t.row(vec![
+                r.supernode.to_string(),
+                r.supernodes.to_string(),
+                r.local_dp.to_string(),
+                r.v_out.dec().to_string(),
+                r.b_out.to_string(),
+                r.t_grad_hierarchical.to_string(),
+                r.t_grad_flat.to_string(),
+                r.grad_algo.to_string(),
+                r.step.to_string(),
+                tok(r.tokens_per_s),
+                r.recovery.to_string(),
+                pct(r.ckpt_overhead),
+                tok(r.effective_tokens_per_s),
+            ]);
+        }
+        let text = format!("{head}{}", t.render());
+        return Ok(Output::new(&ScaleOut { input: &input, rows: &rows }, text));
+    }
+    let r = scale::scale(&input)?;
+    let text = format!(
+        "{head}{}",
+        kv(&[
+            ("supernodes H, local DP q", format!("{} × {} GPUs, q = {}", r.supernodes, r.supernode, r.local_dp)),
+            ("gradient shard G = 2P/t", r.shard.dec().to_string()),
+            ("V_out per direction", format!("{} through {}", r.v_out.dec(), r.b_out)),
+            ("T_grad hierarchical", r.t_grad_hierarchical.to_string()),
+            ("T_grad flat ring", r.t_grad_flat.to_string()),
+            ("T_grad", format!("{} ({})", r.t_grad, r.grad_algo)),
+            ("compute", r.compute.to_string()),
+            ("TP AllReduces", format!("{} (activation {} per AllReduce)", r.tp_time, r.activation)),
+            ("optimizer", r.optimizer.to_string()),
+            ("step", r.step.to_string()),
+            ("tokens/s", tok(r.tokens_per_s)),
+            ("job interrupted every", r.job_mtbf.to_string()),
+            ("recovery R", r.recovery.to_string()),
+            ("checkpoint overhead ε", pct(r.ckpt_overhead)),
+            ("effective tokens/s", tok(r.effective_tokens_per_s)),
+        ])
+    );
+    Ok(Output::new(&r, text))
+}
+
+#[derive(Debug, Args)]
+pub struct AccessArgs {
+    /// One-way link latency L (total = fixed + 2L).
+    #[arg(long, default_value = "100ns", value_parser = parse_seconds, allow_hyphen_values = true)]
+    pub link_latency: Seconds,
+    /// Time to stage the data in once, t_s.
+    #[arg(long, default_value = "10us", value_parser = parse_seconds, allow_hyphen_values = true)]
+    pub stage_in: Seconds,
+    /// Local access time after staging, t_l.
+    #[arg(long, default_value = "100ns", value_parser = parse_seconds, allow_hyphen_values = true)]
+    pub local_access: Seconds,
+    /// Accesses per item r.
+    #[arg(long, default_value_t = 10.0, allow_hyphen_values = true)]
+    pub accesses: f64,
+}
+
+#[derive(Serialize)]
+struct AccessOut {
+    paths: Vec<AccessReport>,
+    stage_in: Vec<StageIn>,
+}
+
+pub fn access(a: AccessArgs) -> Result<Output, ModelError> {
+    let paths = AccessPath::ALL.iter().map(|&p| remote_read(p, a.link_latency)).collect::<Result<Vec<_>, _>>()?;
+    let stage = paths.iter().map(|p| stage_in(p.total, a.stage_in, a.local_access, a.accesses)).collect::<Result<Vec<_>, _>>()?;
+    let mut text = title(&format!("One 64 B remote read, L = {} one way", a.link_latency));
+    for p in &paths {
+        let mut t = Table::new(&[p.path.name(), "latency"]);
+        for s in &p.stages {
+            let v = if s.plus_link { format!("{} + L", s.latency) } else { s.latency.to_string() };
+            t.row(vec![s.name.to_string(), v]);
+        }
+        t.row(vec!["total = fixed + 2L".into(), format!("{} = {} + 2 × {}", p.total, p.fixed, a.link_latency)]);
+        text.push_str(&t.render());
+        text.push('\n');
+    }
+    let mut t = Table::new(&["path", "remote t_r·r", "staged t_s + t_l·r", "stage-in wins above r ="]);
+    for (p, s) in paths.iter().zip(&stage) {
+        t.row(vec![
+            p.path.name().into(),
+            s.remote.to_string(),
+            s.staged.to_string(),
+            s.crossover.map_or_else(|| "never".into(), |x| format!("{x:.2}")),
+        ]);
+    }
+    text.push_str(&format!(
+        "Stage-in (t_s = {}, t_l = {}) vs remote, r = {} accesses\n\n{}",
+        a.stage_in,
+        a.local_access,
+        a.accesses,
+        t.render()
+    ));
+    Ok(Output::new(&AccessOut { paths, stage_in: stage }, text))
+}
+
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// Local processes L.
+    #[arg(long, default_value_t = 8)]
+    pub processes: usize,
+    /// Peers P.
+    #[arg(long, default_value_t = 1023)]
+    pub peers: usize,
+    /// Per-process endpoint state e.
+    #[arg(long, default_value = "64B", value_parser = parse_bytes, allow_hyphen_values = true)]
+    pub endpoint: Bytes,
+    /// Per (process, peer) addressing state r.
+    #[arg(long, default_value = "16B", value_parser = parse_bytes, allow_hyphen_values = true)]
+    pub addressing: Bytes,
+    /// Per connection transport state t.
+    #[arg(long, default_value = "256B", value_parser = parse_bytes, allow_hyphen_values = true)]
+    pub transport: Bytes,
+    /// Shared-transport groups K.
+    #[arg(long, default_value_t = 4)]
+    pub groups: usize,
+    /// RC comparison: nodes N …
+    #[arg(long, default_value_t = 1024)]
+    pub nodes: usize,
+    /// … and processes per node M.
+    #[arg(long, default_value_t = 8)]
+    pub per_node: usize,
+    /// On-chip cache for connection state.
+    #[arg(long, default_value = "2MiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
+    pub cache: Bytes,
+}
+
+#[derive(Serialize)]
+struct StateOut {
+    input: StateInput,
+    rows: Vec<StateRow>,
+}
+
+pub fn state(a: StateArgs) -> Result<Output, ModelError> {
+    let input = StateInput {
+        processes: a.processes,
+        peers: a.peers,
+        endpoint: a.endpoint,
+        addressing: a.addressing,
+        transport: a.transport,
+        groups: a.groups,
+        nodes: a.nodes,
+        per_node: a.per_node,
+        cache: a.cache,
+    };
+    let rows = crate::model::access::state(&input)?;
+    let mut t = Table::new(&["scheme", "state", "fits the cache", "overflows beyond"]);
+    for (i, r) in rows.iter().enumerate() {
+        let unit = if i < 3 { "peers" } else { "nodes" };
+        t.row(vec![
+            r.scheme.into(),
+            r.bytes.to_string(),
+            if r.fits_cache { "yes".into() } else { "no".into() },
+            r.max_fitting.map_or_else(|| "always".into(), |m| if m == u64::MAX { "never".into() } else { format!("{m} {unit}") }),
+        ]);
+    }
+    let text = format!(
+        "{}{}",
+        title(&format!(
+            "Connection state: L = {}, P = {}, e = {}, r = {}, t = {}, K = {}; N = {}, M = {}; cache {}",
+            a.processes, a.peers, a.endpoint, a.addressing, a.transport, a.groups, a.nodes, a.per_node, a.cache
+        )),
+        t.render()
+    );
+    Ok(Output::new(&StateOut { input, rows }, text))
+}
