@@ -94,7 +94,7 @@ peer_failure() { # signal
   kill -"$sig" "${pids[2]}"
   t0=$(date +%s%N)
   for r in 0 1 3; do
-    if timeout 30 tail --pid="${pids[$r]}" -f /dev/null; then :; else ok=0; fi
+    if timeout 30 tail -s 0.05 --pid="${pids[$r]}" -f /dev/null; then :; else ok=0; fi
     if wait "${pids[$r]}"; then ok=0; echo "    rank $r exited 0"; fi
     grep -q 'ncclAllReduce failed: .*([26])$' "$tmp/fail.$r" || {
       ok=0

@@ -50,6 +50,7 @@ static void env_load(void) {
   e->delay_every = env_long("NCCL_ABI_DELAY_EVERY", 1, 1);
   e->window = (int)env_long("NCCL_ABI_WINDOW", 16, 1);
   e->chunk = (size_t)env_long("NCCL_ABI_CHUNK", 64 * 1024, 1);
+  e->rtt_us = env_long("NCCL_ABI_RTT_US", 0, 0);
   e->timeout_ms = env_long("NCCL_ABI_TIMEOUT_MS", 10000, 1);
   e->init_timeout_ms = env_long("NCCL_ABI_INIT_TIMEOUT_MS", 120000, 1);
   const char* lvl = getenv("NCCL_DEBUG");

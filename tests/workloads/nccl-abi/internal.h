@@ -29,6 +29,7 @@ struct abi_env {
   long delay_every;     /* NCCL_ABI_DELAY_EVERY, 1 = every call */
   int window;           /* NCCL_ABI_WINDOW */
   size_t chunk;         /* NCCL_ABI_CHUNK */
+  long rtt_us;          /* NCCL_ABI_RTT_US: modelled round trip per chunk, 0 = none */
   long timeout_ms;      /* NCCL_ABI_TIMEOUT_MS */
   long init_timeout_ms; /* NCCL_ABI_INIT_TIMEOUT_MS */
   int debug;            /* NCCL_ABI_DEBUG=1 */

@@ -8,10 +8,12 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
 HIDDEN uint64_t transport_moved(void);
+HIDDEN uint64_t transport_take_next_due(void);
 
 struct xstate {
   struct xfer* x;
@@ -48,6 +50,7 @@ static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
   uint64_t timeout_ns = (uint64_t)e->timeout_ms * 1000000ull;
   for (;;) {
     uint64_t moved = transport_moved();
+    transport_take_next_due();
     int progressed = 0, all_done = 1;
     for (int i = 0; i < n; i++) {
       struct xstate* s = &st[i];
@@ -98,8 +101,12 @@ static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
     for (int i = 0; i < n; i++)
       if (st[i].completed < st[i].nchunks)
         pfd[np++] = (struct pollfd){.fd = conn_fd(st[i].c), .events = conn_poll_events(st[i].c)};
-    long left_ms = (long)((timeout_ns - (now - last)) / 1000000ull) + 1;
-    if (poll(pfd, (nfds_t)np, left_ms < 100 ? (int)left_ms : 100) < 0 && errno != EINTR) {
+    uint64_t wait_ns = timeout_ns - (now - last) + 1000000ull;
+    if (wait_ns > 100000000ull) wait_ns = 100000000ull;
+    uint64_t due = transport_take_next_due();
+    if (due != 0) wait_ns = due > now ? due - now : 0;
+    struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
+    if (ppoll(pfd, (nfds_t)np, &ts, NULL) < 0 && errno != EINTR) {
       rc = ncclSystemError;
       goto out;
     }

@@ -43,6 +43,7 @@ struct req {
   size_t size;       /* send: payload; recv: capacity, then the received size */
   int tag;
   int state;
+  uint64_t due_ns;   /* send: completes no earlier (NCCL_ABI_RTT_US) */
   struct msg_hdr hdr;
   size_t hdr_off, data_off;
   struct req* next;
@@ -64,8 +65,16 @@ struct conn {
 /* Bytes moved by this thread's transport calls; the proxy sleeps in poll() when a pass
  * over its requests leaves it unchanged. */
 static __thread uint64_t tl_moved;
+/* Earliest time a send request held back by NCCL_ABI_RTT_US may complete (0: none). */
+static __thread uint64_t tl_next_due;
 
 HIDDEN uint64_t transport_moved(void) { return tl_moved; }
+
+HIDDEN uint64_t transport_take_next_due(void) {
+  uint64_t d = tl_next_due;
+  tl_next_due = 0;
+  return d;
+}
 
 struct conn* conn_new(int fd, int peer, int is_send) {
   struct conn* c = calloc(1, sizeof *c);
@@ -140,6 +149,8 @@ static ncclResult_t progress_send(struct conn* c) {
     r->data_off += (size_t)n - h;
     if (r->data_off == r->size) {
       r->state = REQ_WIRE;
+      if (abi_env()->rtt_us > 0)
+        r->due_ns = abi_now_ns() + (uint64_t)abi_env()->rtt_us * 1000ull;
       c->wcur = r->next;
     }
   }
@@ -274,6 +285,15 @@ IB_API int ncclIbTest(void* request, int* done, int* sizes) {
   if (r->state != REQ_DONE) {
     ncclResult_t rc = progress(r->c);
     if (r->state != REQ_DONE) return rc;
+  }
+  /* NCCL_ABI_RTT_US: this kernel has no netem, so link latency is modelled here: a chunk
+   * completes no earlier than RTT after its last byte left, as if its ack had to travel. */
+  if (r->due_ns != 0) {
+    uint64_t now = abi_now_ns();
+    if (now < r->due_ns) {
+      if (tl_next_due == 0 || r->due_ns < tl_next_due) tl_next_due = r->due_ns;
+      return ncclSuccess;
+    }
   }
   *done = 1;
   if (sizes != NULL) sizes[0] = (int)r->size;
