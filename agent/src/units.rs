@@ -230,8 +230,13 @@ pub fn sig(x: f64, digits: usize) -> String {
 
 fn scaled(x: f64, steps: &[(f64, &str)]) -> String {
     let a = x.abs();
+    if a == 0.0 {
+        let u = steps.iter().find(|(k, _)| *k == 1.0).map_or("", |(_, u)| *u);
+        return format!("0 {u}");
+    }
     for &(k, u) in steps {
-        if a >= k {
+        // Pick the unit the value will have after rounding to four digits (999 999.99 B → 1 MB).
+        if a >= k * 0.999_95 {
             return format!("{} {u}", sig(x / k, 4));
         }
     }
@@ -242,6 +247,11 @@ fn scaled(x: f64, steps: &[(f64, &str)]) -> String {
 impl fmt::Display for Bytes {
     /// Binary units, as the chapter writes gradients and buffers (`192 MiB`, `512 KiB`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Small whole sizes that are not KiB multiples read better exact (an MTU of 1500 B).
+        let a = self.0.abs();
+        if a < 10.0 * KIB && a.fract() == 0.0 && a % KIB != 0.0 {
+            return write!(f, "{} B", self.0);
+        }
         f.write_str(&scaled(
             self.0,
             &[(GIB * 1024.0, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB"), (1.0, "B")],
@@ -591,5 +601,9 @@ mod tests {
         assert_eq!(Seconds::ms(7.5752).to_string(), "7.575 ms");
         assert_eq!(BytesPerSecond::gb_s(16.384).to_string(), "16.38 GB/s");
         assert_eq!(sig(1.2996, 4), "1.3");
+        assert_eq!(Bytes(999_999.999_999_9).dec().to_string(), "1 MB");
+        assert_eq!(Bytes(1500.0).to_string(), "1500 B");
+        assert_eq!(Bytes(4096.0).to_string(), "4 KiB");
+        assert_eq!(Seconds(0.0).to_string(), "0 s");
     }
 }

@@ -85,6 +85,15 @@ pub enum ModelCommand {
     State(plan::StateArgs),
 }
 
+/// A whole-number count (`--flows 8`), with a message that says what went wrong.
+pub(crate) fn count<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("'{s}': a count cannot be negative"));
+    }
+    t.parse().map_err(|_| format!("'{s}' is not a whole number"))
+}
+
 /// What a subcommand produced: the same numbers as a table and as JSON.
 pub(crate) struct Output {
     json: serde_json::Value,

@@ -36,10 +36,10 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub pcie_reference: bool,
     /// Servers [default: 2].
-    #[arg(long)]
+    #[arg(long, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub hosts: Option<usize>,
     /// GPUs per server [default: 8].
-    #[arg(long)]
+    #[arg(long, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub gpus_per_host: Option<usize>,
     /// Per-rank gradient size.
     #[arg(long, default_value = "192MiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
@@ -54,7 +54,7 @@ pub struct ClusterArgs {
     #[arg(long, value_parser = parse_seconds, allow_hyphen_values = true)]
     pub alpha: Option<Seconds>,
     /// NIC ports per server [default: one per GPU]; fewer than GPUs = ports shared by all.
-    #[arg(long)]
+    #[arg(long, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub ports_per_host: Option<usize>,
     /// A PCIe slot all ports of a server sit behind, per direction [default: none].
     #[arg(long, value_parser = parse_rate_pos, allow_hyphen_values = true)]

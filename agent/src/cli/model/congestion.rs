@@ -113,7 +113,7 @@ pub fn feedback(a: FeedbackArgs) -> Result<Output, ModelError> {
             ("free buffer", r.free.to_string()),
             ("full after Q_free/(λ−B)", never(r.time_to_full)),
             ("excess (λ−B)·T_f", r.excess.dec().to_string()),
-            ("dropped", format!("{} ({} B)", r.dropped.dec(), r.dropped.0)),
+            ("dropped", format!("{} ({:.0} B)", r.dropped.dec(), r.dropped.0)),
             ("queue at feedback", r.queue_at_feedback.to_string()),
             ("drain at B − λ'", format!("{} → {}", r.drain_rate, never(r.drain_time))),
             ("empty again at", never(r.empty_at)),
@@ -125,7 +125,7 @@ pub fn feedback(a: FeedbackArgs) -> Result<Output, ModelError> {
 #[derive(Debug, Args)]
 pub struct IncastArgs {
     /// N: λ = (N−1)·rate (models.md §4.3).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub senders: usize,
     /// Rate of each sender.
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]

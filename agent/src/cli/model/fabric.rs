@@ -15,14 +15,14 @@ pub struct RailsArgs {
     /// Per-rank gradient; each cross-server pair carries 2(S−1)/S · M/g per direction.
     #[arg(long, default_value = "192MiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
     pub bytes: Bytes,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub gpus_per_host: usize,
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub nic: BytesPerSecond,
     #[arg(long, default_value = "0.833us", value_parser = parse_seconds, allow_hyphen_values = true)]
     pub alpha: Seconds,
     /// Rank i of server A pairs with rank (i + shift) mod g of server B; 0 = rail-aligned.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub shift: usize,
     /// Failed NICs on server A (their GPUs relay over NVLink to the survivors), e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
@@ -90,10 +90,10 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
 #[derive(Debug, Args)]
 pub struct ClosArgs {
     /// Ports per switch k.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub ports: usize,
     /// 2 (leaf–spine) or 3 (fat-tree).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub tiers: usize,
     /// Leaf down:up ratio r = d/u.
     #[arg(long, default_value = "1", value_parser = parse_ratio, allow_hyphen_values = true)]
@@ -102,7 +102,7 @@ pub struct ClosArgs {
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub port_bandwidth: BytesPerSecond,
     /// A job on whole leaves: its cut is all their uplinks.
-    #[arg(long)]
+    #[arg(long, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub job_gpus: Option<usize>,
 }
 
@@ -130,13 +130,13 @@ pub fn clos(a: ClosArgs) -> Result<Output, ModelError> {
 #[derive(Debug, Args)]
 pub struct EcmpArgs {
     /// Equal flows n.
-    #[arg(long, default_value_t = 8, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub flows: usize,
     /// Uplinks m.
-    #[arg(long, default_value_t = 8, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub uplinks: usize,
     /// Also estimate the distribution from this many seeded random hashings.
-    #[arg(long)]
+    #[arg(long, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub monte_carlo: Option<usize>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

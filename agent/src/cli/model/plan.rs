@@ -21,7 +21,7 @@ fn parse_egress(s: &str) -> Result<Egress, UnitError> {
 #[derive(Debug, Args)]
 pub struct ScaleArgs {
     /// GPUs per supernode S.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub supernode: usize,
     /// Supernode egress: `scale` (S × NIC) or a fixed bandwidth such as 400GB/s.
     #[arg(long, default_value = "scale", value_parser = parse_egress, allow_hyphen_values = true)]
@@ -36,7 +36,7 @@ pub struct ScaleArgs {
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub nic: BytesPerSecond,
     /// Tensor-parallel size (8, 16, 32, 64).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub tp: usize,
     /// Tabulate S = 8, 64, 128, 256.
     #[arg(long)]
@@ -180,10 +180,10 @@ pub fn access(a: AccessArgs) -> Result<Output, ModelError> {
 #[derive(Debug, Args)]
 pub struct StateArgs {
     /// Local processes L.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub processes: usize,
     /// Peers P.
-    #[arg(long, default_value_t = 1023)]
+    #[arg(long, default_value_t = 1023, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub peers: usize,
     /// Per-process endpoint state e.
     #[arg(long, default_value = "64B", value_parser = parse_bytes, allow_hyphen_values = true)]
@@ -195,13 +195,13 @@ pub struct StateArgs {
     #[arg(long, default_value = "256B", value_parser = parse_bytes, allow_hyphen_values = true)]
     pub transport: Bytes,
     /// Shared-transport groups K.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub groups: usize,
     /// RC comparison: nodes N …
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub nodes: usize,
     /// … and processes per node M.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub per_node: usize,
     /// On-chip cache for connection state.
     #[arg(long, default_value = "2MiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]

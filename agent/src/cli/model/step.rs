@@ -25,7 +25,7 @@ pub struct StepArgs {
     #[arg(long, default_value = "17ms", value_parser = parse_seconds, allow_hyphen_values = true)]
     pub ready: Seconds,
     /// In-flight slots per NIC for the limited row.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::count::<u64>, allow_hyphen_values = true)]
     pub slots: u64,
     /// Payload per request for the limited row.
     #[arg(long, default_value = "256B", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
@@ -121,7 +121,7 @@ pub fn tail(a: TailArgs) -> Result<Output, ModelError> {
 
 #[derive(Debug, Args)]
 pub struct SmallmsgArgs {
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub ranks: usize,
     #[arg(long, default_value = "5us", value_parser = parse_seconds, allow_hyphen_values = true)]
     pub alpha: Seconds,
@@ -133,7 +133,7 @@ pub struct SmallmsgArgs {
     #[arg(long, default_value_t = 3.0, allow_hyphen_values = true)]
     pub speedup: f64,
     /// Reductions per step.
-    #[arg(long, default_value_t = 72)]
+    #[arg(long, default_value_t = 72, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub count: usize,
     /// A lower α to compare with.
     #[arg(long, default_value = "2us", value_parser = parse_seconds, allow_hyphen_values = true)]

@@ -178,7 +178,7 @@ pub fn msg(a: MsgArgs) -> Result<Output, ModelError> {
         "{}{}\n{}",
         title(&format!("Message cost, α = {}, B = {}", a.alpha, a.bandwidth)),
         t.render(),
-        kv(&[("crossover M = αB", format!("{} B = {} = {}", crossover.0, crossover.dec(), crossover))])
+        kv(&[("crossover M = αB", format!("{:.0} B = {} = {}", crossover.0, crossover.dec(), crossover))])
     );
     Ok(Output::new(&MsgOut { alpha: a.alpha, bandwidth: a.bandwidth, crossover, messages }, text))
 }
@@ -186,10 +186,10 @@ pub fn msg(a: MsgArgs) -> Result<Output, ModelError> {
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
     /// Pipeline stages p.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub stages: usize,
     /// Micro-batches m.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub micro_batches: usize,
     /// Time per stage per micro-batch τ.
     #[arg(long, default_value = "1ms", value_parser = parse_seconds_pos, allow_hyphen_values = true)]
@@ -221,10 +221,10 @@ pub fn pipeline(a: PipelineArgs) -> Result<Output, ModelError> {
 #[derive(Debug, Args)]
 pub struct EpArgs {
     /// Tokens n.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub tokens: usize,
     /// Experts per token k.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub topk: usize,
     /// Bytes per token copy d.
     #[arg(long, default_value = "8KiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
@@ -236,13 +236,13 @@ pub struct EpArgs {
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub nic: BytesPerSecond,
     /// NICs the traffic spreads over, on each side.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub nics: usize,
     /// The reference PCIe slot: its ports' bandwidth, …
     #[arg(long, default_value = "25GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub slot_port: BytesPerSecond,
     /// … how many ports share it, …
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub slot_ports: usize,
     /// … and the slot's bandwidth.
     #[arg(long, default_value = "32GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]

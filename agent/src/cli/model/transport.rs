@@ -99,7 +99,7 @@ pub struct MultipathArgs {
     #[command(flatten)]
     pub spray: SprayArgs,
     /// Index of the packet lost once.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub lost: usize,
     /// Retransmission after the first send of the lost packet.
     #[arg(long, default_value = "20us", value_parser = parse_seconds, allow_hyphen_values = true)]
@@ -157,7 +157,7 @@ pub struct InflightArgs {
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub bandwidth: BytesPerSecond,
     /// Slots available N.
-    #[arg(long)]
+    #[arg(long, value_parser = super::count::<u64>, allow_hyphen_values = true)]
     pub slots: Option<u64>,
     /// Minimum issue interval δ.
     #[arg(long, value_parser = parse_seconds_pos, allow_hyphen_values = true)]
@@ -196,12 +196,12 @@ pub fn inflight(a: InflightArgs) -> Result<Output, ModelError> {
 
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub ops: usize,
     /// Bytes per operation.
     #[arg(long, default_value = "8KiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
     pub size: Bytes,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub slots: usize,
     /// At most one post per interval.
     #[arg(long, default_value = "1us", value_parser = parse_seconds, allow_hyphen_values = true)]
@@ -210,7 +210,7 @@ pub struct CompletionsArgs {
     #[arg(long, default_value = "5us", value_parser = parse_seconds, allow_hyphen_values = true)]
     pub completion_delay: Seconds,
     /// Completions reaped per batch.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub reap_batch: usize,
     /// Time between reaps (first reap after one period).
     #[arg(long, default_value = "20us", value_parser = parse_seconds_pos, allow_hyphen_values = true)]
