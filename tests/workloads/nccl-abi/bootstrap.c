@@ -87,7 +87,9 @@ out:
 }
 
 ncclResult_t bootstrap_new_id(ncclUniqueId* id) {
-  struct id_layout l = {.marker = ID_MARKER};
+  struct id_layout l;
+  memset(&l, 0, sizeof l); /* padding too: the id is hashed as 128 raw bytes */
+  l.marker = ID_MARKER;
   if (getrandom(&l.magic, sizeof l.magic, 0) != sizeof l.magic) return ncclSystemError;
   struct in_addr ip = abi_env()->iface;
   int lfd = sock_listen(ip, &l.port);
