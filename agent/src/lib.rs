@@ -3,11 +3,13 @@
 //! Data flows one way (architecture.md): `sources` → `timeline` → `attribution` → sinks
 //! (`export`, `store`, `report`). `model` is pure and used by attribution and `agent model`.
 
+pub mod attribution;
 pub mod cli;
 pub mod config;
 pub mod ebpf;
 pub mod export;
 pub mod model;
 pub mod sources;
+pub mod timeline;
 pub mod topology;
 pub mod units;

@@ -1,0 +1,350 @@
+//! Step + collectives + counter windows → seconds per cause (architecture.md "What a cause's
+//! seconds mean"). Each cause is a counterfactual on the step's dependency graph
+//! (models.md §3): the seconds that would disappear if that cause were removed.
+//!
+//! The step's time is split exactly:
+//! - the union of collective intervals is communication; the rest is `compute` (compute,
+//!   data loading, optimizer — everything outside collectives);
+//! - inside a collective, [first arrival, last arrival] is `readiness_skew` (§3.2: the
+//!   collective starts when its last participant is ready) and names the late rank;
+//! - [last arrival, last exit] is the transfer: `ideal_comm` (the cut bound of the bytes
+//!   the NICs carried, balanced over every rail at nominal rate, §1.1/§1.10) plus the
+//!   excess, split in order into `congestion` (pauses, transmit wait, queueing behind other
+//!   traffic, drops; §4), `rail_imbalance` (busiest NIC vs balanced, §1.10), `in_flight_limit`
+//!   (V/(N·m/T) − V/B, §2) and `unexplained`. Each is bounded by what is left, so the parts
+//!   sum to the step time; a negative remainder (the ideal was slower than reality) is
+//!   reported in `unexplained` as model error, never hidden.
+
+mod evidence;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    model::{concurrency, traffic},
+    timeline::{Collective, NicWindow, Step},
+    units::{Bytes, BytesPerSecond, Seconds},
+};
+
+pub use evidence::{fix_for, NetSample};
+
+/// The causes, with the exact names of the JSON `kind` field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseKind {
+    Compute,
+    IdealComm,
+    ReadinessSkew,
+    RailImbalance,
+    InFlightLimit,
+    Congestion,
+    Unexplained,
+}
+
+impl CauseKind {
+    pub const ALL: [CauseKind; 7] = [
+        CauseKind::Compute,
+        CauseKind::IdealComm,
+        CauseKind::ReadinessSkew,
+        CauseKind::RailImbalance,
+        CauseKind::InFlightLimit,
+        CauseKind::Congestion,
+        CauseKind::Unexplained,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CauseKind::Compute => "compute",
+            CauseKind::IdealComm => "ideal_comm",
+            CauseKind::ReadinessSkew => "readiness_skew",
+            CauseKind::RailImbalance => "rail_imbalance",
+            CauseKind::InFlightLimit => "in_flight_limit",
+            CauseKind::Congestion => "congestion",
+            CauseKind::Unexplained => "unexplained",
+        }
+    }
+    /// Causes a user can act on (everything but compute and ideal communication).
+    pub fn is_problem(self) -> bool {
+        !matches!(self, CauseKind::Compute | CauseKind::IdealComm)
+    }
+}
+
+/// One cause with its seconds, evidence and a fix in the user's terms.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Cause {
+    pub kind: CauseKind,
+    pub seconds: f64,
+    /// Fraction of the step time.
+    pub share: f64,
+    pub evidence: BTreeMap<String, serde_json::Value>,
+    pub fix: String,
+    /// The late rank (readiness skew).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+}
+
+/// Per-rank view of the step.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RankTime {
+    pub rank: u32,
+    pub host: String,
+    /// Seconds this rank arrived after the first rank, summed over the step's collectives.
+    pub late_seconds: f64,
+    /// Seconds this rank waited inside collectives for the last rank to arrive.
+    pub wait_seconds: f64,
+    /// Seconds inside collective calls.
+    pub inside_seconds: f64,
+}
+
+/// The attribution of one step.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Attribution {
+    pub step: u64,
+    pub begin: f64,
+    pub end: f64,
+    pub seconds: f64,
+    /// All seven causes, largest first; `seconds` sum to the step time.
+    pub causes: Vec<Cause>,
+    pub ranks: Vec<RankTime>,
+    pub collectives: usize,
+    /// Data was missing (ranks not seen, probe events dropped): numbers are a lower bound.
+    pub incomplete: bool,
+    pub notes: Vec<String>,
+}
+
+impl Attribution {
+    pub fn cause(&self, k: CauseKind) -> f64 {
+        self.causes.iter().find(|c| c.kind == k).map(|c| c.seconds).unwrap_or(0.0)
+    }
+    /// The largest problem cause, if any is above `threshold` seconds.
+    pub fn top_problem(&self, threshold: f64) -> Option<&Cause> {
+        self.causes.iter().filter(|c| c.kind.is_problem() && c.seconds > threshold).max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+    }
+}
+
+/// What the engine needs to know beyond the step's own data.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Params {
+    /// Per-round launch latency α (models.md §0: 0.833 µs).
+    pub alpha: f64,
+    /// Duration of one `port_xmit_wait` tick in seconds (IB: 64 ns per tick is typical of
+    /// ConnectX; it is a vendor-defined unit).
+    pub xmit_wait_tick_seconds: f64,
+    /// Seconds charged per retransmission when nothing better is known (TCP's minimum RTO
+    /// is 200 ms; RDMA's ack timeout is set per QP, 4.096 µs × 2^timeout).
+    pub retransmit_penalty_seconds: f64,
+    /// NICs carrying less than this many bytes in a window are ignored (idle management
+    /// traffic).
+    pub min_nic_bytes: f64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params { alpha: 0.833e-6, xmit_wait_tick_seconds: 64e-9, retransmit_penalty_seconds: 0.2, min_nic_bytes: 64.0 * 1024.0 }
+    }
+}
+
+/// Inputs for one step.
+pub struct StepData<'a> {
+    pub step: &'a Step,
+    /// The step's collectives (joined, any order).
+    pub collectives: &'a [&'a Collective],
+    /// Per-NIC deltas for each collective's transfer interval (same order as `collectives`);
+    /// empty when no counters cover it.
+    pub windows: &'a [Vec<NicWindow>],
+    /// Completed network requests sampled during the step (in-flight analysis).
+    pub net: &'a [NetSample],
+    /// Probe events were dropped during the step.
+    pub dropped_events: bool,
+}
+
+/// Union bookkeeping: length of [a, b] not yet covered, then cover it.
+#[derive(Default)]
+struct Cover {
+    spans: Vec<(f64, f64)>,
+}
+
+impl Cover {
+    fn take(&mut self, a: f64, b: f64) -> f64 {
+        if b <= a {
+            return 0.0;
+        }
+        let mut free = b - a;
+        for &(x, y) in &self.spans {
+            let o = (b.min(y) - a.max(x)).max(0.0);
+            free -= o;
+        }
+        // Merge (spans stay disjoint).
+        let (mut na, mut nb) = (a, b);
+        self.spans.retain(|&(x, y)| {
+            if y < na || x > nb {
+                true
+            } else {
+                na = na.min(x);
+                nb = nb.max(y);
+                false
+            }
+        });
+        self.spans.push((na, nb));
+        free.max(0.0)
+    }
+}
+
+fn ev(pairs: &[(&str, serde_json::Value)]) -> BTreeMap<String, serde_json::Value> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// Attributes one step.
+pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
+    let (t0, t1) = (d.step.begin, d.step.end);
+    let total = d.step.duration();
+    let mut order: Vec<usize> = (0..d.collectives.len()).collect();
+    order.sort_by(|&a, &b| d.collectives[a].first_arrival().total_cmp(&d.collectives[b].first_arrival()));
+
+    let mut cover = Cover::default();
+    let mut s = BTreeMap::<CauseKind, f64>::new();
+    let mut ranks: BTreeMap<u32, RankTime> = BTreeMap::new();
+    let mut notes = Vec::new();
+    let mut incomplete = d.dropped_events;
+    let mut nic_tx: BTreeMap<String, (f64, Option<f64>)> = BTreeMap::new();
+    let mut cong_ev = evidence::Congestion::default();
+    let mut inflight_ev: Option<evidence::InFlight> = None;
+    let mut bytes_total = 0.0;
+    let mut intra_host = 0usize;
+
+    for &i in &order {
+        let c = d.collectives[i];
+        if !c.complete() {
+            incomplete = true;
+        }
+        let (first, last) = (c.first_arrival().clamp(t0, t1), c.last_arrival().clamp(t0, t1));
+        let exit = c.last_exit().clamp(t0, t1);
+        let skew = cover.take(first, last);
+        let transfer = cover.take(last, exit.max(last));
+        *s.entry(CauseKind::ReadinessSkew).or_default() += skew;
+        for a in &c.arrivals {
+            let r = ranks.entry(a.rank).or_insert_with(|| RankTime { rank: a.rank, host: a.host.clone(), ..Default::default() });
+            r.late_seconds += (a.enter - c.first_arrival()).max(0.0);
+            r.wait_seconds += (c.last_arrival() - a.enter).max(0.0);
+            r.inside_seconds += (a.exit - a.enter).max(0.0);
+        }
+        bytes_total += c.bytes.unwrap_or(0) as f64;
+
+        // Transfer: ideal + excess split.
+        let wins: Vec<&NicWindow> = d.windows.get(i).map(|w| w.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes).collect()).unwrap_or_default();
+        if wins.is_empty() || transfer <= 0.0 {
+            // No NIC carried this collective's bytes (same host: shared memory or loopback):
+            // its measured transfer is the ideal we can state.
+            intra_host += (transfer > 0.0) as usize;
+            *s.entry(CauseKind::IdealComm).or_default() += transfer;
+            continue;
+        }
+        for w in &wins {
+            let e = nic_tx.entry(w.nic.name.clone()).or_insert((0.0, w.nic.rate_bytes_per_second));
+            e.0 += w.tx_bytes;
+        }
+        let rates: Vec<f64> = wins.iter().filter_map(|w| w.nic.rate_bytes_per_second).filter(|r| *r > 0.0).collect();
+        let rate = if rates.is_empty() { None } else { Some(rates.iter().sum::<f64>() / rates.len() as f64) };
+        let tx: Vec<f64> = wins.iter().map(|w| w.tx_bytes).collect();
+        let sum_tx: f64 = tx.iter().sum();
+        let max_tx = tx.iter().cloned().fold(0.0, f64::max);
+        let Some(rate) = rate else {
+            notes.push(format!("{} seq {}: NIC rate unknown; transfer counted as ideal", c.op, c.seq));
+            *s.entry(CauseKind::IdealComm).or_default() += transfer;
+            continue;
+        };
+        // §1.1: the cut bound of the same bytes balanced over every rail.
+        let n = wins.len().max(1) as f64;
+        let ideal = traffic::cut_time(Bytes(sum_tx / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha;
+        *s.entry(CauseKind::IdealComm).or_default() += ideal;
+        let mut left = transfer - ideal;
+
+        // Congestion (§4): time paused, waiting to transmit, or queued behind others.
+        let own = c.bytes.unwrap_or(0) as f64;
+        let hosts: std::collections::BTreeSet<&str> = wins.iter().filter_map(|w| w.nic.host.as_deref()).collect();
+        let expected = evidence::expected_cross_host_bytes(c, &hosts);
+        let cg = evidence::Congestion::from_windows(&wins, rate, expected, p);
+        let cong = cg.seconds.min(left.max(0.0));
+        left -= cong;
+        cong_ev.merge(&cg);
+        *s.entry(CauseKind::Congestion).or_default() += cong;
+
+        // Rail imbalance (§1.10): busiest NIC at nominal rate vs balanced.
+        let rail = traffic::cut_time(Bytes(max_tx), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - sum_tx / n / rate;
+        let rail = rail.max(0.0).min(left.max(0.0));
+        left -= rail;
+        *s.entry(CauseKind::RailImbalance).or_default() += rail;
+
+        // In-flight limit (§2): V/B_inflight − V/B_path from sampled transport requests.
+        if let Some(inf) = evidence::InFlight::measure(d.net, c.last_arrival(), c.last_exit(), rate) {
+            let v = max_tx.max(own);
+            let extra = (v / inf.bound_bytes_per_second - v / rate).max(0.0).min(left.max(0.0));
+            left -= extra;
+            *s.entry(CauseKind::InFlightLimit).or_default() += extra;
+            inflight_ev = Some(inflight_ev.map_or(inf.clone(), |e: evidence::InFlight| e.merge(&inf)));
+        }
+        *s.entry(CauseKind::Unexplained).or_default() += left;
+    }
+    let comm_span: f64 = cover.spans.iter().map(|(a, b)| b - a).sum();
+    s.insert(CauseKind::Compute, total - comm_span);
+    if intra_host > 0 {
+        notes.push(format!("{intra_host} collective(s) moved no bytes over a NIC (same host): their transfer time is counted as ideal communication"));
+    }
+
+    // Late rank: the one whose summed lateness is largest.
+    let late = ranks.values().max_by(|a, b| a.late_seconds.total_cmp(&b.late_seconds)).filter(|r| r.late_seconds > 0.0).cloned();
+    let nics_ev: Vec<serde_json::Value> = nic_tx.iter().map(|(n, (b, r))| serde_json::json!({"nic": n, "tx_bytes": b, "rate_bytes_per_second": r})).collect();
+    let busiest = nic_tx.iter().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(n, (b, _))| (n.clone(), *b));
+    let sum_nic: f64 = nic_tx.values().map(|v| v.0).sum();
+
+    let mut causes: Vec<Cause> = CauseKind::ALL
+        .iter()
+        .map(|&k| {
+            let secs = s.get(&k).copied().unwrap_or(0.0);
+            let mut evidence = match k {
+                CauseKind::Compute => ev(&[("outside_collectives_seconds", secs.into())]),
+                CauseKind::IdealComm => ev(&[("collectives", d.collectives.len().into()), ("payload_bytes", bytes_total.into()), ("nics", nics_ev.clone().into())]),
+                CauseKind::ReadinessSkew => match &late {
+                    Some(r) => ev(&[("late_rank", r.rank.into()), ("late_host", r.host.clone().into()), ("late_rank_seconds", r.late_seconds.into()), ("ranks", ranks.len().into())]),
+                    None => ev(&[("ranks", ranks.len().into())]),
+                },
+                CauseKind::RailImbalance => match &busiest {
+                    Some((n, b)) => ev(&[("busiest_nic", n.clone().into()), ("busiest_share", (if sum_nic > 0.0 { b / sum_nic } else { 0.0 }).into()), ("nics", nics_ev.clone().into())]),
+                    None => BTreeMap::new(),
+                },
+                CauseKind::Congestion => cong_ev.to_evidence(),
+                CauseKind::InFlightLimit => inflight_ev.as_ref().map(|e| e.to_evidence()).unwrap_or_default(),
+                CauseKind::Unexplained => ev(&[("note", "time the models do not explain; large values are themselves a finding".into())]),
+            };
+            if k == CauseKind::RailImbalance && secs > 0.0 {
+                if let Some(h) = evidence::balanced_alternative(&nic_tx) {
+                    evidence.insert("balanced_transfer_seconds".into(), h.into());
+                }
+            }
+            Cause {
+                kind: k,
+                seconds: secs,
+                share: if total > 0.0 { secs / total } else { 0.0 },
+                fix: fix_for(k, &evidence, late.as_ref()),
+                evidence,
+                rank: if k == CauseKind::ReadinessSkew { late.as_ref().map(|r| r.rank) } else { None },
+            }
+        })
+        .collect();
+    causes.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    let _ = concurrency::inflight; // model used by evidence::InFlight
+    Attribution {
+        step: d.step.id,
+        begin: t0,
+        end: t1,
+        seconds: total,
+        causes,
+        ranks: ranks.into_values().collect(),
+        collectives: d.collectives.len(),
+        incomplete,
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,147 @@
+//! Attribution on constructed steps: each cause alone, then the sum rule.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::timeline::{join::Arrival, windows::NicInfo, Collective, NicWindow, Step, StepSource};
+
+fn step(begin: f64, end: f64) -> Step {
+    Step { id: 1, begin, end, source: StepSource::Markers, ranks: BTreeMap::new() }
+}
+
+fn coll(seq: u64, arrivals: &[(u32, &str, f64, f64)], bytes: u64) -> Collective {
+    Collective {
+        comm: "c".into(),
+        seq,
+        op: "all_reduce".into(),
+        library: "nccl".into(),
+        bytes: Some(bytes),
+        nranks: Some(arrivals.len() as u32),
+        arrivals: arrivals.iter().map(|&(rank, host, enter, exit)| Arrival { rank, host: host.into(), pid: rank, enter, exit, aborted: false }).collect(),
+    }
+}
+
+fn nic(name: &str, host: &str, tx: f64, rate: f64) -> NicWindow {
+    NicWindow { nic: NicInfo { name: name.into(), host: Some(host.into()), rail: None, rate_bytes_per_second: Some(rate) }, tx_bytes: tx, ..Default::default() }
+}
+
+fn sum(a: &Attribution) -> f64 {
+    a.causes.iter().map(|c| c.seconds).sum()
+}
+
+#[test]
+fn straggler_is_readiness_skew_with_the_late_rank_named() {
+    // 4 ranks, 20 ms compute, rank 3 ready 30 ms late, 1 ms intra-host allreduce.
+    let c = coll(0, &[(0, "a", 0.020, 0.051), (1, "a", 0.020, 0.051), (2, "a", 0.020, 0.051), (3, "a", 0.050, 0.051)], 4096);
+    let s = step(0.0, 0.052);
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    assert!((a.cause(CauseKind::ReadinessSkew) - 0.030).abs() < 1e-9);
+    assert!((a.cause(CauseKind::Compute) - 0.021).abs() < 1e-9, "{:?}", a.causes);
+    assert!((a.cause(CauseKind::IdealComm) - 0.001).abs() < 1e-9);
+    assert!((sum(&a) - 0.052).abs() < 1e-12, "parts sum to the step");
+    let top = a.top_problem(1e-4).expect("a problem");
+    assert_eq!(top.kind, CauseKind::ReadinessSkew);
+    assert_eq!(top.rank, Some(3));
+    assert!(top.fix.contains("rank 3"), "{}", top.fix);
+    let r3 = a.ranks.iter().find(|r| r.rank == 3).expect("rank 3");
+    assert!((r3.late_seconds - 0.030).abs() < 1e-9 && r3.wait_seconds == 0.0);
+    let r0 = a.ranks.iter().find(|r| r.rank == 0).expect("rank 0");
+    assert!((r0.wait_seconds - 0.030).abs() < 1e-9);
+}
+
+#[test]
+fn one_busy_nic_of_four_is_rail_imbalance() {
+    // 100 MB over one of four 1 GB/s NICs: 100 ms; balanced it would be 25 ms.
+    let c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 50_000_000);
+    let s = step(0.0, 0.1);
+    let wins = vec![vec![nic("eth0", "a", 100e6, 1e9), nic("eth1", "a", 0.0, 1e9), nic("eth2", "a", 0.0, 1e9), nic("eth3", "a", 0.0, 1e9)]];
+    // Idle NICs are filtered by min_nic_bytes, so the balanced bound uses the NICs present:
+    // give the idle ones a trickle so they count as rails.
+    let mut wins = wins;
+    for w in wins[0].iter_mut().skip(1) {
+        w.tx_bytes = 70_000.0;
+    }
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+    let rail = a.cause(CauseKind::RailImbalance);
+    assert!((rail - 0.075).abs() < 0.002, "rail {rail}: {:?}", a.causes);
+    assert!((sum(&a) - 0.1).abs() < 1e-12);
+    assert_eq!(a.top_problem(1e-3).map(|c| c.kind), Some(CauseKind::RailImbalance));
+    let top = a.top_problem(1e-3).expect("top");
+    assert_eq!(top.evidence.get("busiest_nic").and_then(|v| v.as_str()), Some("eth0"));
+    assert!(top.evidence.get("balanced_transfer_seconds").is_some());
+}
+
+#[test]
+fn pause_time_is_congestion_and_bounded_by_the_transfer() {
+    let c = coll(0, &[(0, "a", 0.0, 0.05), (1, "b", 0.0, 0.05)], 10_000_000);
+    let s = step(0.0, 0.05);
+    let mut w = nic("eth0", "a", 10e6, 1e9);
+    w.pause_seconds = 0.030;
+    w.pause_frames = 500.0;
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], dropped_events: false }, &Params::default());
+    assert!((a.cause(CauseKind::Congestion) - 0.030).abs() < 1e-6, "{:?}", a.causes);
+    assert!((sum(&a) - 0.05).abs() < 1e-12);
+    // A pause longer than the transfer cannot claim more than the transfer's excess.
+    w.pause_seconds = 10.0;
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+    assert!(a.cause(CauseKind::Congestion) <= 0.05);
+    assert!((sum(&a) - 0.05).abs() < 1e-12);
+}
+
+#[test]
+fn few_requests_in_flight_is_an_in_flight_limit() {
+    // 64 KiB requests, one at a time, each 1 ms: 65.5 MB/s against a 1 GB/s path.
+    let c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
+    let s = step(0.0, 0.1);
+    let net: Vec<NetSample> = (0..100).map(|i| NetSample { bytes: 65536.0, posted: i as f64 * 0.001, completed: (i + 1) as f64 * 0.001, send: true }).collect();
+    let wins = vec![vec![nic("eth0", "a", 6_553_600.0, 1e9)]];
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &net, dropped_events: false }, &Params::default());
+    let inf = a.cause(CauseKind::InFlightLimit);
+    assert!(inf > 0.08, "{:?}", a.causes);
+    assert!((sum(&a) - 0.1).abs() < 1e-12);
+    let top = a.top_problem(1e-3).expect("top");
+    assert_eq!(top.kind, CauseKind::InFlightLimit);
+    assert!(top.evidence.get("in_flight_requests").and_then(|v| v.as_f64()).is_some_and(|n| (n - 1.0).abs() < 0.05));
+}
+
+#[test]
+fn healthy_step_has_no_problem_causes_and_negative_remainders_stay_visible() {
+    let c = coll(0, &[(0, "a", 0.010, 0.0110), (1, "b", 0.010, 0.0110)], 1_000_000);
+    let s = step(0.0, 0.012);
+    // The NIC moved 1 MB at 1 GB/s = 1 ms: exactly ideal.
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
+    assert!(a.top_problem(2e-5).is_none(), "{:?}", a.causes);
+    assert!((sum(&a) - 0.012).abs() < 1e-12);
+    // Faster than the nominal rate allows: the model error shows as negative unexplained.
+    let c = coll(0, &[(0, "a", 0.010, 0.0105), (1, "b", 0.010, 0.0105)], 1_000_000);
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
+    assert!(a.cause(CauseKind::Unexplained) < 0.0);
+    assert!((sum(&a) - 0.012).abs() < 1e-12);
+}
+
+#[test]
+fn overlapping_collectives_are_not_counted_twice() {
+    let c1 = coll(0, &[(0, "a", 0.0, 0.010), (1, "a", 0.0, 0.010)], 8);
+    let c2 = coll(1, &[(0, "a", 0.005, 0.012), (1, "a", 0.005, 0.012)], 8);
+    let s = step(0.0, 0.020);
+    let cs = [&c1, &c2];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![], vec![]], net: &[], dropped_events: false }, &Params::default());
+    assert!((a.cause(CauseKind::IdealComm) - 0.012).abs() < 1e-9, "{:?}", a.causes);
+    assert!((a.cause(CauseKind::Compute) - 0.008).abs() < 1e-9);
+    assert!((sum(&a) - 0.020).abs() < 1e-12);
+}
+
+#[test]
+fn kinds_serialize_with_the_documented_names() {
+    let names: Vec<String> = CauseKind::ALL.iter().map(|k| serde_json::to_value(k).expect("json").as_str().expect("str").to_string()).collect();
+    assert_eq!(names, ["compute", "ideal_comm", "readiness_skew", "rail_imbalance", "in_flight_limit", "congestion", "unexplained"]);
+    for k in CauseKind::ALL {
+        assert_eq!(serde_json::to_value(k).expect("json"), k.as_str());
+    }
+}

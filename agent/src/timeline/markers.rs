@@ -1,0 +1,95 @@
+//! Step markers: the one-line JSON protocol any training script can use.
+//!
+//! ```text
+//! {"rank": 0, "step": 12, "phase": "begin"}
+//! {"rank": 0, "step": 12, "phase": "end", "time": 1764500000.123}
+//! ```
+//! Sent as one datagram to the agent's Unix socket (default `/run/stepwise/markers.sock`),
+//! or POSTed to `/api/v1/markers`. `time` (wall-clock seconds) is optional: without it the
+//! agent stamps the marker when it receives it.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Begin,
+    End,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Marker {
+    pub rank: u32,
+    pub step: u64,
+    pub phase: Phase,
+    /// Wall-clock seconds since the epoch.
+    #[serde(default)]
+    pub time: Option<f64>,
+    /// Host that received the marker (filled in by the agent).
+    #[serde(default)]
+    pub host: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MarkerError {
+    #[error("marker is not valid JSON ({0}); expected {{\"rank\":0,\"step\":1,\"phase\":\"begin\"|\"end\"}}")]
+    Json(#[from] serde_json::Error),
+    #[error("marker too large ({0} bytes; at most 1024)")]
+    TooLarge(usize),
+    #[error("marker field {field} out of range: {value}")]
+    Range { field: &'static str, value: String },
+}
+
+/// Largest marker accepted.
+pub const MAX_MARKER_BYTES: usize = 1024;
+/// Ranks beyond this are refused (bounded memory per step).
+pub const MAX_RANK: u32 = 1 << 20;
+
+impl Marker {
+    /// Parses and validates one marker; `now` stamps markers without a time.
+    pub fn parse(line: &[u8], now: f64) -> Result<Marker, MarkerError> {
+        if line.len() > MAX_MARKER_BYTES {
+            return Err(MarkerError::TooLarge(line.len()));
+        }
+        let mut m: Marker = serde_json::from_slice(trim(line))?;
+        if m.rank >= MAX_RANK {
+            return Err(MarkerError::Range { field: "rank", value: m.rank.to_string() });
+        }
+        match m.time {
+            Some(t) if !t.is_finite() || t <= 0.0 => return Err(MarkerError::Range { field: "time", value: t.to_string() }),
+            Some(_) => {}
+            None => m.time = Some(now),
+        }
+        Ok(m)
+    }
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let s = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    let e = b.iter().rposition(|c| !c.is_ascii_whitespace()).map(|i| i + 1).unwrap_or(s);
+    &b[s..e.max(s)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_protocol() {
+        let m = Marker::parse(b"{\"rank\":3,\"step\":7,\"phase\":\"begin\"}\n", 100.5).expect("parse");
+        assert_eq!((m.rank, m.step, m.phase, m.time), (3, 7, Phase::Begin, Some(100.5)));
+        let m = Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":12.25}"#, 99.0).expect("parse");
+        assert_eq!(m.time, Some(12.25));
+    }
+
+    #[test]
+    fn bad_markers_are_clear_errors() {
+        for bad in [&b"not json"[..], br#"{"rank":0,"step":1,"phase":"middle"}"#, br#"{"rank":-1,"step":1,"phase":"end"}"#, br#"{"rank":0,"step":1,"phase":"end","extra":1}"#, b""] {
+            assert!(Marker::parse(bad, 1.0).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(matches!(Marker::parse(br#"{"rank":4294967295,"step":1,"phase":"end"}"#, 1.0), Err(MarkerError::Range { .. })));
+        assert!(matches!(Marker::parse(&[b' '; 2000], 1.0), Err(MarkerError::TooLarge(2000))));
+        assert!(matches!(Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":-3}"#, 1.0), Err(MarkerError::Range { .. })));
+    }
+}

@@ -1,0 +1,173 @@
+//! Per-NIC counter samples kept over time, and their deltas over a window. Counters are
+//! sampled every 10 ms – 1 s while collectives last µs – ms, so a window's delta is
+//! interpolated linearly between the samples that bracket it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+/// Cumulative counters of one NIC at one time (gauges marked).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NicSample {
+    /// Wall-clock seconds.
+    pub time: f64,
+    pub tx_bytes: f64,
+    pub rx_bytes: f64,
+    /// PFC/global pause time received (we were paused), seconds.
+    pub pause_seconds: f64,
+    pub pause_frames: f64,
+    pub ecn_marked: f64,
+    pub cnp_sent: f64,
+    pub cnp_handled: f64,
+    /// IB `port_xmit_wait` ticks.
+    pub xmit_wait_ticks: f64,
+    /// Transport retransmission events (RDMA) or TCP retransmitted segments.
+    pub retransmits: f64,
+    pub drops: f64,
+    /// Gauge: qdisc backlog bytes at the sample.
+    pub backlog_bytes: f64,
+}
+
+/// A NIC's identity and nominal rate.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NicInfo {
+    pub name: String,
+    /// Host the NIC belongs to (set by the agent; peers' NICs keep theirs).
+    #[serde(default)]
+    pub host: Option<String>,
+    pub rail: Option<u32>,
+    pub rate_bytes_per_second: Option<f64>,
+}
+
+/// Deltas of one NIC over a window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NicWindow {
+    pub nic: NicInfo,
+    pub tx_bytes: f64,
+    pub rx_bytes: f64,
+    pub pause_seconds: f64,
+    pub pause_frames: f64,
+    pub ecn_marked: f64,
+    pub cnp_sent: f64,
+    pub cnp_handled: f64,
+    pub xmit_wait_ticks: f64,
+    pub retransmits: f64,
+    pub drops: f64,
+    /// Largest backlog seen by a sample inside the window.
+    pub max_backlog_bytes: f64,
+}
+
+/// Bounded time series of samples per NIC.
+#[derive(Debug, Default)]
+pub struct CounterLog {
+    cap: usize,
+    nics: BTreeMap<String, (NicInfo, VecDeque<NicSample>)>,
+}
+
+fn lerp(a: &NicSample, b: &NicSample, t: f64, f: impl Fn(&NicSample) -> f64) -> f64 {
+    if b.time <= a.time {
+        return f(b);
+    }
+    let x = ((t - a.time) / (b.time - a.time)).clamp(0.0, 1.0);
+    f(a) + (f(b) - f(a)) * x
+}
+
+impl CounterLog {
+    pub fn new(cap: usize) -> CounterLog {
+        CounterLog { cap: cap.max(4), nics: BTreeMap::new() }
+    }
+
+    pub fn push(&mut self, info: NicInfo, s: NicSample) {
+        let e = self.nics.entry(info.name.clone()).or_insert_with(|| (info.clone(), VecDeque::new()));
+        e.0 = info;
+        if e.1.back().is_some_and(|l| l.time >= s.time) {
+            return; // out of order or duplicate
+        }
+        if e.1.len() >= self.cap {
+            e.1.pop_front();
+        }
+        e.1.push_back(s);
+    }
+
+    pub fn nic_names(&self) -> Vec<String> {
+        self.nics.keys().cloned().collect()
+    }
+
+    /// Value of a cumulative field at time t (interpolated; clamped to the first/last sample).
+    fn at(samples: &VecDeque<NicSample>, t: f64, f: &dyn Fn(&NicSample) -> f64) -> Option<f64> {
+        let first = samples.front()?;
+        if t <= first.time {
+            return Some(f(first));
+        }
+        let i = samples.partition_point(|s| s.time <= t);
+        if i >= samples.len() {
+            return samples.back().map(f);
+        }
+        Some(lerp(&samples[i - 1], &samples[i], t, f))
+    }
+
+    /// Deltas of every NIC over [t0, t1]. NICs without samples covering the window give zeros.
+    pub fn window(&self, t0: f64, t1: f64) -> Vec<NicWindow> {
+        self.nics
+            .values()
+            .map(|(info, s)| {
+                let d = |f: &dyn Fn(&NicSample) -> f64| match (Self::at(s, t0, f), Self::at(s, t1, f)) {
+                    (Some(a), Some(b)) => (b - a).max(0.0),
+                    _ => 0.0,
+                };
+                // Samples inside the window, plus the first one after it (it covers the end).
+                let max_backlog = s.iter().filter(|x| x.time >= t0).take_while(|x| x.time <= t1 + 1.0).map(|x| x.backlog_bytes).fold(0.0, f64::max);
+                NicWindow {
+                    nic: info.clone(),
+                    tx_bytes: d(&|x| x.tx_bytes),
+                    rx_bytes: d(&|x| x.rx_bytes),
+                    pause_seconds: d(&|x| x.pause_seconds),
+                    pause_frames: d(&|x| x.pause_frames),
+                    ecn_marked: d(&|x| x.ecn_marked),
+                    cnp_sent: d(&|x| x.cnp_sent),
+                    cnp_handled: d(&|x| x.cnp_handled),
+                    xmit_wait_ticks: d(&|x| x.xmit_wait_ticks),
+                    retransmits: d(&|x| x.retransmits),
+                    drops: d(&|x| x.drops),
+                    max_backlog_bytes: max_backlog,
+                }
+            })
+            .collect()
+    }
+
+    /// Every NIC's samples in [t0, t1] (for the store and peers).
+    pub fn samples(&self, t0: f64, t1: f64) -> Vec<(NicInfo, Vec<NicSample>)> {
+        self.nics.values().map(|(i, s)| (i.clone(), s.iter().filter(|x| x.time >= t0 && x.time <= t1).cloned().collect())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(time: f64, tx: f64) -> NicSample {
+        NicSample { time, tx_bytes: tx, ..Default::default() }
+    }
+
+    #[test]
+    fn window_delta_interpolates_between_samples() {
+        let mut log = CounterLog::new(100);
+        let info = NicInfo { name: "eth0".into(), host: None, rail: Some(0), rate_bytes_per_second: Some(1e9) };
+        for (t, v) in [(0.0, 0.0), (1.0, 1000.0), (2.0, 3000.0)] {
+            log.push(info.clone(), s(t, v));
+        }
+        let w = log.window(0.5, 1.5);
+        assert_eq!(w.len(), 1);
+        // 500 at t=0.5 (halfway to 1000), 2000 at t=1.5 (halfway from 1000 to 3000).
+        assert!((w[0].tx_bytes - 1500.0).abs() < 1e-9, "{}", w[0].tx_bytes);
+        let w = log.window(-5.0, 10.0);
+        assert!((w[0].tx_bytes - 3000.0).abs() < 1e-9);
+        // Out-of-order samples are ignored; the log is bounded.
+        log.push(info.clone(), s(1.5, 99.0));
+        let mut small = CounterLog::new(4);
+        for i in 0..10 {
+            small.push(info.clone(), s(i as f64, i as f64));
+        }
+        assert_eq!(small.samples(0.0, 100.0)[0].1.len(), 4);
+    }
+}
