@@ -355,6 +355,10 @@ pub struct AllReduceReport {
     /// Bytes sent by each NIC port (host-major).
     pub nic_tx_bytes: Vec<Bytes>,
     pub max_nic_bytes: Bytes,
+    /// Most bytes sent by one rank (§1.4: `2(p−1)/p · M` for a ring).
+    pub max_rank_bytes: Bytes,
+    /// Bytes sent by all ranks together.
+    pub total_bytes: Bytes,
 }
 
 pub fn allreduce(c: &Cluster, m: Bytes, algo: Algo) -> Result<AllReduceReport, ModelError> {
@@ -365,7 +369,14 @@ pub fn allreduce(c: &Cluster, m: Bytes, algo: Algo) -> Result<AllReduceReport, M
     let mut nic_tx_bytes = vec![Bytes(0.0); c.hosts * c.ports_per_host];
     let mut rounds = Vec::new();
     let mut cross_host_bytes = Bytes(0.0);
+    let mut rank_bytes = vec![Bytes(0.0); c.ranks()];
     for (index, (phase, transfers)) in schedule(c, m, algo).into_iter().enumerate() {
+        for t in &transfers {
+            match *t {
+                Transfer::P2p { src, bytes, .. } => rank_bytes[src] += bytes,
+                Transfer::ViaSwitch { rank, bytes } => rank_bytes[rank] += bytes,
+            }
+        }
         let (loads, cross) = fabric.loads(&transfers);
         cross_host_bytes += cross;
         for (port, sent) in nic_tx_bytes.iter_mut().enumerate() {
@@ -390,6 +401,8 @@ pub fn allreduce(c: &Cluster, m: Bytes, algo: Algo) -> Result<AllReduceReport, M
         cross_host_bytes,
         nic_tx_bytes,
         max_nic_bytes,
+        max_rank_bytes: rank_bytes.iter().copied().fold(Bytes(0.0), Bytes::max),
+        total_bytes: rank_bytes.into_iter().sum(),
     })
 }
 
@@ -437,6 +450,9 @@ mod tests {
         assert_eq!(v.per_rank, Bytes::mib(360.0));
         assert_eq!(v.total, Bytes::mib(5760.0));
         assert_eq!(v.rounds, 30);
+        let r = allreduce(&Cluster::hgx(), m(), Algo::Ring).unwrap();
+        close(r.max_rank_bytes.in_mib(), 360.0, 1e-12, "per rank");
+        close(r.total_bytes.in_mib(), 5760.0, 1e-12, "total");
     }
 
     #[test]

@@ -193,6 +193,7 @@ pub fn allreduce(a: AllreduceArgs) -> Result<Output, ModelError> {
         kv(&[
             ("total", format!("{} ({} rounds, {} of it launch latency)", r.total, r.rounds.len(), r.latency)),
             ("cross-server bytes", format!("{} (both directions)", r.cross_host_bytes)),
+            ("bytes sent", format!("{} per rank (max), {} in all", r.max_rank_bytes, r.total_bytes)),
             ("max bytes per NIC", format!("{} sent", r.max_nic_bytes)),
             ("bytes sent per NIC", per_nic.join(" ")),
             ("break-even local bandwidth", break_even_line(be, &c)),
