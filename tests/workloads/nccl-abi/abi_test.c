@@ -4,9 +4,12 @@
  * send/recv, split) and the error codes. Usage: nccl_abi_test RANK NRANKS ID_FILE
  * (launch with run-local.sh --bin nccl_abi_test N).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "idfile.h"
 #include "nccl.h"
@@ -181,6 +184,37 @@ static void test_split(ncclComm_t comm, int n) {
   CHECK(none == NULL, "NOCOLOR split gives NULL");
 }
 
+static void* abort_later(void* comm) {
+  usleep(200000);
+  CHECK(ncclCommAbort((ncclComm_t)comm) == ncclSuccess, "abort");
+  return NULL;
+}
+
+/* A collective that cannot finish (only rank 0 calls it) is failed by ncclCommAbort from
+ * another thread, as a watchdog would do; the call returns an error code. */
+static void test_abort_from_thread(ncclComm_t comm) {
+  ncclComm_t sub = NULL;
+  OK(ncclCommSplit(comm, 0, 0, &sub, NULL));
+  if (g_rank != 0) {
+    usleep(500000);
+    OK(ncclCommDestroy(sub));
+    return;
+  }
+  size_t count = 4 << 20;
+  float* buf = calloc(count, sizeof(float));
+  pthread_t t;
+  pthread_create(&t, NULL, abort_later, sub);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ncclResult_t rc = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, sub, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  CHECK(rc == ncclRemoteError && ms < 2000, "aborted allreduce returned %d after %.0f ms", rc,
+        ms);
+  pthread_join(t, NULL);
+  free(buf);
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: nccl_abi_test RANK NRANKS ID_FILE\n");
@@ -224,6 +258,7 @@ int main(int argc, char** argv) {
   test_allreduce(comm, n, ncclFloat32, ncclSum, 1000003, 0); /* uneven, many chunks */
   test_others(comm, n);
   test_split(comm, n);
+  if (n > 1) test_abort_from_thread(comm);
 
   /* Error codes, never an abort. */
   float x = 0;

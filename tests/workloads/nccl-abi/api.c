@@ -145,8 +145,11 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key,
   struct group world = {.n = n, .pos = comm->rank, .ranks = malloc(sizeof(int) * (size_t)n)};
   ncclResult_t rc = world.ranks ? ncclSuccess : ncclSystemError;
   for (int r = 0; world.ranks && r < n; r++) world.ranks[r] = r;
-  if (rc == ncclSuccess)
+  if (rc == ncclSuccess && !comm_enter(comm)) rc = ncclRemoteError;
+  if (rc == ncclSuccess) {
     rc = ring_all_gather(comm, &world, (char*)all, (size_t)n * sizeof *all, ncclUint8);
+    comm_leave(comm);
+  }
   free(world.ranks);
   if (rc != ncclSuccess || color == NCCL_SPLIT_NOCOLOR) {
     free(all);
@@ -196,10 +199,7 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
 NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   abi_trace(__func__);
   if (comm == NULL) return ncclSuccess;
-  for (int p = 0; p < comm->nranks; p++) {
-    conn_abort(comm->send[p]);
-    conn_abort(comm->recv[p]);
-  }
+  comm_abort_wait(comm);
   comm_free(comm);
   return ncclSuccess;
 }
@@ -260,9 +260,9 @@ static ncclResult_t check_args(struct ncclComm* comm, ncclDataType_t dt, int op,
 }
 
 /* Runs one collective or point-to-point operation now. */
-ncclResult_t run_now(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
-                            ncclDataType_t dt, ncclRedOp_t op, int root,
-                            struct ncclComm* comm) {
+static ncclResult_t run_entered(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
+                               ncclDataType_t dt, ncclRedOp_t op, int root,
+                               struct ncclComm* comm) {
   size_t es = abi_type_size(dt), n = (size_t)comm->nranks, me = (size_t)comm->rank;
   ncclResult_t rc = ncclSuccess;
   if (kind == K_SEND || kind == K_RECV) {
@@ -315,6 +315,14 @@ ncclResult_t run_now(enum op_kind kind, const void* sbuf, void* rbuf, size_t cou
     default:
       return ncclInternalError;
   }
+}
+
+ncclResult_t run_now(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
+                     ncclDataType_t dt, ncclRedOp_t op, int root, struct ncclComm* comm) {
+  if (!comm_enter(comm)) return ncclRemoteError;
+  ncclResult_t rc = run_entered(kind, sbuf, rbuf, count, dt, op, root, comm);
+  comm_leave(comm);
+  return rc;
 }
 
 static ncclResult_t dispatch(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,

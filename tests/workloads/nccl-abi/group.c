@@ -47,8 +47,12 @@ static int is_p2p(const struct gop* o) { return o->kind == K_SEND || o->kind == 
 
 static ncclResult_t run_p2p(struct gop* ops, int n) {
   struct ncclComm* comm = ops[0].comm;
+  if (!comm_enter(comm)) return ncclRemoteError;
   struct xfer* x = calloc((size_t)n, sizeof *x);
-  if (x == NULL) return ncclSystemError;
+  if (x == NULL) {
+    comm_leave(comm);
+    return ncclSystemError;
+  }
   int k = 0, next_self_recv = 0;
   ncclResult_t rc = ncclSuccess;
   for (int i = 0; i < n && rc == ncclSuccess; i++) {
@@ -73,6 +77,7 @@ static ncclResult_t run_p2p(struct gop* ops, int n) {
   }
   if (rc == ncclSuccess) rc = comm_run(comm, x, k);
   free(x);
+  comm_leave(comm);
   return rc;
 }
 

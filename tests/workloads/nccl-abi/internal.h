@@ -102,7 +102,8 @@ struct ncclComm {
   long calls;            /* collectives run, for NCCL_ABI_DELAY_EVERY */
   unsigned long op_count; /* collectives issued, as NCCL's opCount */
   ncclResult_t error;    /* sticky */
-  int aborting;
+  int aborting;          /* ncclCommAbort in progress (under mu) */
+  int busy;              /* threads inside an operation on this comm (under mu) */
   /* proxy thread */
   pthread_t proxy;
   int proxy_started;
@@ -129,6 +130,11 @@ HIDDEN ncclResult_t group_end(void);
 HIDDEN ncclResult_t proxy_start(struct ncclComm* comm);
 HIDDEN void proxy_stop(struct ncclComm* comm);
 HIDDEN ncclResult_t comm_run(struct ncclComm* comm, struct xfer* x, int n);
+/* Bracket every operation, so that ncclCommAbort from another thread can fail it and wait
+ * for it to leave before freeing the communicator. comm_enter fails once aborting. */
+HIDDEN int comm_enter(struct ncclComm* comm);
+HIDDEN void comm_leave(struct ncclComm* comm);
+HIDDEN void comm_abort_wait(struct ncclComm* comm);
 
 /* ---- bootstrap (bootstrap.c) ---- */
 HIDDEN ncclResult_t bootstrap_new_id(ncclUniqueId* id);

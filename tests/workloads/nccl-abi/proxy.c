@@ -152,6 +152,36 @@ ncclResult_t proxy_start(struct ncclComm* comm) {
   return ncclSuccess;
 }
 
+int comm_enter(struct ncclComm* comm) {
+  pthread_mutex_lock(&comm->mu);
+  int ok = !comm->aborting;
+  comm->busy += ok;
+  pthread_mutex_unlock(&comm->mu);
+  return ok;
+}
+
+void comm_leave(struct ncclComm* comm) {
+  pthread_mutex_lock(&comm->mu);
+  comm->busy--;
+  pthread_cond_broadcast(&comm->cv);
+  pthread_mutex_unlock(&comm->mu);
+}
+
+/* Fails whatever is running on comm (its sockets are shut down, so the proxy errors out at
+ * once) and waits until no thread is inside an operation. */
+void comm_abort_wait(struct ncclComm* comm) {
+  pthread_mutex_lock(&comm->mu);
+  comm->aborting = 1;
+  pthread_mutex_unlock(&comm->mu);
+  for (int p = 0; p < comm->nranks; p++) {
+    if (comm->send) conn_abort(comm->send[p]);
+    if (comm->recv) conn_abort(comm->recv[p]);
+  }
+  pthread_mutex_lock(&comm->mu);
+  while (comm->busy > 0) pthread_cond_wait(&comm->cv, &comm->mu);
+  pthread_mutex_unlock(&comm->mu);
+}
+
 void proxy_stop(struct ncclComm* comm) {
   if (!comm->proxy_started) return;
   pthread_mutex_lock(&comm->mu);
@@ -170,6 +200,11 @@ ncclResult_t comm_run(struct ncclComm* comm, struct xfer* x, int n) {
   if (n == 0) return ncclSuccess;
   struct comm_op op = {.x = x, .n = n};
   pthread_mutex_lock(&comm->mu);
+  if (comm->aborting) {
+    pthread_mutex_unlock(&comm->mu);
+    comm->error = ncclRemoteError;
+    return comm->error;
+  }
   comm->pending = &op;
   comm->pending_done = 0;
   pthread_cond_broadcast(&comm->cv);
