@@ -45,6 +45,8 @@ pub struct Config {
     pub sources: SourcesConfig,
     /// Collective probes (`[collectives]`): process selection, user probes, history size.
     pub collectives: crate::sources::collectives::CollectivesConfig,
+    /// Steps and attribution (`[steps]`): marker socket, slow-step threshold, NIC rates.
+    pub steps: crate::engine::StepsConfig,
 }
 
 /// Source switches (`[sources]` table). Each defaults to `true`.
@@ -80,6 +82,7 @@ impl Default for Config {
             rails: BTreeMap::new(),
             sources: SourcesConfig::default(),
             collectives: Default::default(),
+            steps: Default::default(),
         }
     }
 }
@@ -176,6 +179,9 @@ impl Config {
             reason: e.to_string(),
         })?;
         crate::sources::Selector::new(&self.include, &self.exclude, self.probe_safe)?;
+        for (nic, rate) in &self.steps.nic_rates {
+            crate::units::parse_rate_pos(rate).map_err(|e| ConfigError::Invalid { field: "steps.nic_rates", value: format!("{nic} = {rate}"), reason: e.to_string() })?;
+        }
         Ok(())
     }
 

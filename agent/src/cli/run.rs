@@ -4,6 +4,7 @@
 
 use std::{
     path::PathBuf,
+    sync::{Arc, Mutex},
     process::ExitCode,
     sync::atomic::Ordering,
     time::{Duration, Instant},
@@ -14,6 +15,7 @@ use prometheus_client::registry::Registry;
 use tracing::{error, info, warn};
 
 use crate::{
+    engine::Engine,
     config::{parse_duration, Config, Overrides},
     export::{api, metrics::{AgentMetrics, SourceLabel}},
     sources::{
@@ -95,7 +97,18 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
     let coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
-    let state = api::AppState::new(registry);
+    let host = cfg.collectives.host.clone().unwrap_or_else(crate::sources::collectives::hostname);
+    let engine = Engine::new(cfg.steps.clone(), host, &mut registry).map_err(|e| anyhow::anyhow!("invalid [steps] config: {e}"))?;
+    let engine = Arc::new(Mutex::new(engine));
+    let mut state = api::AppState::new(registry);
+    state.engine = Some(engine.clone());
+    let drops = coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.drops_handle()).unwrap_or_default();
+    if let Some(Ok(c)) = &coll {
+        if let Ok(mut e) = engine.lock() {
+            e.set_calls(c.history());
+        }
+    }
+    let markers_task = start_marker_socket(&cfg.steps.marker_socket, engine.clone());
 
     let topo = topology::discover(&cfg.sysfs_root, &cfg.rails);
     if let Ok(mut t) = state.topology.write() {
@@ -113,6 +126,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let sampler = {
         let state = state.clone();
+        let engine = engine.clone();
         let agent_metrics = agent_metrics.clone();
         let probes_status = probes_status.clone();
         let interval = cfg.interval;
@@ -149,6 +163,13 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                     );
                 }
                 sweeps += 1;
+                // Per-NIC samples for step windows, then attribute the steps that ended.
+                let parts: Vec<_> = srcs.iter().flat_map(|s| s.nic_samples()).collect();
+                if let Ok(mut e) = engine.lock() {
+                    let now = crate::engine::wall_now();
+                    e.push_samples(now, parts);
+                    e.tick(now, drops.load(Ordering::Relaxed));
+                }
                 if let Ok(mut st) = state.status.write() {
                     *st = serde_json::json!({
                         "version": env!("CARGO_PKG_VERSION"),
@@ -192,7 +213,48 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(t) = probes_thread {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
     }
+    if let Some(t) = markers_task {
+        t.abort();
+    }
     Ok(())
+}
+
+/// Listens for step markers on a Unix datagram socket (mode 0660, so only the socket's group
+/// — the training job's — can send). A failure to bind is logged; markers can still be
+/// POSTed to the API.
+fn start_marker_socket(path: &std::path::Path, engine: Arc<Mutex<Engine>>) -> Option<tokio::task::JoinHandle<()>> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::remove_file(path);
+    let sock = match tokio::net::UnixDatagram::bind(path) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(path = %path.display(), "cannot bind the marker socket: {e}; markers can still be POSTed to /api/v1/markers");
+            return None;
+        }
+    };
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
+    info!(path = %path.display(), "listening for step markers");
+    Some(tokio::spawn(async move {
+        let mut buf = vec![0u8; crate::timeline::markers::MAX_MARKER_BYTES + 1];
+        loop {
+            let Ok(n) = sock.recv(&mut buf).await else { continue };
+            let now = crate::engine::wall_now();
+            let mut e = match engine.lock() {
+                Ok(e) => e,
+                Err(p) => p.into_inner(),
+            };
+            match crate::timeline::Marker::parse(&buf[..n], now) {
+                Ok(m) => e.add_marker(m),
+                Err(err) => {
+                    e.marker_error();
+                    tracing::debug!("marker refused: {err}");
+                }
+            }
+        }
+    }))
 }
 
 /// Starts the collective probes on their own blocking thread. A host where eBPF cannot load

@@ -25,6 +25,8 @@ pub struct AppState {
     pub topology: Arc<RwLock<serde_json::Value>>,
     /// Collective call history, when the probes run.
     pub collectives: Arc<RwLock<Option<crate::sources::collectives::SharedHistory>>>,
+    /// Steps, markers and counter windows.
+    pub engine: Option<Arc<std::sync::Mutex<crate::engine::Engine>>>,
 }
 
 impl AppState {
@@ -35,6 +37,7 @@ impl AppState {
             status: Arc::new(RwLock::new(serde_json::json!({}))),
             topology: Arc::new(RwLock::new(serde_json::json!({}))),
             collectives: Arc::new(RwLock::new(None)),
+            engine: None,
         }
     }
 }
@@ -50,6 +53,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/topology", get(topology))
         .route("/api/v1/status", get(status))
         .route("/api/v1/collectives", get(collectives))
+        .route("/api/v1/steps", get(steps))
+        .route("/api/v1/markers", get(markers_get).post(markers_post))
+        .route("/api/v1/windows", get(windows))
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; see /api/v1/status\n") })
         .with_state(state)
 }
@@ -179,4 +186,124 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
         "net_requests": h.net_since(since, limit),
     }))
     .into_response()
+}
+
+fn engine_of(s: &AppState) -> Result<std::sync::MutexGuard<'_, crate::engine::Engine>, Response> {
+    let Some(e) = &s.engine else {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "step engine not running\n").into_response());
+    };
+    Ok(match e.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    })
+}
+
+/// Query of `/api/v1/steps`.
+#[derive(Debug, serde::Deserialize)]
+pub struct StepsQuery {
+    pub since: Option<f64>,
+    pub limit: Option<usize>,
+    /// The K longest steps, longest first.
+    pub slowest: Option<usize>,
+    pub step: Option<u64>,
+}
+
+async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Ok(Query(q)) = q else {
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>&slowest=<k>&step=<id>\n").into_response();
+    };
+    let e = match engine_of(&s) {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    let since = q.since.unwrap_or(0.0);
+    let mut v: Vec<crate::attribution::Attribution> = e.steps().filter(|a| a.begin >= since && q.step.is_none_or(|id| a.step == id)).cloned().collect();
+    if let Some(k) = q.slowest {
+        v.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        v.truncate(k);
+    }
+    v.truncate(q.limit.unwrap_or(1000).min(MAX_COLLECTIVES_LIMIT));
+    let host = s.collectives.read().ok().and_then(|g| g.clone()).map(|h| h.lock().map(|h| h.host.clone()).unwrap_or_default()).unwrap_or_else(crate::sources::collectives::hostname);
+    Json(serde_json::json!({"host": host, "steps": v})).into_response()
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct SinceQuery {
+    pub since: Option<f64>,
+    pub until: Option<f64>,
+}
+
+async fn markers_get(State(s): State<AppState>, q: Result<Query<SinceQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Ok(Query(q)) = q else {
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>\n").into_response();
+    };
+    let e = match engine_of(&s) {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "markers": e.markers_since(q.since.unwrap_or(0.0))})).into_response()
+}
+
+/// `POST /api/v1/markers`: one marker object or an array of them (the Unix socket is the
+/// preferred path; this one exists for scripts that cannot reach it).
+async fn markers_post(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
+    let now = crate::engine::wall_now();
+    let text = body.as_ref();
+    let items: Vec<&[u8]> = if text.iter().find(|c| !c.is_ascii_whitespace()) == Some(&b'[') {
+        match serde_json::from_slice::<Vec<serde_json::Value>>(text) {
+            Ok(v) => {
+                let mut e = match engine_of(&s) {
+                    Ok(e) => e,
+                    Err(r) => return r,
+                };
+                let mut n = 0;
+                for item in v {
+                    match crate::timeline::Marker::parse(item.to_string().as_bytes(), now) {
+                        Ok(m) => {
+                            e.add_marker(m);
+                            n += 1;
+                        }
+                        Err(err) => {
+                            e.marker_error();
+                            return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response();
+                        }
+                    }
+                }
+                return Json(serde_json::json!({"accepted": n})).into_response();
+            }
+            Err(err) => return (StatusCode::BAD_REQUEST, format!("markers must be a JSON object or array: {err}\n")).into_response(),
+        }
+    } else {
+        vec![text]
+    };
+    let mut e = match engine_of(&s) {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    for item in items {
+        match crate::timeline::Marker::parse(item, now) {
+            Ok(m) => e.add_marker(m),
+            Err(err) => {
+                e.marker_error();
+                return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response();
+            }
+        }
+    }
+    Json(serde_json::json!({"accepted": 1})).into_response()
+}
+
+async fn windows(State(s): State<AppState>, q: Result<Query<SinceQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Ok(Query(q)) = q else {
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&until=<unix seconds>\n").into_response();
+    };
+    let e = match engine_of(&s) {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    let nics: Vec<serde_json::Value> = e
+        .samples(q.since.unwrap_or(0.0), q.until.unwrap_or(f64::MAX))
+        .into_iter()
+        .map(|(nic, samples)| serde_json::json!({"nic": nic, "samples": samples}))
+        .collect();
+    Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "nics": nics})).into_response()
 }

@@ -5,6 +5,7 @@ pub mod collectives;
 pub mod counter;
 pub mod ethtool;
 pub mod netdev;
+pub mod nic;
 pub mod qdisc;
 pub mod rdma;
 pub mod select;
@@ -111,6 +112,10 @@ pub trait Source: Send + 'static {
     fn sweep(&mut self) -> Result<SweepReport, SourceError>;
     /// A JSON description of what the source currently sees (for `/api/v1/status`).
     fn status(&self) -> serde_json::Value;
+    /// Cumulative per-NIC counters for step windows (see [`nic`]). Default: none.
+    fn nic_samples(&self) -> Vec<nic::NicPart> {
+        Vec::new()
+    }
 }
 
 /// The sources enabled by configuration, each registering its metrics.
@@ -129,4 +134,12 @@ pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry:
         out.push(Box::new(qdisc::QdiscSource::new(ctx.clone(), registry)));
     }
     out
+}
+
+/// Nominal rate of a netdev in bytes/s from sysfs `speed` (Mb/s); `None` when unknown
+/// (veth and virtual devices report -1 or nothing).
+pub fn nic_rate(sysfs_root: &std::path::Path, netdev: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(sysfs_root.join("class/net").join(netdev).join("speed")).ok()?;
+    let mbps: i64 = s.trim().parse().ok()?;
+    (mbps > 0).then(|| mbps as f64 * 1e6 / 8.0)
 }

@@ -117,6 +117,8 @@ pub struct Collectives {
     next_probe_id: u32,
     last_drops: u64,
     self_pid: u32,
+    /// Kernel-side drops so far, shared with the engine (steps get "incomplete data").
+    drops_total: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,12 +166,18 @@ impl Collectives {
             next_probe_id: 1,
             last_drops: 0,
             self_pid: std::process::id(),
+            drops_total: Arc::default(),
             cfg,
         })
     }
 
     pub fn history(&self) -> SharedHistory {
         self.history.clone()
+    }
+
+    /// Kernel-side event drops so far.
+    pub fn drops_handle(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.drops_total.clone()
     }
 
     /// Runs until `stop` returns true: drains events continuously, rescans periodically.
@@ -251,6 +259,7 @@ impl Collectives {
         if drops > self.last_drops {
             self.metrics.drops.inc_by(drops - self.last_drops);
             self.last_drops = drops;
+            self.drops_total.store(drops, std::sync::atomic::Ordering::Relaxed);
         }
         self.metrics.comms.set(self.decoder.tracked_comms() as i64);
     }

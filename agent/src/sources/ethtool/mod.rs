@@ -214,6 +214,9 @@ impl EthtoolSource {
 }
 
 impl Source for EthtoolSource {
+    fn nic_samples(&self) -> Vec<super::nic::NicPart> {
+        super::nic::from_ethtool(self.snapshot())
+    }
     fn name(&self) -> &'static str {
         SOURCE
     }

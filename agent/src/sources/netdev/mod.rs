@@ -250,6 +250,9 @@ impl NetdevSource {
 }
 
 impl Source for NetdevSource {
+    fn nic_samples(&self) -> Vec<super::nic::NicPart> {
+        super::nic::from_netdev(self.snapshot(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
+    }
     fn name(&self) -> &'static str {
         SOURCE
     }

@@ -297,6 +297,9 @@ impl QdiscSource {
 }
 
 impl Source for QdiscSource {
+    fn nic_samples(&self) -> Vec<super::nic::NicPart> {
+        super::nic::from_qdisc(self.snapshot())
+    }
     fn name(&self) -> &'static str {
         SOURCE
     }

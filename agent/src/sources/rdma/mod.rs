@@ -502,6 +502,9 @@ impl RdmaSource {
 }
 
 impl Source for RdmaSource {
+    fn nic_samples(&self) -> Vec<super::nic::NicPart> {
+        super::nic::from_rdma(self.ports())
+    }
     fn name(&self) -> &'static str {
         SOURCE
     }

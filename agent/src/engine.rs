@@ -1,0 +1,321 @@
+//! The daemon's pipeline from inputs to causes: counter samples → [`CounterLog`], markers and
+//! collective calls → steps → [`attribution::attribute`] → step history, metrics (and the
+//! store). One `Engine` lives behind a mutex; the sampler thread feeds it samples and calls
+//! [`Engine::tick`] after every sweep; HTTP handlers read it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    sync::atomic::AtomicU64,
+    time::Duration,
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    attribution::{self, Attribution, CauseKind, NetSample, Params, StepData},
+    sources::{collectives::SharedHistory, nic},
+    timeline::{
+        join::CallView, join_calls, steps_from_markers, steps_from_period, windows::NicInfo, Collective, CounterLog, Marker, NicSample, NicWindow, Step,
+    },
+};
+
+/// `[steps]` configuration.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StepsConfig {
+    /// Unix datagram socket for step markers. Default `/run/stepwise/markers.sock`.
+    pub marker_socket: std::path::PathBuf,
+    /// A step is slow when longer than this; `0s` = 1.5 × the median of recent steps.
+    /// Default `0s`.
+    #[serde(with = "crate::config::duration_str")]
+    pub slow_step: Duration,
+    /// Wait this long after a step ends before attributing it (late calls and counter
+    /// samples). Default `1s` (at least one counter interval is added).
+    #[serde(with = "crate::config::duration_str")]
+    pub grace: Duration,
+    /// Steps kept in memory for `/api/v1/steps`. Default 1000.
+    pub history: usize,
+    /// Nominal rate per NIC (`eth1 = "1Gbit/s"`), overriding sysfs `rate`/`speed` — for
+    /// shaped links whose real bottleneck is a qdisc. Default empty.
+    pub nic_rates: BTreeMap<String, String>,
+    /// Attribution parameters (α, tick length, retransmit penalty).
+    pub params: Params,
+}
+
+impl Default for StepsConfig {
+    fn default() -> Self {
+        StepsConfig {
+            marker_socket: "/run/stepwise/markers.sock".into(),
+            slow_step: Duration::ZERO,
+            grace: Duration::from_secs(1),
+            history: 1000,
+            nic_rates: BTreeMap::new(),
+            params: Params::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RankLabel {
+    rank: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RailLabel {
+    rail: String,
+}
+
+struct Metrics {
+    duration: Histogram,
+    steps: Counter,
+    slow: Counter,
+    attributed: Family<CauseLabel, Counter<f64, AtomicU64>>,
+    rank_wait: Family<RankLabel, Counter<f64, AtomicU64>>,
+    rank_late: Family<RankLabel, Counter<f64, AtomicU64>>,
+    rail_share: Family<RailLabel, Gauge<f64, AtomicU64>>,
+    imbalance: Gauge<f64, AtomicU64>,
+    markers: Counter,
+    marker_errors: Counter,
+}
+
+impl Metrics {
+    fn register(r: &mut Registry) -> Metrics {
+        let m = Metrics {
+            duration: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 1.5, 24)),
+            steps: Counter::default(),
+            slow: Counter::default(),
+            attributed: Family::default(),
+            rank_wait: Family::default(),
+            rank_late: Family::default(),
+            rail_share: Family::default(),
+            imbalance: Gauge::default(),
+            markers: Counter::default(),
+            marker_errors: Counter::default(),
+        };
+        r.register("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
+        r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
+        r.register("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
+        r.register("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
+        r.register("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
+        r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
+        r.register("stepwise_rail_bytes_share", "Share of the step's NIC bytes carried by each rail", m.rail_share.clone());
+        r.register("stepwise_rail_imbalance_ratio", "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)", m.imbalance.clone());
+        r.register("stepwise_markers", "Step markers received", m.markers.clone());
+        r.register("stepwise_marker_errors", "Malformed step markers refused", m.marker_errors.clone());
+        m
+    }
+}
+
+/// Most markers kept.
+const MAX_MARKERS: usize = 200_000;
+/// Ranks with their own label value; the rest share `other`.
+const MAX_RANK_LABELS: u32 = 64;
+
+pub struct Engine {
+    cfg: StepsConfig,
+    host: String,
+    log: CounterLog,
+    markers: VecDeque<Marker>,
+    steps: VecDeque<Attribution>,
+    /// (job key, step id, begin) already attributed.
+    done: BTreeSet<(String, u64, i64)>,
+    rates: HashMap<String, f64>,
+    metrics: Metrics,
+    recent: VecDeque<f64>,
+    calls: Option<SharedHistory>,
+    /// Wall time up to which steps were attributed.
+    pub last_attributed: f64,
+    /// Steps waiting to be written to the store by the owner.
+    pub pending_store: Vec<(String, Attribution, Vec<Collective>, Vec<NicWindow>)>,
+    drops_seen: u64,
+}
+
+pub fn wall_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+impl Engine {
+    pub fn new(cfg: StepsConfig, host: String, registry: &mut Registry) -> Result<Engine, crate::units::UnitError> {
+        let mut rates = HashMap::new();
+        for (k, v) in &cfg.nic_rates {
+            rates.insert(k.clone(), crate::units::parse_rate_pos(v)?.0);
+        }
+        Ok(Engine {
+            host,
+            log: CounterLog::new(4096),
+            markers: VecDeque::new(),
+            steps: VecDeque::new(),
+            done: BTreeSet::new(),
+            rates,
+            metrics: Metrics::register(registry),
+            recent: VecDeque::new(),
+            calls: None,
+            last_attributed: 0.0,
+            pending_store: Vec::new(),
+            drops_seen: 0,
+            cfg,
+        })
+    }
+
+    pub fn set_calls(&mut self, h: SharedHistory) {
+        self.calls = Some(h);
+    }
+
+    /// Adds one sweep round's per-NIC parts (from every source), stamped `time`.
+    pub fn push_samples(&mut self, time: f64, parts: Vec<nic::NicPart>) {
+        let mut per: BTreeMap<String, (NicInfo, NicSample)> = BTreeMap::new();
+        for (info, s) in parts {
+            let e = per.entry(info.name.clone()).or_insert_with(|| (info.clone(), NicSample::default()));
+            e.0.rail = e.0.rail.or(info.rail);
+            e.0.rate_bytes_per_second = e.0.rate_bytes_per_second.or(info.rate_bytes_per_second);
+            nic::merge(&mut e.1, &s);
+        }
+        for (name, (mut info, mut s)) in per {
+            if let Some(r) = self.rates.get(&name) {
+                info.rate_bytes_per_second = Some(*r);
+            }
+            info.host = Some(self.host.clone());
+            s.time = time;
+            self.log.push(info, s);
+        }
+    }
+
+    pub fn add_marker(&mut self, mut m: Marker) {
+        m.host.get_or_insert_with(|| self.host.clone());
+        if self.markers.len() >= MAX_MARKERS {
+            self.markers.pop_front();
+        }
+        self.markers.push_back(m);
+        self.metrics.markers.inc();
+    }
+
+    pub fn marker_error(&self) {
+        self.metrics.marker_errors.inc();
+    }
+
+    pub fn markers_since(&self, since: f64) -> Vec<Marker> {
+        self.markers.iter().filter(|m| m.time.unwrap_or(0.0) >= since).cloned().collect()
+    }
+
+    pub fn samples(&self, t0: f64, t1: f64) -> Vec<(NicInfo, Vec<NicSample>)> {
+        self.log.samples(t0, t1)
+    }
+
+    pub fn steps(&self) -> impl Iterator<Item = &Attribution> {
+        self.steps.iter()
+    }
+
+    /// Attributes every step that ended at least `grace` ago and was not attributed yet.
+    pub fn tick(&mut self, now: f64, dropped_events: u64) {
+        let Some(calls) = self.calls.clone() else { return };
+        let horizon = now - self.cfg.grace.as_secs_f64();
+        let lookback = self.last_attributed.max(now - 600.0) - 60.0;
+        let (views, net): (Vec<CallView>, Vec<NetSample>) = {
+            let h = match calls.lock() {
+                Ok(h) => h,
+                Err(p) => p.into_inner(),
+            };
+            let views = h
+                .calls_since(lookback, 1_000_000)
+                .into_iter()
+                .filter_map(|c| serde_json::to_value(&c).ok().and_then(|v| serde_json::from_value::<CallView>(v).ok()))
+                .collect();
+            let net = h.net_since(lookback, 1_000_000).into_iter().map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send }).collect();
+            (views, net)
+        };
+        let colls = join_calls(&views);
+        let mut steps: Vec<(String, Step)> = Vec::new();
+        let markers: Vec<Marker> = self.markers_since(lookback);
+        if !markers.is_empty() {
+            steps.extend(steps_from_markers(&markers).into_iter().map(|s| ("markers".to_string(), s)));
+        } else {
+            let mut by_comm: BTreeMap<&str, Vec<&Collective>> = BTreeMap::new();
+            for c in &colls {
+                by_comm.entry(c.comm.as_str()).or_default().push(c);
+            }
+            for (comm, mut cs) in by_comm {
+                cs.sort_by_key(|c| c.seq);
+                steps.extend(steps_from_period(&cs).into_iter().map(|s| (comm.to_string(), s)));
+            }
+        }
+        let dropped = dropped_events > self.drops_seen;
+        self.drops_seen = dropped_events;
+        for (job, step) in steps {
+            if step.end > horizon {
+                continue;
+            }
+            let key = (job.clone(), step.id, (step.begin * 1e6) as i64);
+            if self.done.contains(&key) || step.end <= self.last_attributed - 60.0 {
+                continue;
+            }
+            let mine: Vec<&Collective> = step.collectives(&colls);
+            let windows: Vec<Vec<NicWindow>> = mine.iter().map(|c| self.log.window(c.last_arrival(), c.last_exit())).collect();
+            let att = attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
+            self.record(&att, &windows);
+            let step_windows = self.log.window(step.begin, step.end);
+            self.pending_store.push((job.clone(), att.clone(), mine.into_iter().cloned().collect(), step_windows));
+            if self.steps.len() >= self.cfg.history.max(1) {
+                self.steps.pop_front();
+            }
+            self.steps.push_back(att);
+            self.done.insert(key);
+            self.last_attributed = self.last_attributed.max(step.end);
+        }
+        // Forget keys far behind so the set stays bounded.
+        let cut = ((self.last_attributed - 900.0) * 1e6) as i64;
+        self.done.retain(|k| k.2 >= cut);
+    }
+
+    fn record(&mut self, a: &Attribution, windows: &[Vec<NicWindow>]) {
+        let m = &self.metrics;
+        m.duration.observe(a.seconds);
+        m.steps.inc();
+        let slow = if self.cfg.slow_step > Duration::ZERO {
+            a.seconds > self.cfg.slow_step.as_secs_f64()
+        } else {
+            let mut v: Vec<f64> = self.recent.iter().copied().collect();
+            v.sort_by(f64::total_cmp);
+            v.len() >= 5 && a.seconds > 1.5 * v[v.len() / 2]
+        };
+        if slow {
+            m.slow.inc();
+        }
+        self.recent.push_back(a.seconds);
+        if self.recent.len() > 100 {
+            self.recent.pop_front();
+        }
+        for c in &a.causes {
+            if c.seconds > 0.0 {
+                m.attributed.get_or_create(&CauseLabel { cause: c.kind.as_str() }).inc_by(c.seconds);
+            }
+        }
+        // Per-rank metrics only for ranks on this host (another host's agent exports theirs).
+        for r in a.ranks.iter().filter(|r| r.host == self.host) {
+            let rank = if r.rank < MAX_RANK_LABELS { r.rank.to_string() } else { "other".into() };
+            m.rank_wait.get_or_create(&RankLabel { rank: rank.clone() }).inc_by(r.wait_seconds);
+            m.rank_late.get_or_create(&RankLabel { rank }).inc_by(r.late_seconds);
+        }
+        let mut per_rail: BTreeMap<String, f64> = BTreeMap::new();
+        for w in windows.iter().flatten() {
+            let rail = w.nic.rail.map(|r| r.to_string()).unwrap_or_else(|| w.nic.name.clone());
+            *per_rail.entry(rail).or_default() += w.tx_bytes;
+        }
+        let total: f64 = per_rail.values().sum();
+        if total > 0.0 && per_rail.len() <= 64 {
+            for (rail, b) in &per_rail {
+                m.rail_share.get_or_create(&RailLabel { rail: rail.clone() }).set(b / total);
+            }
+            let mean = total / per_rail.len() as f64;
+            m.imbalance.set(per_rail.values().cloned().fold(0.0, f64::max) / mean);
+        }
+        let _ = CauseKind::ALL;
+    }
+}
