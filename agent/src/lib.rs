@@ -12,6 +12,7 @@ pub mod export;
 pub mod model;
 pub mod report;
 pub mod sources;
+pub mod store;
 pub mod timeline;
 pub mod topology;
 pub mod units;
