@@ -1,6 +1,7 @@
 //! Command line: one file per subcommand.
 
 pub mod check;
+pub mod diagnose;
 pub mod model;
 pub mod run;
 
@@ -26,6 +27,8 @@ pub enum Command {
     Check(check::CheckArgs),
     /// What-if models of the chapter: collectives, paths, in-flight limits, congestion, scale
     Model(model::ModelArgs),
+    /// Where did the step's time go? Causes in seconds per step, locally or across peers.
+    Diagnose(diagnose::DiagnoseArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -41,5 +44,6 @@ pub fn main() -> ExitCode {
         Command::Run(a) => run::main(a),
         Command::Check(a) => check::main(a),
         Command::Model(a) => model::main(a),
+        Command::Diagnose(a) => diagnose::main(a),
     }
 }

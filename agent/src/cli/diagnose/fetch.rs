@@ -1,0 +1,238 @@
+//! The fan-out: each peer's read-only API (`/api/v1/collectives`, `/markers`, `/windows`,
+//! `/steps`) over plain HTTP/1.1 with a per-peer deadline.
+//!
+//! Blocking `ureq` on a bounded pool of threads rather than an async client: `diagnose` is a
+//! one-shot command that waits on the network, a thread per in-flight peer is cheap at the
+//! pool's size, and a deadline per request is one setting (no runtime, no TLS stack).
+
+use std::{
+    sync::{atomic::AtomicUsize, atomic::Ordering, mpsc},
+    time::{Duration, Instant},
+};
+
+use serde::{de::DeserializeOwned, Deserialize};
+
+use super::cluster::PeerData;
+use crate::{
+    attribution::{Attribution, NetSample},
+    report::PeerFailure,
+    timeline::{join::CallView, Marker, NicInfo, NicSample, Phase},
+};
+
+/// Most calls asked of one peer (the API's own cap).
+pub const CALLS_LIMIT: usize = crate::export::api::MAX_COLLECTIVES_LIMIT;
+/// Largest response body read (100 000 calls are ~40 MB of JSON).
+const MAX_BODY_BYTES: u64 = 512 << 20;
+/// Peers queried at once; more wait for a free worker (each with its own full timeout).
+pub const MAX_PARALLEL: usize = 64;
+
+/// Why a peer's answer could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("connection refused (is the agent running and listening on this port?)")]
+    Refused,
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("HTTP {status} from {path}: {body}")]
+    Status { status: u16, path: String, body: String },
+    #[error("not the agent's JSON at {path}: {error}")]
+    Garbage { path: String, error: String },
+    #[error("{0}")]
+    Http(String),
+}
+
+fn classify(e: ureq::Error, timeout: Duration) -> PeerError {
+    match e {
+        ureq::Error::Timeout(_) => PeerError::Timeout(timeout),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => PeerError::Refused,
+        ureq::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => PeerError::Timeout(timeout),
+        ureq::Error::ConnectionFailed => PeerError::Connect("connection failed".into()),
+        ureq::Error::HostNotFound => PeerError::Connect("host not found".into()),
+        ureq::Error::BodyExceedsLimit(n) => PeerError::Http(format!("response larger than {n} bytes")),
+        e => PeerError::Http(e.to_string()),
+    }
+}
+
+/// An HTTP client for the fan-out; statuses are checked by [`get_json`].
+pub fn client() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into()
+}
+
+/// GET `http://{peer}{path}` and parse its JSON, finishing before `deadline`.
+pub fn get_json<T: DeserializeOwned>(agent: &ureq::Agent, peer: &str, path: &str, deadline: Instant, timeout: Duration) -> Result<T, PeerError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(PeerError::Timeout(timeout));
+    }
+    let url = format!("http://{peer}{path}");
+    let mut resp = agent.get(&url).config().timeout_global(Some(left)).build().call().map_err(|e| classify(e, timeout))?;
+    let status = resp.status().as_u16();
+    let body = resp.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_string().map_err(|e| match classify(e, timeout) {
+        PeerError::Http(m) if m.contains("utf") || m.contains("UTF") => PeerError::Garbage { path: path.into(), error: m },
+        other => other,
+    })?;
+    if status != 200 {
+        let snippet: String = body.chars().take(200).collect();
+        return Err(PeerError::Status { status, path: path.into(), body: snippet.trim().to_string() });
+    }
+    serde_json::from_str(&body).map_err(|e| {
+        let head: String = body.chars().take(60).collect();
+        PeerError::Garbage { path: path.into(), error: format!("{e} (body starts {head:?})") }
+    })
+}
+
+#[derive(Deserialize)]
+struct CollectivesWire {
+    host: String,
+    #[serde(default)]
+    clock_error_seconds: f64,
+    #[serde(default)]
+    clock_synchronized: bool,
+    calls: Vec<CallView>,
+    #[serde(default)]
+    net_requests: Vec<NetWire>,
+}
+
+#[derive(Deserialize)]
+struct NetWire {
+    #[serde(default)]
+    bytes: Option<f64>,
+    posted: f64,
+    completed: f64,
+    #[serde(default)]
+    send: bool,
+}
+
+/// A marker as served, without the socket protocol's strictness about extra fields.
+#[derive(Deserialize)]
+struct MarkerWire {
+    rank: u32,
+    step: u64,
+    phase: Phase,
+    #[serde(default)]
+    time: Option<f64>,
+    #[serde(default)]
+    host: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MarkersWire {
+    markers: Vec<MarkerWire>,
+}
+
+#[derive(Deserialize)]
+struct NicSeries {
+    nic: NicInfo,
+    samples: Vec<NicSample>,
+}
+
+#[derive(Deserialize)]
+struct WindowsWire {
+    #[serde(default)]
+    host: Option<String>,
+    nics: Vec<NicSeries>,
+}
+
+/// `/api/v1/steps` of one agent.
+#[derive(Deserialize)]
+pub struct StepsWire {
+    pub host: String,
+    pub steps: Vec<Attribution>,
+}
+
+/// Everything one peer has since `since`: its calls (required), markers and counter samples
+/// (a failure of those two is noted; the calls are still used).
+pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeout: Duration) -> Result<PeerData, PeerError> {
+    let deadline = Instant::now() + timeout;
+    let c: CollectivesWire = get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&limit={CALLS_LIMIT}"), deadline, timeout)?;
+    let mut p = PeerData {
+        peer: peer.to_string(),
+        clock_error_seconds: c.clock_error_seconds,
+        clock_synchronized: c.clock_synchronized,
+        net: c.net_requests.into_iter().map(|n| NetSample { bytes: n.bytes.unwrap_or(0.0), posted: n.posted, completed: n.completed, send: n.send }).collect(),
+        ..Default::default()
+    };
+    if c.calls.len() >= CALLS_LIMIT {
+        p.notes.push(format!("returned the maximum {CALLS_LIMIT} calls: older steps may be incomplete; narrow --since"));
+    }
+    p.calls = c.calls;
+    p.host = c.host;
+    match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}"), deadline, timeout) {
+        Ok(m) => {
+            p.markers = m
+                .markers
+                .into_iter()
+                .map(|w| Marker { rank: w.rank, step: w.step, phase: w.phase, time: w.time, host: w.host.or_else(|| Some(p.host.clone())) })
+                .collect()
+        }
+        Err(e) => p.notes.push(format!("markers unavailable ({e}); its ranks' markers are missing")),
+    }
+    match get_json::<WindowsWire>(agent, peer, &format!("/api/v1/windows?since={since:.6}&until={until:.6}"), deadline, timeout) {
+        Ok(w) => {
+            let host = w.host.unwrap_or_else(|| p.host.clone());
+            p.nics = w.nics.into_iter().map(|s| (NicInfo { host: s.nic.host.clone().or_else(|| Some(host.clone())), ..s.nic }, s.samples)).collect();
+        }
+        Err(e) => p.notes.push(format!("NIC counters unavailable ({e}); its NICs are missing")),
+    }
+    Ok(p)
+}
+
+/// Queries every peer in parallel (at most [`MAX_PARALLEL`] at once), each within `timeout`.
+/// Progress goes to stderr when `progress`. Answers keep the order of `peers`.
+pub fn fan_out(peers: &[String], since: f64, until: f64, timeout: Duration, progress: bool) -> (Vec<PeerData>, Vec<PeerFailure>) {
+    let agent = client();
+    let next = AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel::<(usize, Result<PeerData, PeerError>)>();
+    if progress {
+        eprintln!("querying {} peer(s)…", peers.len());
+    }
+    let mut results: Vec<Option<Result<PeerData, PeerError>>> = peers.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        for _ in 0..peers.len().min(MAX_PARALLEL) {
+            let tx = tx.clone();
+            let (agent, next) = (&agent, &next);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(peer) = peers.get(i) else { break };
+                if tx.send((i, fetch_peer(agent, peer, since, until, timeout))).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        let (mut done, mut ok) = (0usize, 0usize);
+        let mut last = Instant::now();
+        while done < peers.len() {
+            match rx.recv_timeout(Duration::from_millis(250)) {
+                Ok((i, r)) => {
+                    done += 1;
+                    ok += r.is_ok() as usize;
+                    if let Some(slot) = results.get_mut(i) {
+                        *slot = Some(r);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            if progress && last.elapsed() >= Duration::from_secs(1) && done < peers.len() {
+                eprintln!("… {done}/{} peer(s) done, {ok} answered", peers.len());
+                last = Instant::now();
+            }
+        }
+        if progress {
+            eprintln!("{} peer(s): {ok} answered, {} failed", peers.len(), peers.len() - ok);
+        }
+    });
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    for (peer, r) in peers.iter().zip(results) {
+        match r {
+            Some(Ok(d)) => answered.push(d),
+            Some(Err(e)) => failed.push(PeerFailure { peer: peer.clone(), error: e.to_string() }),
+            None => failed.push(PeerFailure { peer: peer.clone(), error: "no answer (worker stopped)".into() }),
+        }
+    }
+    (answered, failed)
+}
