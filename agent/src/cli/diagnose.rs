@@ -29,6 +29,7 @@ use crate::{
     attribution::{Attribution, Params},
     config::parse_duration,
     report::{self, Peers, Report, StepReport},
+    store::{StepQuery, Store, DEFAULT_DB_PATH},
 };
 
 /// Exit status when no step matches the selection.
@@ -201,31 +202,37 @@ pub enum DiagnoseError {
 
 /// Local mode from the history store: the one place that reads it.
 fn from_store(db: &std::path::Path, sel: &Selection) -> Result<Vec<Attribution>, DiagnoseError> {
-    let store_err = |reason: String| DiagnoseError::Store { path: db.to_path_buf(), reason };
+    let store_err = |e: &dyn std::fmt::Display| DiagnoseError::Store { path: db.to_path_buf(), reason: e.to_string() };
     let none = |why: String| DiagnoseError::NoSteps { why, report: Box::default() };
-    // Never create a store by reading one.
+    // Never create a store by reading one (Store::open creates missing files).
     match std::fs::metadata(db) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(none(format!("no history store at {} (has the agent run on this host? point --db at its [store] path)", db.display())))
         }
-        Err(e) => return Err(store_err(e.to_string())),
-        Ok(m) if m.len() == 0 => return Err(none(format!("the history store at {} is empty (no step stored yet)", db.display()))),
+        Err(e) => return Err(store_err(&e)),
+        Ok(m) if m.len() == 0 => return Err(none(format!("the history store at {} is empty: no step stored yet", db.display()))),
         Ok(_) => {}
     }
-    store::steps(db, sel).map_err(store_err)
-}
-
-/// The history store behind one function, so `diagnose` depends on its query API only here.
-mod store {
-    use std::path::Path;
-
-    use super::{Attribution, Selection};
-
-    /// The steps `sel` picks; `Err` is an unreadable store.
-    pub fn steps(db: &Path, sel: &Selection) -> Result<Vec<Attribution>, String> {
-        let _ = (db, sel);
-        Err("this build of the agent cannot read the history store yet (store module not built in); use --agent ADDR or --peers".into())
+    let st = Store::open(db).map_err(|e| store_err(&e))?;
+    let whole_range = sel.step.is_none() && sel.slowest.is_none();
+    let q = StepQuery { step: sel.step, since: sel.since, slowest: sel.slowest, limit: whole_range.then_some(MAX_STEPS), job_key: None };
+    let steps = st.steps(&q).map_err(|e| store_err(&e))?;
+    if !steps.is_empty() {
+        return Ok(steps);
     }
+    let n = st.count_steps().map_err(|e| store_err(&e))?;
+    if n == 0 {
+        return Err(none(format!(
+            "the history store at {} is empty: no step stored yet (the agent stores a step once markers or periodic collectives define it)",
+            db.display()
+        )));
+    }
+    let newest = st.steps(&StepQuery { limit: Some(1), ..Default::default() }).map_err(|e| store_err(&e))?.first().map(|a| a.begin);
+    let ago = newest.map(|t| format!("; the newest began {} ago", humantime::format_duration(Duration::from_secs((now_unix() - t).max(0.0) as u64)))).unwrap_or_default();
+    Err(none(match sel.step {
+        Some(k) => format!("step {k} is not in the store at {}{} ({n} step(s) stored{ago})", db.display(), sel.since_phrase()),
+        None => format!("time range empty: none of the {n} stored step(s) began{}{ago} (widen --since)", sel.since_phrase()),
+    }))
 }
 
 /// Local mode from one agent's `/api/v1/steps`.
@@ -315,9 +322,6 @@ fn build(a: &DiagnoseArgs, sel: &Selection) -> Result<Report, DiagnoseError> {
     };
     Ok(Report { source, steps: steps.into_iter().map(StepReport::from_attribution).collect(), threshold_seconds: threshold, ..Default::default() })
 }
-
-/// Default history store path (the store's own default).
-pub const DEFAULT_DB_PATH: &str = "/var/lib/stepwise/agent.db";
 
 pub fn main(mut a: DiagnoseArgs) -> ExitCode {
     // Peers are validated before anything is sent.

@@ -67,19 +67,21 @@ pub fn get_json<T: DeserializeOwned>(agent: &ureq::Agent, peer: &str, path: &str
         return Err(PeerError::Timeout(timeout));
     }
     let url = format!("http://{peer}{path}");
+    // Errors name the endpoint, not its query string.
+    let endpoint = path.split('?').next().unwrap_or(path);
     let mut resp = agent.get(&url).config().timeout_global(Some(left)).build().call().map_err(|e| classify(e, timeout))?;
     let status = resp.status().as_u16();
     let body = resp.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_string().map_err(|e| match classify(e, timeout) {
-        PeerError::Http(m) if m.contains("utf") || m.contains("UTF") => PeerError::Garbage { path: path.into(), error: m },
+        PeerError::Http(m) if m.contains("utf") || m.contains("UTF") => PeerError::Garbage { path: endpoint.into(), error: m },
         other => other,
     })?;
     if status != 200 {
         let snippet: String = body.chars().take(200).collect();
-        return Err(PeerError::Status { status, path: path.into(), body: snippet.trim().to_string() });
+        return Err(PeerError::Status { status, path: endpoint.into(), body: snippet.trim().to_string() });
     }
     serde_json::from_str(&body).map_err(|e| {
         let head: String = body.chars().take(60).collect();
-        PeerError::Garbage { path: path.into(), error: format!("{e} (body starts {head:?})") }
+        PeerError::Garbage { path: endpoint.into(), error: format!("{e} (body starts {head:?})") }
     })
 }
 
