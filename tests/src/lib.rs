@@ -4,3 +4,4 @@
 pub mod harness;
 pub mod netns;
 pub mod scenario;
+pub mod workloads;

@@ -15,4 +15,4 @@ pub mod windows;
 pub use join::{join_calls, Arrival, Collective};
 pub use markers::{Marker, MarkerError, Phase};
 pub use steps::{steps_from_markers, steps_from_period, Step, StepSource};
-pub use windows::{CounterLog, NicSample, NicWindow};
+pub use windows::{CounterLog, NicInfo, NicSample, NicWindow};

@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
     st.comm_us[st.n] = t2 - t1;
     st.step_us[st.n++] = t2 - t0;
     printf("step rank=%d step=%ld compute_us=%.0f allreduce_us=%.0f step_us=%.0f delayed=%d "
-           "bad=%zu\n",
-           o.rank, k, t1 - t0, t2 - t1, t2 - t0, delay > 0, bad);
+           "bad=%zu arrive_us=%.1f\n",
+           o.rank, k, t1 - t0, t2 - t1, t2 - t0, delay > 0, bad, t1);
   }
   uint64_t csum = o.steps ? checksum64(recv, o.bytes) : 0;
   NCCLCHECK(ncclCommDestroy(comm), "ncclCommDestroy");

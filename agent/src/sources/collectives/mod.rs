@@ -60,6 +60,10 @@ pub struct CollectivesConfig {
     pub sample_every: Duration,
     /// Root of procfs (tests). Default `/proc`.
     pub proc_root: PathBuf,
+    /// Directories searched at start-up for target libraries, which are then probed before
+    /// any process maps them — so a job started later is seen from its very first call
+    /// (uprobes belong to the file, not the process). Default: the system library dirs.
+    pub library_dirs: Vec<PathBuf>,
     /// Host name reported with each call. Default: the kernel's hostname.
     pub host: Option<String>,
 }
@@ -76,6 +80,7 @@ impl Default for CollectivesConfig {
             sample_window: Duration::from_millis(200),
             sample_every: Duration::from_secs(10),
             proc_root: PathBuf::from("/proc"),
+            library_dirs: ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib"].iter().map(PathBuf::from).collect(),
             host: None,
         }
     }
@@ -98,6 +103,8 @@ struct Attachment {
     sampled_links: Vec<AttachedLink>,
     users: HashSet<u32>,
     symbols: SymbolTable,
+    /// Attached at start-up from a library directory: kept while the file exists.
+    pinned: bool,
 }
 
 /// The running probe service (owned by one blocking thread).
@@ -180,8 +187,36 @@ impl Collectives {
         self.drops_total.clone()
     }
 
+    /// Probes target libraries found in `library_dirs` before any process maps them.
+    pub fn preload(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        for dir in self.cfg.library_dirs.clone() {
+            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+            let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+            entries.sort();
+            for path in entries {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+                let Some(ti) = self.globs.iter().position(|g| g.matches(&name)) else { continue };
+                // Symlinks (libmpi.so → libmpi.so.40.30.4) resolve to the same inode: once.
+                let Ok(md) = std::fs::metadata(&path) else { continue };
+                if !md.is_file() {
+                    continue;
+                }
+                let key = FileKey { dev: md.dev(), inode: md.ino() };
+                if self.attached.contains_key(&key) {
+                    continue;
+                }
+                self.attach_library(ti, &path, key);
+                if let Some(a) = self.attached.get_mut(&key) {
+                    a.pinned = true;
+                }
+            }
+        }
+    }
+
     /// Runs until `stop` returns true: drains events continuously, rescans periodically.
     pub fn run(mut self, stop: impl Fn() -> bool) {
+        self.preload();
         let mut last_scan = Instant::now() - self.cfg.rescan;
         let mut window_start: Option<Instant> = None;
         let mut last_window = Instant::now();
@@ -371,7 +406,7 @@ impl Collectives {
         }
         self.rejected.retain(|p| procs::alive(&self.cfg.proc_root, *p));
         // Detach libraries no process maps any more.
-        let stale: Vec<FileKey> = self.attached.keys().copied().filter(|k| !users.contains_key(k)).collect();
+        let stale: Vec<FileKey> = self.attached.iter().filter(|(k, a)| !users.contains_key(k) && !a.pinned).map(|(k, _)| *k).collect();
         for k in stale {
             if let Some(a) = self.attached.remove(&k) {
                 info!(library = %a.path.display(), "last user exited; detaching");
@@ -445,7 +480,7 @@ impl Collectives {
         }
         info!(library = %path.display(), family = target.family.as_str(), probes = links.len() / 2, sampled = sampled.len(), "attached");
         debug!(?key, "attachment key");
-        self.attached.insert(key, Attachment { target: ti, path: path.to_path_buf(), links, sampled, sampled_links: Vec::new(), users: HashSet::new(), symbols });
+        self.attached.insert(key, Attachment { target: ti, path: path.to_path_buf(), links, sampled, sampled_links: Vec::new(), users: HashSet::new(), symbols, pinned: false });
     }
 
     fn attach_sampled(&mut self) {

@@ -1,0 +1,95 @@
+//! The C test workloads (tests/workloads): building them and running them the way the
+//! end-to-end scenarios need.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+    sync::OnceLock,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::harness::workspace_root;
+
+/// Builds tests/workloads once per test process (idempotent and fast when up to date).
+pub fn build() -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = workspace_root().join("tests/workloads");
+            let out = Command::new("bash").arg(dir.join("build.sh")).output().map_err(|e| format!("cannot run build.sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("tests/workloads/build.sh failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+            }
+            Ok(dir.join("build"))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// Runs a command, failing with its output when it exits non-zero.
+pub fn run_ok(cmd: &mut Command) -> Result<Output> {
+    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({}):\n{}{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(out)
+}
+
+/// `mpirun` for 4 ranks of `mpi_steps` inside network namespace `ns`, with compute as sleep so
+/// ranks on two cores keep their timing, and OpenMPI yielding instead of spinning when idle.
+pub fn mpi_steps(ns: &str, np: u32, args: &[&str]) -> Command {
+    let bin = workspace_root().join("tests/workloads/build/mpi_steps");
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, "env", "STEPS_COMPUTE=sleep", "mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "mpi_yield_when_idle", "1", "-x", "STEPS_COMPUTE", "-np"])
+        .arg(np.to_string())
+        .arg(bin)
+        .args(args);
+    c
+}
+
+/// One `step rank=… step=… … arrive_us=…` line of `mpi_steps`/`nccl_steps`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepLine {
+    pub rank: u32,
+    pub step: u64,
+    pub compute_us: f64,
+    pub allreduce_us: f64,
+    /// CLOCK_MONOTONIC µs when the rank entered the collective (the workload's own clock).
+    pub arrive_us: f64,
+    pub delayed: bool,
+}
+
+/// Parses the per-step lines of a workload's stdout.
+pub fn parse_steps(stdout: &str) -> Vec<StepLine> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .filter_map(|l| {
+            let kv: std::collections::HashMap<&str, &str> = l.split_whitespace().filter_map(|t| t.split_once('=')).collect();
+            Some(StepLine {
+                rank: kv.get("rank")?.parse().ok()?,
+                step: kv.get("step")?.parse().ok()?,
+                compute_us: kv.get("compute_us")?.parse().ok()?,
+                allreduce_us: kv.get("allreduce_us")?.parse().ok()?,
+                arrive_us: kv.get("arrive_us")?.parse().ok()?,
+                delayed: kv.get("delayed")? == &"1",
+            })
+        })
+        .collect()
+}
+
+/// Ground truth readiness skew per step from the workload's own clock: last − first arrival.
+pub fn true_skew_seconds(lines: &[StepLine]) -> std::collections::BTreeMap<u64, (f64, u32)> {
+    let mut per: std::collections::BTreeMap<u64, Vec<&StepLine>> = std::collections::BTreeMap::new();
+    for l in lines {
+        per.entry(l.step).or_default().push(l);
+    }
+    per.into_iter()
+        .map(|(k, v)| {
+            let first = v.iter().map(|l| l.arrive_us).fold(f64::INFINITY, f64::min);
+            let last = v.iter().max_by(|a, b| a.arrive_us.total_cmp(&b.arrive_us)).map(|l| (l.arrive_us, l.rank)).unwrap_or((first, 0));
+            (k, ((last.0 - first) * 1e-6, last.1))
+        })
+        .collect()
+}
