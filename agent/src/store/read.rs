@@ -58,7 +58,7 @@ impl Store {
     /// otherwise by begin time.
     pub fn steps(&self, q: &StepQuery) -> Result<Vec<Attribution>, StoreError> {
         let (filter, mut args) = q.filter();
-        let cols = "SELECT id, step_id, begin, end, attribution FROM steps";
+        let cols = "SELECT id, step_id, begin, end, seconds, attribution FROM steps";
         let sql = match (q.slowest, q.limit) {
             (Some(k), limit) => {
                 args.push(Value::Integer(lim(limit.map_or(k, |l| l.min(k)))));
@@ -71,12 +71,28 @@ impl Store {
             (None, None) => format!("{cols} {filter} ORDER BY begin ASC, id ASC"),
         };
         let mut st = self.conn.prepare_cached(&sql).map_err(sql_err(self, "prepare step query"))?;
+        let mut causes = self
+            .conn
+            .prepare_cached("SELECT idx, kind, seconds, share FROM causes WHERE step_ref = ?1 ORDER BY idx")
+            .map_err(sql_err(self, "prepare cause query"))?;
         let mut rows = st.query(rusqlite::params_from_iter(args)).map_err(sql_err(self, "query steps"))?;
         let mut out = Vec::new();
         while let Some(row) = rows.next().map_err(sql_err(self, "read steps"))? {
             let id: i64 = row.get(0).map_err(sql_err(self, "read step id"))?;
-            match step_row(row) {
-                Ok(a) => out.push(a),
+            let mut att = match step_row(row) {
+                Ok(a) => a,
+                Err(reason) => {
+                    self.skip("steps", id, &reason);
+                    continue;
+                }
+            };
+            let mut crows = causes.query([id]).map_err(sql_err(self, "query causes"))?;
+            let mut exact = Vec::with_capacity(att.causes.len());
+            while let Some(c) = crows.next().map_err(sql_err(self, "read causes"))? {
+                exact.push(cause_row(c));
+            }
+            match restore_causes(&mut att, exact) {
+                Ok(()) => out.push(att),
                 Err(reason) => self.skip("steps", id, &reason),
             }
         }
@@ -169,23 +185,59 @@ fn sql_err<'a>(s: &'a Store, op: &'static str) -> impl FnOnce(rusqlite::Error) -
     sql(&s.path, op)
 }
 
-/// `id, step_id, begin, end, attribution` → a validated attribution.
+/// `id, step_id, begin, end, seconds, attribution` → a validated attribution.
+///
+/// serde_json's default float parsing is best effort (it may land one ULP off), so the
+/// numbers that have their own REAL column come from the column, exact: the step's key
+/// times here, the causes' seconds and shares in [`restore_causes`]. The JSON must agree
+/// with the columns to within that error, or the row is corrupt.
 fn step_row(row: &Row<'_>) -> Result<Attribution, String> {
     let step_id: i64 = row.get(1).map_err(|e| format!("step_id: {e}"))?;
     let begin: f64 = row.get(2).map_err(|e| format!("begin: {e}"))?;
     let end: f64 = row.get(3).map_err(|e| format!("end: {e}"))?;
-    let json: String = row.get(4).map_err(|e| format!("attribution: {e}"))?;
-    let att: Attribution = serde_json::from_str(&json).map_err(|e| format!("attribution JSON: {e}"))?;
+    let seconds: f64 = row.get(4).map_err(|e| format!("seconds: {e}"))?;
+    let json: String = row.get(5).map_err(|e| format!("attribution: {e}"))?;
+    let mut att: Attribution = serde_json::from_str(&json).map_err(|e| format!("attribution JSON: {e}"))?;
     if u64::try_from(step_id).ok() != Some(att.step) {
         return Err(format!("step_id {step_id} disagrees with the attribution's step {}", att.step));
     }
-    if att.begin.to_bits() != begin.to_bits() || att.end.to_bits() != end.to_bits() {
-        return Err(format!("begin/end ({begin}, {end}) disagree with the attribution's ({}, {})", att.begin, att.end));
+    for (name, col, json) in [("begin", begin, &mut att.begin), ("end", end, &mut att.end), ("seconds", seconds, &mut att.seconds)] {
+        if !close(col, *json) {
+            return Err(format!("{name} {col} disagrees with the attribution's {json}"));
+        }
+        *json = col;
     }
     if let Some((field, v)) = non_finite(&att) {
         return Err(format!("{field} is {v}"));
     }
     Ok(att)
+}
+
+/// Equal up to JSON's parsing error (a few ULPs).
+fn close(a: f64, b: f64) -> bool {
+    a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+/// `idx, kind, seconds, share` of a cause row.
+fn cause_row(row: &Row<'_>) -> Result<(usize, String, f64, f64), String> {
+    Ok((int(row, 0)?, text(row, 1)?, real(row, 2)?, real(row, 3)?))
+}
+
+/// Puts the exact seconds and shares of the `causes` rows into the attribution's causes;
+/// they must be the same causes, in the same order.
+fn restore_causes(att: &mut Attribution, rows: Vec<Result<(usize, String, f64, f64), String>>) -> Result<(), String> {
+    if rows.len() != att.causes.len() {
+        return Err(format!("{} cause rows for {} causes in the attribution", rows.len(), att.causes.len()));
+    }
+    for (i, (row, c)) in rows.into_iter().zip(att.causes.iter_mut()).enumerate() {
+        let (idx, kind, seconds, share) = row.map_err(|e| format!("cause {i}: {e}"))?;
+        if idx != i || kind != c.kind.as_str() || !close(seconds, c.seconds) || !close(share, c.share) {
+            return Err(format!("cause row {idx} ({kind}, {seconds}) disagrees with the attribution's {} ({}, {})", i, c.kind.as_str(), c.seconds));
+        }
+        c.seconds = seconds;
+        c.share = share;
+    }
+    Ok(())
 }
 
 /// A stored REAL; NULL is how SQLite stores NaN, so it reads back as NaN.

@@ -92,7 +92,7 @@ impl Store {
 
     /// Copies the WAL into the database and truncates it (a no-op in memory). A reader
     /// holding an old snapshot makes it partial (busy), which the next pass finishes.
-    fn checkpoint(&self) -> Result<(), StoreError> {
+    pub(super) fn checkpoint(&self) -> Result<(), StoreError> {
         let busy: i64 = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
