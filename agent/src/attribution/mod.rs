@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     model::{concurrency, traffic},
     timeline::{Collective, NicWindow, Step},
-    units::{Bytes, BytesPerSecond, Seconds},
+    units::{Bytes, BytesPerSecond},
 };
 
 pub use evidence::{fix_for, NetSample};

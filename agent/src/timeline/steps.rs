@@ -40,7 +40,8 @@ impl Step {
 /// Steps from markers: a step exists once at least one rank sent both begin and end; its
 /// window spans every rank's markers.
 pub fn steps_from_markers(markers: &[Marker]) -> Vec<Step> {
-    let mut per: BTreeMap<u64, BTreeMap<u32, (Option<f64>, Option<f64>)>> = BTreeMap::new();
+    type BeginEnd = (Option<f64>, Option<f64>);
+    let mut per: BTreeMap<u64, BTreeMap<u32, BeginEnd>> = BTreeMap::new();
     for m in markers {
         let Some(t) = m.time else { continue };
         let e = per.entry(m.step).or_default().entry(m.rank).or_default();
@@ -127,7 +128,7 @@ mod tests {
     fn period_detection_tolerates_warmup_and_strays() {
         let seq = [9, 9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3];
         assert_eq!(detect_period(&seq), Some((2, 3)));
-        let mut noisy: Vec<u32> = std::iter::repeat([1, 2]).take(20).flatten().collect();
+        let mut noisy: Vec<u32> = std::iter::repeat_n([1, 2], 20).flatten().collect();
         noisy[17] = 7;
         assert_eq!(detect_period(&noisy).map(|x| x.1), Some(2));
         assert_eq!(detect_period(&[1, 2, 3, 4, 5, 6, 7]), None);

@@ -133,7 +133,7 @@ pub fn discover(sysfs_root: &Path, rail_overrides: &BTreeMap<String, u32>) -> To
     }
 
     // Rails: overrides first, the rest by PCI address order (then name).
-    nics.sort_by(|a, b| (a.pci.clone(), a.ib_device.clone(), a.netdev.clone()).cmp(&(b.pci.clone(), b.ib_device.clone(), b.netdev.clone())));
+    nics.sort_by_key(|n| (n.pci.clone(), n.ib_device.clone(), n.netdev.clone()));
     let mut next_rail = 0u32;
     let taken: Vec<u32> = rail_overrides.values().copied().collect();
     for nic in nics.iter_mut() {

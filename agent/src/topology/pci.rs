@@ -77,7 +77,7 @@ pub fn nvidia_gpus(sysfs_root: &Path) -> Vec<PciDevice> {
 /// Parses an RDMA `rate` file (`"400 Gb/sec (4X NDR)"`, `"2.5 Gb/sec (1X SDR)"`) into bytes/s
 /// (decimal Gb: × 1e9 / 8, as procfs does with ×125000000).
 pub fn parse_ib_rate(s: &str) -> Option<f64> {
-    let num = s.trim().split_whitespace().next()?;
+    let num = s.split_whitespace().next()?;
     let gbps: f64 = num.parse().ok()?;
     if !gbps.is_finite() || gbps < 0.0 {
         return None;
