@@ -7,12 +7,12 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT};
+    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
-        macros::{map, uprobe, uretprobe},
-        maps::{HashMap, PerCpuArray, RingBuf},
-        programs::{ProbeContext, RetProbeContext},
+        macros::{map, tracepoint, uprobe, uretprobe},
+        maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+        programs::{ProbeContext, RetProbeContext, TracePointContext},
         EbpfContext,
     };
 
@@ -114,6 +114,37 @@ mod programs {
             let _ = OUTPTR.remove(&ev.tid);
         }
         entry.submit(0);
+        0
+    }
+
+    /// Source address (v4-mapped IPv6) → retransmitted segments, per CPU.
+    #[map(name = "TCP_RETRANS")]
+    static TCP_RETRANS: PerCpuHashMap<[u8; 16], u64> = PerCpuHashMap::with_max_entries(4096, 0);
+
+    /// `tcp:tcp_retransmit_skb`: the congestion signal when collectives run over TCP.
+    #[tracepoint]
+    pub fn tcp_retransmit(ctx: TracePointContext) -> u32 {
+        // SAFETY: reads inside the tracepoint record at offsets the agent verified.
+        let family: u16 = unsafe { ctx.read_at(TCP_TP_FAMILY_OFFSET) }.unwrap_or(0);
+        let mut key = [0u8; 16];
+        if family == 2 {
+            let v4: [u8; 4] = unsafe { ctx.read_at(TCP_TP_SADDR_OFFSET) }.unwrap_or([0; 4]);
+            key[10] = 0xff;
+            key[11] = 0xff;
+            key[12] = v4[0];
+            key[13] = v4[1];
+            key[14] = v4[2];
+            key[15] = v4[3];
+        } else {
+            key = unsafe { ctx.read_at(TCP_TP_SADDR_V6_OFFSET) }.unwrap_or([0; 16]);
+        }
+        match TCP_RETRANS.get_ptr_mut(&key) {
+            // SAFETY: per-CPU value, no concurrent writer on this CPU.
+            Some(p) => unsafe { *p += 1 },
+            None => {
+                let _ = TCP_RETRANS.insert(&key, &1, 0);
+            }
+        }
         0
     }
 

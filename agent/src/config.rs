@@ -61,11 +61,13 @@ pub struct SourcesConfig {
     pub netdev: bool,
     /// qdisc statistics (rtnetlink).
     pub qdisc: bool,
+    /// TCP retransmissions per interface (`tcp:tcp_retransmit_skb` tracepoint).
+    pub tcp: bool,
 }
 
 impl Default for SourcesConfig {
     fn default() -> Self {
-        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true }
+        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true, tcp: true }
     }
 }
 

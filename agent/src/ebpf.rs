@@ -52,6 +52,8 @@ pub enum EbpfError {
     },
     #[error("eBPF map {0} missing from the object")]
     Map(&'static str),
+    #[error("{0}")]
+    Layout(&'static str),
 }
 
 /// Loaded programs with their RingBuf (taken out of the object once, so draining does not
@@ -203,4 +205,62 @@ pub fn self_test(calls: u64) -> Result<SelfTest, EbpfError> {
     let exits = mine.iter().filter(|e| e.kind == KIND_EXIT).count() as u64;
     let args_ok = enters.iter().enumerate().all(|(i, e)| e.args[0] == 1000 + i as u64);
     Ok(SelfTest { calls, enter_events: enters.len() as u64, exit_events: exits, args_ok })
+}
+
+/// The `tcp:tcp_retransmit_skb` tracepoint with its per-address counters.
+pub struct TcpRetransmits {
+    ebpf: Ebpf,
+}
+
+/// The tracefs format file of the tracepoint (tracefs may be mounted in either place).
+fn tcp_format() -> Option<String> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|d| std::fs::read_to_string(format!("{d}/events/tcp/tcp_retransmit_skb/format")).ok())
+}
+
+/// Whether the kernel's record layout matches the offsets compiled into the program.
+pub fn tcp_format_matches(format: &str) -> bool {
+    let has = |field: &str, off: usize| format.lines().any(|l| l.contains(field) && l.contains(&format!("offset:{off};")));
+    has("__u16 family;", agent_common::TCP_TP_FAMILY_OFFSET)
+        && has("__u8 saddr[4];", agent_common::TCP_TP_SADDR_OFFSET)
+        && has("__u8 saddr_v6[16];", agent_common::TCP_TP_SADDR_V6_OFFSET)
+}
+
+impl TcpRetransmits {
+    /// Loads and attaches the tracepoint program.
+    pub fn load() -> Result<TcpRetransmits, EbpfError> {
+        if !embedded() {
+            return Err(EbpfError::NotEmbedded);
+        }
+        match tcp_format() {
+            Some(f) if tcp_format_matches(&f) => {}
+            Some(_) => return Err(EbpfError::Layout("tcp:tcp_retransmit_skb has a different record layout on this kernel")),
+            None => return Err(EbpfError::Layout("tcp:tcp_retransmit_skb format not found (is tracefs mounted? `agent check --mount`)")),
+        }
+        let mut ebpf = Ebpf::load(OBJECT).map_err(EbpfError::Load)?;
+        let name = agent_common::PROG_TCP_RETRANSMIT;
+        let p: &mut aya::programs::TracePoint = ebpf
+            .program_mut(name)
+            .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
+            .try_into()
+            .map_err(|source| EbpfError::Program { name, source })?;
+        p.load().map_err(|source| EbpfError::Program { name, source })?;
+        p.attach("tcp", "tcp_retransmit_skb").map_err(|source| EbpfError::Attach { symbol: "tcp:tcp_retransmit_skb".into(), target: "tracepoint".into(), source })?;
+        Ok(TcpRetransmits { ebpf })
+    }
+
+    /// Retransmitted segments per source address since load (sum over CPUs).
+    pub fn counts(&self) -> Vec<(std::net::IpAddr, u64)> {
+        let Some(map) = self.ebpf.map(agent_common::TCP_RETRANS_MAP) else { return Vec::new() };
+        let Ok(m) = aya::maps::PerCpuHashMap::<_, [u8; 16], u64>::try_from(map) else { return Vec::new() };
+        m.iter()
+            .filter_map(|r| r.ok())
+            .map(|(k, v)| {
+                let ip = std::net::Ipv6Addr::from(k);
+                let ip = ip.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(std::net::IpAddr::V6(ip));
+                (ip, v.iter().sum())
+            })
+            .collect()
+    }
 }

@@ -12,6 +12,17 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 /// Name of the hash map (tid → pointer argument) used to dereference an out-pointer at return.
 pub const OUTPTR_MAP: &str = "OUTPTR";
 
+/// Name of the per-CPU hash map counting TCP retransmissions by source address
+/// (IPv4 addresses as v4-mapped IPv6, `::ffff:a.b.c.d`).
+pub const TCP_RETRANS_MAP: &str = "TCP_RETRANS";
+/// The `tcp:tcp_retransmit_skb` tracepoint program.
+pub const PROG_TCP_RETRANSMIT: &str = "tcp_retransmit";
+/// Offsets in the `tcp:tcp_retransmit_skb` record (checked against the tracefs `format` file
+/// by the agent before attaching).
+pub const TCP_TP_FAMILY_OFFSET: usize = 32;
+pub const TCP_TP_SADDR_OFFSET: usize = 34;
+pub const TCP_TP_SADDR_V6_OFFSET: usize = 42;
+
 /// Program names, as exported from the eBPF object.
 pub const PROG_CALL_ENTER: &str = "call_enter";
 pub const PROG_CALL_EXIT: &str = "call_exit";

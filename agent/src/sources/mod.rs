@@ -9,6 +9,7 @@ pub mod nic;
 pub mod qdisc;
 pub mod rdma;
 pub mod select;
+pub mod tcp;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -132,6 +133,9 @@ pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry:
     }
     if cfg.sources.qdisc {
         out.push(Box::new(qdisc::QdiscSource::new(ctx.clone(), registry)));
+    }
+    if cfg.sources.tcp {
+        out.push(Box::new(tcp::TcpSource::new(ctx.clone(), registry)));
     }
     out
 }

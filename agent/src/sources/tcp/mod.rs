@@ -1,0 +1,118 @@
+//! TCP retransmissions per interface, from the `tcp:tcp_retransmit_skb` tracepoint: the
+//! congestion signal when collectives run over TCP (gloo, NCCL's socket transport, MPI's
+//! tcp btl). The kernel counts per source address; addresses map to interfaces through
+//! `getifaddrs(3)` in the agent's network namespace.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+    registry::Registry,
+};
+
+use super::{kind, Source, SourceContext, SourceError, SweepReport};
+use crate::ebpf::TcpRetransmits;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NetdevLabel {
+    netdev: String,
+}
+
+pub struct TcpSource {
+    ctx: SourceContext,
+    probe: Option<TcpRetransmits>,
+    load_error: Option<String>,
+    /// Last total per address (the kernel map only grows).
+    last: BTreeMap<IpAddr, u64>,
+    /// Accumulated per interface.
+    totals: BTreeMap<String, u64>,
+    metric: Family<NetdevLabel, Counter>,
+}
+
+/// Interface name per local address (`getifaddrs(3)`).
+pub fn interface_addresses() -> BTreeMap<IpAddr, String> {
+    let mut out = BTreeMap::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we free below; we only read it in between.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list returned by getifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() && !ifa.ifa_name.is_null() {
+            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+            // SAFETY: sa_family tells which sockaddr type ifa_addr points to.
+            let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if fam == libc::AF_INET {
+                // SAFETY: AF_INET → sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.insert(IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))), name);
+            } else if fam == libc::AF_INET6 {
+                // SAFETY: AF_INET6 → sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.insert(IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)), name);
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: the list came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+impl TcpSource {
+    pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
+        let metric = Family::<NetdevLabel, Counter>::default();
+        registry.register("stepwise_tcp_retransmits", "TCP segments retransmitted, by the interface owning the source address", metric.clone());
+        let (probe, load_error) = match TcpRetransmits::load() {
+            Ok(p) => (Some(p), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        TcpSource { ctx, probe, load_error, last: BTreeMap::new(), totals: BTreeMap::new(), metric }
+    }
+}
+
+impl Source for TcpSource {
+    fn nic_samples(&self) -> Vec<super::nic::NicPart> {
+        self.totals
+            .iter()
+            .map(|(n, v)| (crate::timeline::NicInfo { name: n.clone(), ..Default::default() }, crate::timeline::NicSample { retransmits: *v as f64, ..Default::default() }))
+            .collect()
+    }
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+    fn sweep(&mut self) -> Result<SweepReport, SourceError> {
+        let Some(p) = &self.probe else {
+            return Err(SourceError::Unavailable { source_name: "tcp", reason: self.load_error.clone().unwrap_or_default() });
+        };
+        let addrs = interface_addresses();
+        let mut report = SweepReport::default();
+        for (ip, total) in p.counts() {
+            report.values += 1;
+            let prev = self.last.insert(ip, total).unwrap_or(0);
+            let delta = total.saturating_sub(prev);
+            let Some(dev) = addrs.get(&ip) else { continue };
+            if !self.ctx.selector.selects(dev, None) {
+                continue;
+            }
+            if delta > 0 {
+                *self.totals.entry(dev.clone()).or_default() += delta;
+                self.metric.get_or_create(&NetdevLabel { netdev: dev.clone() }).inc_by(delta);
+            }
+        }
+        if self.last.len() > 4096 {
+            self.last.clear();
+            self.ctx.errors.inc("tcp", kind::COUNTER_RESET);
+        }
+        report.devices = addrs.len();
+        Ok(report)
+    }
+    fn status(&self) -> serde_json::Value {
+        serde_json::json!({"attached": self.probe.is_some(), "error": self.load_error, "retransmits": self.totals})
+    }
+}
