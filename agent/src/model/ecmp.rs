@@ -76,16 +76,15 @@ impl Tables {
         (lo, hi)
     }
 
-    fn base(&self, t: usize) -> Poly {
-        let (lo, hi) = self.range(1, t);
-        // One uplink: P(s flows all ≤ t) is 1 for s ≤ t (and `hi ≤ t`).
+    /// Coefficients of one uplink on `lo..=hi`: P(s flows all ≤ t) is 1 for s ≤ t.
+    fn base(&self, lo: usize, hi: usize) -> Poly {
         let c = if lo <= hi { vec![1.0; hi - lo + 1] } else { Vec::new() };
         Poly { bins: 1, lo, c }
     }
 
-    fn mul(&self, a: &Poly, b: &Poly, t: usize) -> Poly {
+    /// The `(a+b)`-uplink coefficients on `lo..=hi` from the `a`- and `b`-uplink factors.
+    fn mul(&self, a: &Poly, b: &Poly, square: bool, lo: usize, hi: usize) -> Poly {
         let bins = a.bins + b.bins;
-        let (lo, hi) = self.range(bins, t);
         let (Some(a_hi), Some(b_hi)) = (a.hi(), b.hi()) else {
             return Poly { bins, lo, c: Vec::new() };
         };
@@ -110,16 +109,23 @@ impl Tables {
             }
             let j0 = (((s + 1) as f64 * p).floor() as usize).clamp(jl, jh);
             let w0 = (lf[s] - lf[j0] - lf[s - j0] + j0 as f64 * ln_p + (s - j0) as f64 * ln_q).exp();
-            let mut sum = w0 * a.at(j0) * b.at(s - j0);
+            // Squaring: terms j and s − j are equal (p = ½, same factor on both sides), so sum
+            // the upper half twice. j0 = ⌈s/2⌉ is then the mode; an odd s has no middle term.
+            let (twice, first) = if square { (2.0, if s % 2 == 0 { 1.0 } else { 2.0 }) } else { (1.0, 1.0) };
+            let mut sum = first * w0 * a.at(j0) * b.at(s - j0);
             // Away from the mode the weights only fall; c values are ≤ 1, so once the
             // weight times the terms left is below 1e−17 of the sum, stop.
             let mut w = w0;
             for j in j0 + 1..=jh {
                 w *= (s - j + 1) as f64 * self.inv[j] * ratio;
-                sum += w * a.c[j - a.lo] * b.c[s - j - b.lo];
+                sum += twice * w * a.c[j - a.lo] * b.c[s - j - b.lo];
                 if w * ((jh - j) as f64) <= sum * 1e-17 {
                     break;
                 }
+            }
+            if square {
+                c.push(sum);
+                continue;
             }
             let mut w = w0;
             for j in (jl..j0).rev() {
@@ -135,31 +141,95 @@ impl Tables {
     }
 
     /// `P(L_max ≤ t)`.
-    fn cdf(&self, t: usize) -> f64 {
-        let (n, m) = (self.n, self.m);
+    fn cdf(&self, plan: &Plan, t: usize) -> f64 {
+        let n = self.n;
         if t >= n {
             return 1.0;
         }
-        if t.saturating_mul(m) < n {
+        if t.saturating_mul(self.m) < n {
             return 0.0;
         }
-        let mut base = self.base(t);
-        let mut acc: Option<Poly> = None;
+        // Top-down: which coefficients each factor must supply. Besides the static bounds,
+        // a binomial weight more than WINDOW standard deviations from its mean is below
+        // e^−72 and the c values there are no larger than at the mean (the even split is the
+        // likeliest), so those coefficients are never computed.
+        const WINDOW: f64 = 12.0;
+        let mut need: Vec<Option<(usize, usize)>> = vec![None; plan.nodes.len()];
+        need[plan.root] = Some((n, n));
+        for i in (0..plan.nodes.len()).rev() {
+            let (Step::Mul(a, b), Some((cl, ch))) = (plan.nodes[i].0, need[i]) else { continue };
+            let bins = plan.nodes[i].1;
+            for (child, share) in [(a, plan.nodes[a].1), (b, plan.nodes[b].1)] {
+                let p = share as f64 / bins as f64;
+                let sd = |s: usize| WINDOW * (s as f64 * p * (1.0 - p)).sqrt() + 1.0;
+                let lo = (cl as f64 * p - sd(cl)).floor().max(0.0) as usize;
+                let hi = (ch as f64 * p + sd(ch)).ceil() as usize;
+                let (slo, shi) = self.range(share, t);
+                let (lo, hi) = (lo.max(slo), hi.min(shi));
+                need[child] = Some(match need[child] {
+                    None => (lo, hi),
+                    Some((l, h)) => (l.min(lo), h.max(hi)),
+                });
+            }
+        }
+        let mut polys: Vec<Poly> = Vec::with_capacity(plan.nodes.len());
+        for (i, &(step, bins)) in plan.nodes.iter().enumerate() {
+            let (lo, hi) = need[i].unwrap_or((1, 0));
+            let p = match step {
+                Step::Base => {
+                    let (slo, shi) = self.range(1, t);
+                    self.base(lo.max(slo), hi.min(shi))
+                }
+                Step::Mul(a, b) => {
+                    let (slo, shi) = self.range(bins, t);
+                    self.mul(&polys[a], &polys[b], a == b, lo.max(slo), hi.min(shi))
+                }
+            };
+            polys.push(p);
+        }
+        polys[plan.root].at(n).clamp(0.0, 1.0)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Step {
+    /// One uplink.
+    Base,
+    /// The product of two earlier factors.
+    Mul(usize, usize),
+}
+
+/// Binary exponentiation of the one-uplink series to the m-th power, as a list of products
+/// (each `(step, uplinks)`; children come before parents).
+struct Plan {
+    nodes: Vec<(Step, usize)>,
+    root: usize,
+}
+
+impl Plan {
+    fn new(m: usize) -> Plan {
+        let mut nodes = vec![(Step::Base, 1)];
+        let mut base = 0;
+        let mut acc: Option<usize> = None;
         let mut k = m;
         loop {
             if k & 1 == 1 {
                 acc = Some(match acc {
-                    None => base.clone(),
-                    Some(r) => self.mul(&r, &base, t),
+                    None => base,
+                    Some(r) => {
+                        nodes.push((Step::Mul(r, base), nodes[r].1 + nodes[base].1));
+                        nodes.len() - 1
+                    }
                 });
             }
             k >>= 1;
             if k == 0 {
                 break;
             }
-            base = self.mul(&base, &base, t);
+            nodes.push((Step::Mul(base, base), 2 * nodes[base].1));
+            base = nodes.len() - 1;
         }
-        acc.map_or(0.0, |p| p.at(n)).clamp(0.0, 1.0)
+        Plan { nodes, root: acc.unwrap_or(0) }
     }
 }
 
@@ -167,7 +237,7 @@ impl Tables {
 pub fn lmax_cdf(n: usize, m: usize, t: usize) -> Result<f64, ModelError> {
     at_least("flows", n, 1)?;
     at_least("uplinks", m, 1)?;
-    Ok(Tables::new(n, m).cdf(t))
+    Ok(Tables::new(n, m).cdf(&Plan::new(m), t))
 }
 
 /// One value of the busiest uplink's load.
@@ -203,6 +273,7 @@ pub fn ecmp(n: usize, m: usize) -> Result<EcmpReport, ModelError> {
     at_least("flows", n, 1)?;
     at_least("uplinks", m, 1)?;
     let tables = Tables::new(n, m);
+    let plan = Plan::new(m);
     let ideal = n.div_ceil(m);
     let mut distribution = Vec::new();
     let mut prev = 0.0;
@@ -210,7 +281,7 @@ pub fn ecmp(n: usize, m: usize) -> Result<EcmpReport, ModelError> {
     let mut expected_max = ideal as f64;
     let mut p99 = None;
     for t in ideal..=n {
-        let cdf = tables.cdf(t).max(prev);
+        let cdf = tables.cdf(&plan, t).max(prev);
         distribution.push(LmaxPoint { flows: t, p: cdf - prev, cdf });
         if p99.is_none() && cdf >= 0.99 - 1e-12 {
             p99 = Some(t);
@@ -221,7 +292,7 @@ pub fn ecmp(n: usize, m: usize) -> Result<EcmpReport, ModelError> {
         }
         expected_max += 1.0 - cdf;
     }
-    let p_no_collision = if n <= m { tables.cdf(1) } else { 0.0 };
+    let p_no_collision = if n <= m { tables.cdf(&plan, 1) } else { 0.0 };
     let p_balanced = distribution.first().map_or(0.0, |p| p.cdf);
     Ok(EcmpReport {
         flows: n,
