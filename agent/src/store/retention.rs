@@ -21,9 +21,12 @@ pub struct RetentionReport {
     pub steps_left: u64,
 }
 
-/// Size passes at most: each deletes an estimate of the steps that must go, so two or three
-/// are usual; the bound only guards against a budget below the empty schema's size.
-const MAX_SIZE_PASSES: usize = 32;
+/// Size passes at most: each deletes an estimate of the steps that must go (at most
+/// [`BATCH`]), so two or three are usual; the bound guards against a budget below the empty
+/// schema's size. A store far over budget is brought under it over several runs.
+const MAX_SIZE_PASSES: usize = 64;
+/// Steps deleted per transaction.
+const BATCH: u64 = 2000;
 
 impl Store {
     /// Deletes steps that ended more than `max_age` ago, then the oldest steps until
@@ -37,7 +40,15 @@ impl Store {
     pub fn retention_at(&mut self, now: f64, max_age: Duration, max_bytes: u64) -> Result<RetentionReport, StoreError> {
         let mut report = RetentionReport { bytes_before: self.size_bytes()?, ..Default::default() };
         let cutoff = now - max_age.as_secs_f64();
-        report.deleted_by_age = self.delete_where("DELETE FROM steps WHERE end < ?1", cutoff)?;
+        // In batches: each is one short write transaction, so a week of steps expiring at
+        // once does not hold the write lock (and grow the WAL) for the whole cascade.
+        loop {
+            let n = self.delete_where(&format!("DELETE FROM steps WHERE id IN (SELECT id FROM steps WHERE end < ?1 LIMIT {BATCH})"), cutoff)?;
+            report.deleted_by_age += n;
+            if n < BATCH {
+                break;
+            }
+        }
         self.vacuum()?;
 
         for _ in 0..MAX_SIZE_PASSES {
@@ -49,7 +60,7 @@ impl Store {
             // Steps are roughly the same size: delete the share of them that is over budget,
             // plus one, oldest first.
             let per_step = (used / steps).max(1);
-            let k = ((used - max_bytes).div_ceil(per_step) + 1).min(steps);
+            let k = ((used - max_bytes).div_ceil(per_step) + 1).min(steps).min(BATCH);
             report.deleted_by_size += self.delete_where(
                 "DELETE FROM steps WHERE id IN (SELECT id FROM steps ORDER BY begin ASC, id ASC LIMIT ?1)",
                 i64::try_from(k).unwrap_or(i64::MAX),

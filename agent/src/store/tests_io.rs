@@ -3,6 +3,7 @@
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use super::{tests::sample, *};
+use crate::attribution::Attribution;
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -96,6 +97,18 @@ fn retention_by_age_deletes_old_steps_and_their_rows() {
     assert_eq!(count(&st, "arrivals"), 5 * 2 * 4, "arrivals of deleted collectives are gone");
     assert_eq!(count(&st, "causes"), 5 * 7);
     assert_eq!(orphans(&st), 0);
+}
+
+#[test]
+fn retention_deletes_in_batches_until_done() {
+    let mut st = Store::open(tmp().path().join("b.db")).expect("open");
+    let (a, _, _) = sample(0, 0.0, 0.0, 2, 1);
+    for i in 0..2500u64 {
+        let b = Attribution { step: i, begin: 100.0 + i as f64, end: 100.5 + i as f64, ..a.clone() };
+        st.put_step("job", &b, &[], &[]).expect("put");
+    }
+    let r = st.retention_at(2100.0, Duration::from_secs(10), u64::MAX).expect("retention");
+    assert_eq!((r.deleted_by_age, r.steps_left), (1990, 510), "{r:?}");
 }
 
 #[test]
