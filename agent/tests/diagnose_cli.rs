@@ -188,6 +188,20 @@ fn cluster_text_report_and_html() {
 }
 
 #[test]
+fn dns_name_resolves_to_every_agent() {
+    let c = cluster();
+    let port = c.good[0].rsplit(':').next().expect("port");
+    // localhost may also resolve to ::1, where nothing listens: that address is listed as failed.
+    let (rc, out, err, _) = agent(&["--dns", &format!("localhost:{port}"), "--timeout", "1s", "--json"]);
+    assert_eq!(rc, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    let answered = v["peers"]["answered"].as_array().expect("answered");
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert!(answered[0].as_str().unwrap_or("").contains("node-a"));
+    assert_eq!(v["steps"][0]["incomplete"], true, "only node-a's ranks 0-3 of 8");
+}
+
+#[test]
 fn no_peer_answering_is_exit_3_with_the_peers_listed() {
     let c = cluster();
     let (rc, out, err, took) = agent(&["--peers", &format!("{},{}", c.hang, c.refused), "--timeout", "1s", "--json"]);
@@ -212,9 +226,11 @@ fn empty_or_missing_store_is_exit_3_saying_why() {
     let dir = tempfile::tempdir().expect("tempdir");
     let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").expect("create");
-    let (rc, _, err, _) = agent(&["--db", empty.to_str().expect("path")]);
+    let (rc, out, err, _) = agent(&["--db", empty.to_str().expect("path"), "--json"]);
     assert_eq!(rc, 3, "{err}");
     assert!(err.contains("empty"), "{err}");
+    let v: Value = serde_json::from_str(&out).expect("JSON even without steps");
+    assert!(v["source"].as_str().unwrap_or("").contains("empty.db") && v["notes"][0].as_str().unwrap_or("").contains("empty"), "{v}");
     let missing = dir.path().join("nope.db");
     let (rc, _, err, _) = agent(&["--db", missing.to_str().expect("path")]);
     assert_eq!(rc, 3, "{err}");

@@ -345,6 +345,12 @@ pub fn main(mut a: DiagnoseArgs) -> ExitCode {
         Ok(r) => r,
         Err(DiagnoseError::NoSteps { why, mut report }) => {
             eprintln!("agent diagnose: no steps match: {why}");
+            if report.source.is_empty() {
+                report.source = match (&a.agent, &a.db) {
+                    (Some(ag), _) => format!("agent {ag}"),
+                    (None, db) => format!("store {}", db.as_deref().unwrap_or(std::path::Path::new(DEFAULT_DB_PATH)).display()),
+                };
+            }
             if a.json {
                 report.notes.push(format!("no steps match: {why}"));
                 print!("{}", report::json::render(&report));

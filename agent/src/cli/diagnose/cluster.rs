@@ -148,16 +148,33 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
     if !unsynced.is_empty() {
         notes.push(format!("clock not synchronised on {} (adjtimex): trust the clock-free skew estimate over wall-clock skew", unsynced.join(", ")));
     }
+    // Requests sorted by post time, so each step looks only at its own (a request posted
+    // more than a second before the step began is not looked at).
+    let nets: Vec<Vec<NetSample>> = peers
+        .iter()
+        .map(|p| {
+            let mut v = p.net.clone();
+            v.sort_by(|a, b| a.posted.total_cmp(&b.posted));
+            v
+        })
+        .collect();
     let mut steps = Vec::new();
     for s in &chosen {
-        let cs = s.collectives(&colls);
+        // `join_calls` sorts by first arrival: the step's collectives (Step::collectives'
+        // rule) are one slice.
+        let lo = colls.partition_point(|c| c.first_arrival() < s.begin - 1e-6);
+        let hi = colls.partition_point(|c| c.first_arrival() < s.end).max(lo);
+        let cs: Vec<&Collective> = colls[lo..hi].iter().collect();
         let windows: Vec<Vec<NicWindow>> =
             cs.iter().map(|c| if have_counters { log.window(c.last_arrival(), c.last_exit()) } else { Vec::new() }).collect();
         // In-flight limits are per connection: use one host's sampled requests (the host
         // with the most in the step) rather than summing outstanding requests over hosts.
-        let net: Vec<NetSample> = peers
+        let net: Vec<NetSample> = nets
             .iter()
-            .map(|p| p.net.iter().filter(|n| n.completed > s.begin && n.posted < s.end).cloned().collect::<Vec<_>>())
+            .map(|v| {
+                let (a, b) = (v.partition_point(|n| n.posted < s.begin - 1.0), v.partition_point(|n| n.posted < s.end));
+                v[a..b.max(a)].iter().filter(|n| n.completed > s.begin).cloned().collect::<Vec<_>>()
+            })
             .max_by_key(|v| v.len())
             .unwrap_or_default();
         let a = attribute(&StepData { step: s, collectives: &cs, windows: &windows, net: &net, dropped_events: false }, params);

@@ -23,8 +23,9 @@ use crate::{
 pub const CALLS_LIMIT: usize = crate::export::api::MAX_COLLECTIVES_LIMIT;
 /// Largest response body read (100 000 calls are ~40 MB of JSON).
 const MAX_BODY_BYTES: u64 = 512 << 20;
-/// Peers queried at once; more wait for a free worker (each with its own full timeout).
-pub const MAX_PARALLEL: usize = 64;
+/// Peers queried at once (one blocking thread each); more wait for a free worker, each with
+/// its own full timeout, so the fan-out takes at most ⌈peers / 256⌉ timeouts.
+pub const MAX_PARALLEL: usize = 256;
 
 /// Why a peer's answer could not be used.
 #[derive(Debug, thiserror::Error)]
