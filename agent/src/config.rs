@@ -47,6 +47,34 @@ pub struct Config {
     pub collectives: crate::sources::collectives::CollectivesConfig,
     /// Steps and attribution (`[steps]`): marker socket, slow-step threshold, NIC rates.
     pub steps: crate::engine::StepsConfig,
+    /// History store (`[store]`).
+    pub store: StoreConfig,
+}
+
+/// `[store]`: the local SQLite history of attributed steps.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Keep a history at all. Default `true`.
+    pub enabled: bool,
+    /// Database file. Default `/var/lib/stepwise/agent.db`.
+    pub path: PathBuf,
+    /// Steps older than this are deleted. Default `7d`.
+    #[serde(with = "duration_str")]
+    pub max_age: Duration,
+    /// The file is kept under this size by deleting the oldest steps. Default 1 GiB.
+    pub max_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            enabled: true,
+            path: PathBuf::from(crate::store::DEFAULT_DB_PATH),
+            max_age: crate::store::DEFAULT_MAX_AGE,
+            max_bytes: crate::store::DEFAULT_MAX_BYTES,
+        }
+    }
 }
 
 /// Source switches (`[sources]` table). Each defaults to `true`.
@@ -85,6 +113,7 @@ impl Default for Config {
             sources: SourcesConfig::default(),
             collectives: Default::default(),
             steps: Default::default(),
+            store: Default::default(),
         }
     }
 }
@@ -117,6 +146,8 @@ pub struct Overrides {
     pub sysfs_root: Option<PathBuf>,
     pub interval: Option<Duration>,
     pub log: Option<String>,
+    pub db: Option<PathBuf>,
+    pub marker_socket: Option<PathBuf>,
 }
 
 impl Config {
@@ -143,6 +174,12 @@ impl Config {
         }
         if let Some(v) = &overrides.log {
             cfg.log = v.clone();
+        }
+        if let Some(v) = &overrides.db {
+            cfg.store.path = v.clone();
+        }
+        if let Some(v) = &overrides.marker_socket {
+            cfg.steps.marker_socket = v.clone();
         }
         cfg.validate()?;
         Ok(cfg)

@@ -160,6 +160,17 @@ impl Agent {
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(agent_bin());
         cmd.args(["run", "--listen", &addr]).args(args).env("STEPWISE_LOG", "info");
+        // Each test agent gets its own history and marker socket unless the test chose them
+        // (flags, or the config file which the env defaults do not override).
+        let config_sets = |key: &str| {
+            args.iter().position(|a| *a == "--config").and_then(|i| args.get(i + 1)).and_then(|p| std::fs::read_to_string(p).ok()).is_some_and(|t| t.contains(key))
+        };
+        if !args.contains(&"--db") && !config_sets("[store]") {
+            cmd.env("STEPWISE_DB", dir.join(format!("agent-{port}.db")));
+        }
+        if !args.contains(&"--marker-socket") && !config_sets("marker_socket") {
+            cmd.env("STEPWISE_MARKER_SOCKET", dir.join(format!("markers-{port}.sock")));
+        }
         let proc = Proc::spawn("agent", &mut cmd, dir.join(format!("agent-{port}.log")))?;
         let mut a = Agent { proc, addr };
         let addr = a.addr.clone();

@@ -43,6 +43,12 @@ pub struct RunArgs {
     /// Log filter (RUST_LOG syntax) [default: info].
     #[arg(long, env = "STEPWISE_LOG")]
     pub log: Option<String>,
+    /// Unix socket for step markers [default: /run/stepwise/markers.sock].
+    #[arg(long, env = "STEPWISE_MARKER_SOCKET")]
+    pub marker_socket: Option<PathBuf>,
+    /// History store file [default: /var/lib/stepwise/agent.db].
+    #[arg(long, env = "STEPWISE_DB")]
+    pub db: Option<PathBuf>,
     /// Print the default configuration (every value documented in config.rs) and exit.
     #[arg(long)]
     pub print_default_config: bool,
@@ -50,7 +56,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn overrides(&self) -> Overrides {
-        Overrides { listen: self.listen, sysfs_root: self.sysfs_root.clone(), interval: self.interval, log: self.log.clone() }
+        Overrides { listen: self.listen, sysfs_root: self.sysfs_root.clone(), interval: self.interval, log: self.log.clone(), db: self.db.clone(), marker_socket: self.marker_socket.clone() }
     }
 }
 
@@ -124,6 +130,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
+    let mut store = open_store(&cfg);
+    let store_cfg = cfg.store.clone();
     let sampler = {
         let state = state.clone();
         let engine = engine.clone();
@@ -165,10 +173,27 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                 sweeps += 1;
                 // Per-NIC samples for step windows, then attribute the steps that ended.
                 let parts: Vec<_> = srcs.iter().flat_map(|s| s.nic_samples()).collect();
-                if let Ok(mut e) = engine.lock() {
-                    let now = crate::engine::wall_now();
-                    e.push_samples(now, parts);
-                    e.tick(now, drops.load(Ordering::Relaxed));
+                let pending = match engine.lock() {
+                    Ok(mut e) => {
+                        let now = crate::engine::wall_now();
+                        e.push_samples(now, parts);
+                        e.tick(now, drops.load(Ordering::Relaxed));
+                        std::mem::take(&mut e.pending_store)
+                    }
+                    Err(_) => Vec::new(),
+                };
+                // The store is written outside the engine lock: a slow disk never blocks the API.
+                if let Some(st) = store.as_mut() {
+                    for (job, att, colls, wins) in &pending {
+                        if let Err(e) = st.put_step(job, att, colls, wins) {
+                            warn!("history store: {e}");
+                        }
+                    }
+                    if sweeps % 600 == 1 {
+                        if let Err(e) = st.retention(store_cfg.max_age, store_cfg.max_bytes) {
+                            warn!("history store retention: {e}");
+                        }
+                    }
                 }
                 if let Ok(mut st) = state.status.write() {
                     *st = serde_json::json!({
@@ -217,6 +242,26 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         t.abort();
     }
     Ok(())
+}
+
+/// Opens the history store; a failure is logged and the agent runs without history.
+fn open_store(cfg: &Config) -> Option<crate::store::Store> {
+    if !cfg.store.enabled {
+        return None;
+    }
+    if let Some(dir) = cfg.store.path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match crate::store::Store::open(&cfg.store.path) {
+        Ok(s) => {
+            info!(path = %cfg.store.path.display(), "history store open");
+            Some(s)
+        }
+        Err(e) => {
+            warn!("{e}; running without history (`agent diagnose --agent` still works)");
+            None
+        }
+    }
 }
 
 /// Listens for step markers on a Unix datagram socket (mode 0660, so only the socket's group
