@@ -235,9 +235,12 @@ pub struct EpArgs {
     /// NIC bandwidth.
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub nic: BytesPerSecond,
-    /// NICs the traffic spreads over, on each side.
+    /// Sending NICs the traffic spreads over.
     #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub nics: usize,
+    /// Receiving NICs [default: as many as sending].
+    #[arg(long, value_parser = super::count::<usize>, allow_hyphen_values = true)]
+    pub receivers: Option<usize>,
     /// The reference PCIe slot: its ports' bandwidth, …
     #[arg(long, default_value = "25GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
     pub slot_port: BytesPerSecond,
@@ -270,7 +273,8 @@ struct EpOut {
 
 pub fn ep(a: EpArgs) -> Result<Output, ModelError> {
     let v = ep_volume_each_way(a.tokens, a.topk, a.remote_fraction, a.token_bytes)?;
-    let spread = TrafficMatrix::even(v, a.nics, a.nics)?;
+    let receivers = a.receivers.unwrap_or(a.nics);
+    let spread = TrafficMatrix::even(v, a.nics, receivers)?;
     let scenarios = vec![
         EpScenario {
             name: "all to one NIC".into(),
@@ -279,9 +283,9 @@ pub fn ep(a: EpArgs) -> Result<Output, ModelError> {
             time: matrix_time(&TrafficMatrix::even(v, 1, 1)?, a.nic, None, None)?,
         },
         EpScenario {
-            name: format!("spread over {} NICs", a.nics),
+            name: format!("spread from {} to {} NICs", a.nics, receivers),
             senders: a.nics,
-            receivers: a.nics,
+            receivers,
             time: matrix_time(&spread, a.nic, None, None)?,
         },
         EpScenario {
@@ -309,7 +313,7 @@ pub fn ep(a: EpArgs) -> Result<Output, ModelError> {
         t.render(),
         kv(&[(
             "traffic matrix (spread)",
-            format!("{} × {} cells of {}; row sums = sent, column sums = received", a.nics, a.nics, spread.v[0][0])
+            format!("{} × {receivers} cells of {}; row sums = sent, column sums = received", a.nics, spread.v[0][0])
         )])
     );
     let out = EpOut {
