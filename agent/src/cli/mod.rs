@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod diagnose;
+pub mod mark;
 pub mod model;
 pub mod run;
 
@@ -29,6 +30,8 @@ pub enum Command {
     Model(model::ModelArgs),
     /// Where did the step's time go? Causes in seconds per step, locally or across peers.
     Diagnose(diagnose::DiagnoseArgs),
+    /// Send one step marker to the agent (Unix socket or HTTP).
+    Mark(mark::MarkArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -45,5 +48,6 @@ pub fn main() -> ExitCode {
         Command::Check(a) => check::main(a),
         Command::Model(a) => model::main(a),
         Command::Diagnose(a) => diagnose::main(a),
+        Command::Mark(a) => mark::main(a),
     }
 }

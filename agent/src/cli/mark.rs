@@ -1,0 +1,78 @@
+//! `agent mark`: send one step marker, for shell scripts and manual tests. Training code
+//! should send the same one-line JSON itself (README: "Step markers").
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, ValueEnum};
+
+use crate::timeline::{Marker, Phase};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PhaseArg {
+    Begin,
+    End,
+}
+
+#[derive(Debug, Args)]
+pub struct MarkArgs {
+    /// Rank that reached the marker.
+    #[arg(long)]
+    pub rank: u32,
+    /// Step number.
+    #[arg(long)]
+    pub step: u64,
+    /// begin or end of the step.
+    #[arg(long, value_enum)]
+    pub phase: PhaseArg,
+    /// The agent's marker socket [default: /run/stepwise/markers.sock].
+    #[arg(long, env = "STEPWISE_MARKER_SOCKET", conflicts_with = "agent")]
+    pub socket: Option<PathBuf>,
+    /// Send to an agent's HTTP API instead (host:port; POST /api/v1/markers).
+    #[arg(long)]
+    pub agent: Option<String>,
+}
+
+pub fn main(a: MarkArgs) -> ExitCode {
+    let m = Marker {
+        rank: a.rank,
+        step: a.step,
+        phase: match a.phase {
+            PhaseArg::Begin => Phase::Begin,
+            PhaseArg::End => Phase::End,
+        },
+        time: Some(crate::engine::wall_now()),
+        host: None,
+    };
+    let line = match serde_json::to_string(&m) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("agent mark: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r = match &a.agent {
+        Some(addr) => {
+            let url = if addr.contains("://") { format!("{addr}/api/v1/markers") } else { format!("http://{addr}/api/v1/markers") };
+            let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).http_status_as_error(false).build().new_agent();
+            match agent.post(&url).header("content-type", "application/json").send(line.as_bytes()) {
+                Ok(resp) if resp.status().is_success() => Ok(()),
+                Ok(mut resp) => Err(format!("{url}: HTTP {}: {}", resp.status(), resp.body_mut().read_to_string().unwrap_or_default().trim())),
+                Err(e) => Err(format!("{url}: {e}")),
+            }
+        }
+        None => {
+            let path = a.socket.clone().unwrap_or_else(|| crate::engine::StepsConfig::default().marker_socket);
+            std::os::unix::net::UnixDatagram::unbound()
+                .and_then(|s| s.send_to(line.as_bytes(), &path))
+                .map(drop)
+                .map_err(|e| format!("cannot send to {}: {e} (is the agent running? --socket or --agent)", path.display()))
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent mark: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

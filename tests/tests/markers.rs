@@ -1,0 +1,64 @@
+//! Step markers reach the agent three ways (Unix socket, `agent mark`, HTTP POST); malformed
+//! markers are refused with a clear error and counted.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use stepwise_tests::harness::{agent_bin, http_request, sample, Agent};
+
+fn markers(agent: &Agent) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/markers").expect("markers").body).expect("json");
+    v["markers"].as_array().cloned().expect("markers array")
+}
+
+fn config(dir: &Path) -> String {
+    let p = dir.join("agent.toml");
+    std::fs::write(&p, "[sources]\nrdma = false\nethtool = false\n[collectives]\nenabled = false\n").expect("config");
+    p.display().to_string()
+}
+
+#[test]
+fn markers_arrive_by_socket_by_agent_mark_and_by_http() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let sock = dir.path().join("m.sock");
+    let cfg = config(dir.path());
+    let agent = Agent::start(dir.path(), &["--config", &cfg, "--marker-socket", sock.to_str().expect("utf8")]).expect("agent");
+
+    // 1. Raw one-line JSON datagram, as a training script sends it.
+    let s = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+    s.send_to(br#"{"rank":0,"step":1,"phase":"begin"}"#, &sock).expect("send");
+    // 2. agent mark over the socket and over HTTP.
+    let st = Command::new(agent_bin()).args(["mark", "--rank", "1", "--step", "1", "--phase", "begin", "--socket", sock.to_str().expect("utf8")]).status().expect("mark");
+    assert!(st.success());
+    let st = Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "end", "--agent", &agent.addr]).status().expect("mark http");
+    assert!(st.success());
+    // 3. HTTP POST of an array.
+    let r = http_request(&agent.addr, "POST", "/api/v1/markers", Some(r#"[{"rank":1,"step":1,"phase":"end","time":1764500000.5}]"#)).expect("post");
+    assert_eq!(r.status, 200, "{r:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let ms = markers(&agent);
+    assert_eq!(ms.len(), 4, "{ms:?}");
+    assert!(ms.iter().any(|m| m["rank"] == 1 && m["phase"] == "end" && m["time"] == 1764500000.5));
+    assert!(ms.iter().all(|m| m["host"].is_string() && m["time"].as_f64().is_some_and(|t| t > 1.7e9)));
+
+    // Malformed input: clear 400, counted, nothing stored, agent healthy.
+    for bad in [r#"{"rank":0,"step":1,"phase":"middle"}"#, "not json", r#"{"rank":0}"#, "[1,2]"] {
+        let r = http_request(&agent.addr, "POST", "/api/v1/markers", Some(bad)).expect("post");
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+        assert!(!r.body.is_empty());
+    }
+    s.send_to(b"garbage", &sock).expect("send garbage");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(markers(&agent).len(), 4);
+    let m = agent.metrics().expect("metrics");
+    assert!(sample(&m, "stepwise_marker_errors_total", &[]).unwrap_or(0.0) >= 5.0, "{m}");
+    assert_eq!(sample(&m, "stepwise_markers_total", &[]), Some(4.0));
+    // An oversized body is refused without being read whole.
+    let big = format!("[{}]", vec![r#"{"rank":0,"step":1,"phase":"begin"}"#; 4000].join(","));
+    let r = http_request(&agent.addr, "POST", "/api/v1/markers", Some(&big)).expect("post big");
+    assert_eq!(r.status, 413, "{}", r.status);
+    assert_eq!(agent.get("/healthz").expect("healthz").status, 200);
+    // agent mark to a socket nobody listens on: a clear error, non-zero exit.
+    let out = Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "begin", "--socket", "/nonexistent/m.sock"]).output().expect("mark");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/m.sock"));
+}
