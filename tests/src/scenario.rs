@@ -36,7 +36,7 @@ use std::{
 
 pub use fsio::{snapshot, Entry, MARKER};
 pub use layout::{Layout, PciFn};
-pub use named::{fixture, run_cli, write_fixture, FIXTURES, SCENARIOS};
+pub use named::{fixture, run_cli, write_fixture, FIXTURES, SCENARIOS, WAIT_TICKS_PER_SECOND};
 pub use nic::{Fault, Nic, PmaTable, MLX5_64BIT_COUNTERS, MLX5_Q_COUNTERS, MTU_BYTES, PMA_COUNTERS};
 
 /// A host's sysfs tree and its evolution.

@@ -124,11 +124,13 @@ impl Attribution {
 
 /// What the engine needs to know beyond the step's own data.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
 pub struct Params {
     /// Per-round launch latency α (models.md §0: 0.833 µs).
     pub alpha: f64,
-    /// Duration of one `port_xmit_wait` tick in seconds (IB: 64 ns per tick is typical of
-    /// ConnectX; it is a vendor-defined unit).
+    /// Duration of one `port_xmit_wait` tick in seconds. The unit is implementation-defined
+    /// and not documented for ConnectX [unverified]; 4 ns is assumed (the same assumption as
+    /// the fixture scenario writer). Set `[steps.params] xmit_wait_tick_seconds` per fleet.
     pub xmit_wait_tick_seconds: f64,
     /// Seconds charged per retransmission when nothing better is known (TCP's minimum RTO
     /// is 200 ms; RDMA's ack timeout is set per QP, 4.096 µs × 2^timeout).
@@ -140,7 +142,7 @@ pub struct Params {
 
 impl Default for Params {
     fn default() -> Self {
-        Params { alpha: 0.833e-6, xmit_wait_tick_seconds: 64e-9, retransmit_penalty_seconds: 0.2, min_nic_bytes: 64.0 * 1024.0 }
+        Params { alpha: 0.833e-6, xmit_wait_tick_seconds: 4e-9, retransmit_penalty_seconds: 0.2, min_nic_bytes: 64.0 * 1024.0 }
     }
 }
 

@@ -1,0 +1,154 @@
+//! RDMA counters cannot exist on this machine, so the scenario writer plays them: a fixture
+//! host with 8 ConnectX-7 ports (mlx5 sysfs layout) carries background RoCE traffic, and for
+//! a stretch of the run port mlx5_3 is paused 90 % of the time (port_xmit_wait climbs, CNPs
+//! and ECN marks appear) — while a real 4-rank OpenMPI job runs its steps under the agent.
+//! Steps whose transfers fall inside the storm must show congestion equal to the injected
+//! pause time with PFC/transmit-wait evidence; steps outside it must not.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use stepwise::timeline::join::CallView;
+use stepwise_tests::{
+    harness::Agent,
+    netns::Netns,
+    scenario::{Scenario, WAIT_TICKS_PER_SECOND},
+    workloads,
+};
+
+const PAUSED: f64 = 0.9;
+
+fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64()
+}
+
+#[test]
+fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
+    workloads::build().expect("workloads");
+    let dir = tempfile::Builder::new().prefix("stepwise-rdma-").tempdir().expect("tmp");
+    let sys = dir.path().join("sys");
+    let mut sc = Scenario::new(&sys).host_dgx(8);
+    sc.write().expect("write fixture");
+    let ns = Netns::new().expect("netns");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval = \"20ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[collectives.select]\nnetns = \"/run/netns/{}\"\n",
+            ns.name()
+        ),
+    )
+    .expect("config");
+    let sock = dir.path().join("m.sock");
+    let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8"), "--marker-socket", sock.to_str().expect("utf8")]).expect("agent");
+
+    // The writer: 5 % line-rate background traffic on every port; during the storm, mlx5_3
+    // is paused 90 % of the time and the fabric marks ECN.
+    let storm = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let window: Arc<Mutex<(f64, f64)>> = Arc::new(Mutex::new((f64::INFINITY, 0.0)));
+    let writer = {
+        let (storm, stop) = (storm.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Simulated time follows the wall clock: each step covers the real time since the
+            // last one, however long writing the tree took.
+            let mut last = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+                let dt = last.elapsed();
+                last = std::time::Instant::now();
+                let on = storm.load(Ordering::Relaxed);
+                sc.step(dt, |n| {
+                    let r = n.line_rate();
+                    n.tx_rate(0.05 * r).rx_rate(0.05 * r);
+                    if on && n.index == 3 {
+                        let ticks = (PAUSED * WAIT_TICKS_PER_SECOND * n.dt().as_secs_f64()) as u64;
+                        n.pfc_pause(ticks).ecn(200).cnp_handled(180);
+                    }
+                })
+                .expect("scenario step");
+            }
+        })
+    };
+    let storm_thread = {
+        let (storm, window) = (storm.clone(), window.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1200));
+            let t0 = now();
+            storm.store(true, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(1000));
+            storm.store(false, Ordering::Relaxed);
+            *window.lock().expect("lock") = (t0, now());
+        })
+    };
+    let out = workloads::run_ok(&mut workloads::mpi_steps(
+        ns.name(),
+        4,
+        &["--steps", "24", "--bytes", "67108864", "--compute-us", "40000", "--marker-socket", sock.to_str().expect("utf8")],
+    ))
+    .expect("mpi job");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("summary"));
+    storm_thread.join().expect("storm");
+    std::thread::sleep(Duration::from_millis(2500));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer");
+    let (b0, b1) = *window.lock().expect("lock");
+
+    let calls: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/collectives?limit=100000").expect("collectives").body).expect("json");
+    let views: Vec<CallView> = serde_json::from_value(calls["calls"].clone()).expect("views");
+    let joined = stepwise::timeline::join_calls(views.iter().filter(|c| c.op == "all_reduce"));
+    let body: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/steps?limit=1000").expect("steps").body).expect("json");
+    let steps = body["steps"].as_array().expect("steps");
+    assert!(steps.len() >= 20, "steps attributed: {}", steps.len());
+    let (mut inside, mut outside) = (0, 0);
+    for s in steps {
+        let (begin, end) = (s["begin"].as_f64().expect("b"), s["end"].as_f64().expect("e"));
+        let cs: Vec<_> = joined.iter().filter(|c| c.first_arrival() >= begin - 1e-6 && c.first_arrival() < end).collect();
+        if cs.is_empty() {
+            continue;
+        }
+        let transfer: f64 = cs.iter().map(|c| c.transfer()).sum();
+        let cause = |k: &str| s["causes"].as_array().and_then(|v| v.iter().find(|c| c["kind"] == k)).cloned().expect("cause");
+        let cong = cause("congestion");
+        let secs = cong["seconds"].as_f64().expect("s");
+        // Transfers fully inside the storm (one writer tick and one agent interval of margin).
+        if cs.iter().all(|c| c.last_arrival() > b0 + 0.03 && c.last_exit() < b1 - 0.03) {
+            inside += 1;
+            let injected = PAUSED * transfer;
+            assert!((secs - injected).abs() <= 0.15 * injected, "step {}: congestion {:.2} ms vs injected pause {:.2} ms\n{:#}\nwindows: {}", s["step"], secs * 1e3, injected * 1e3, s["causes"], summarize(&agent.get(&format!("/api/v1/windows?since={}&until={}", begin - 0.1, end + 0.1)).map(|r| r.body).unwrap_or_default()));
+            let ev = &cong["evidence"];
+            assert!(ev["transmit_wait_seconds"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
+            assert!(ev["ecn_marked_packets"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
+            assert_eq!(ev["nic"], sc_nic_name(&sys, 3), "{ev}");
+            let top = s["causes"].as_array().expect("c").iter().filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or(""))).max_by(|a, b| a["seconds"].as_f64().unwrap_or(0.0).total_cmp(&b["seconds"].as_f64().unwrap_or(0.0))).expect("top");
+            assert_eq!(top["kind"], "congestion", "step {}", s["step"]);
+        } else if cs.iter().all(|c| c.last_exit() < b0 - 0.05 || c.last_arrival() > b1 + 0.05) {
+            outside += 1;
+            assert!(secs < 0.05 * transfer.max(1e-3), "step {}: congestion {:.3} ms outside the storm", s["step"], secs * 1e3);
+        }
+    }
+    assert!(inside >= 3 && outside >= 8, "steps inside the storm {inside}, outside {outside}");
+}
+
+/// The netdev name the fixture gives RDMA device index `i` (what the agent names the NIC).
+fn sc_nic_name(sys: &std::path::Path, i: usize) -> String {
+    let dev = sys.join(format!("class/infiniband/mlx5_{i}/ports/1/gid_attrs/ndevs/0"));
+    std::fs::read_to_string(&dev).map(|s| s.trim().to_string()).unwrap_or_else(|e| panic!("{}: {e}", dev.display()))
+}
+
+fn summarize(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let mut out = String::new();
+    for n in v["nics"].as_array().cloned().unwrap_or_default() {
+        let s = n["samples"].as_array().cloned().unwrap_or_default();
+        let f = |i: usize, k: &str| s.get(i).map(|x| x[k].as_f64().unwrap_or(-1.0)).unwrap_or(-1.0);
+        let l = s.len().saturating_sub(1);
+        out += &format!("\n{} n={} t={:.3}..{:.3} tx {:.0}..{:.0} wait {:.0}..{:.0}", n["nic"]["name"], s.len(), f(0, "time"), f(l, "time"), f(0, "tx_bytes"), f(l, "tx_bytes"), f(0, "xmit_wait_ticks"), f(l, "xmit_wait_ticks"));
+    }
+    out
+}
