@@ -73,6 +73,10 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     init_logging(&cfg.log);
+    if let Err(msg) = probe_privileges(&cfg) {
+        eprintln!("agent: {msg}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -88,6 +92,45 @@ pub fn main(args: RunArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Refuses to start the collective probes without the capabilities they need, naming the one
+/// that is missing: CAP_BPF (load the programs), CAP_PERFMON (attach the uprobes and the
+/// tracepoint), and CAP_SYS_ADMIN where the kernel keeps the uprobe PMU to it — Linux 6.16
+/// and the stable kernels with the CVE-2025-38466 fix (5.10.240, 5.15.189, 6.1.146, 6.6.99,
+/// 6.12.39, 6.15.7) — which only attaching a probe tells, so the self-test probe is attached
+/// once. CAP_SYS_ADMIN implies the other two (capabilities(7)). Without CAP_SYS_PTRACE the
+/// agent still starts: it then sees only processes of its own uid that hold no capability it
+/// lacks (`/proc/<pid>/maps`, `environ`, `root`, `ns/net` are ptrace-checked).
+fn probe_privileges(cfg: &Config) -> Result<(), String> {
+    use super::check::{effective_caps, has_cap, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE};
+    if !cfg.collectives.enabled {
+        return Ok(());
+    }
+    let Some(mask) = effective_caps() else { return Ok(()) };
+    let admin = has_cap(mask, CAP_SYS_ADMIN);
+    let fix = "grant it (setcap, systemd AmbientCapabilities, the DaemonSet securityContext) or set [collectives] enabled = false";
+    let need = [
+        (CAP_BPF, "CAP_BPF", "needed to load the eBPF programs"),
+        (CAP_PERFMON, "CAP_PERFMON", "needed to attach uprobes to the collective libraries and read their events"),
+    ];
+    if let Some((_, name, why)) = need.iter().find(|(c, ..)| !admin && !has_cap(mask, *c)) {
+        return Err(format!("missing {name}: {why}; {fix}"));
+    }
+    if !admin {
+        if let Err(e @ crate::ebpf::EbpfError::Attach { .. }) = crate::ebpf::self_test(1) {
+            let denied = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                .filter_map(|e| e.downcast_ref::<std::io::Error>()?.raw_os_error())
+                .any(|c| c == libc::EACCES || c == libc::EPERM);
+            if denied {
+                return Err(format!("missing CAP_SYS_ADMIN: this kernel lets only CAP_SYS_ADMIN attach uprobes (Linux 6.16+ and stable kernels with the CVE-2025-38466 fix), CAP_BPF and CAP_PERFMON are not enough; {fix}"));
+            }
+        }
+    }
+    if !has_cap(mask, CAP_SYS_PTRACE) {
+        warn!("no CAP_SYS_PTRACE: collective probes see only processes of this uid that hold no capability the agent lacks");
+    }
+    Ok(())
 }
 
 pub fn init_logging(filter: &str) {
