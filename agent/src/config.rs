@@ -49,6 +49,8 @@ pub struct Config {
     pub steps: crate::engine::StepsConfig,
     /// History store (`[store]`).
     pub store: StoreConfig,
+    /// OpenTelemetry export (`[otlp]`): off by default.
+    pub otlp: crate::export::otlp::OtlpConfig,
 }
 
 /// `[store]`: the local SQLite history of attributed steps.
@@ -114,6 +116,7 @@ impl Default for Config {
             collectives: Default::default(),
             steps: Default::default(),
             store: Default::default(),
+            otlp: Default::default(),
         }
     }
 }
@@ -221,6 +224,7 @@ impl Config {
         for (nic, rate) in &self.steps.nic_rates {
             crate::units::parse_rate_pos(rate).map_err(|e| ConfigError::Invalid { field: "steps.nic_rates", value: format!("{nic} = {rate}"), reason: e.to_string() })?;
         }
+        self.otlp.validate()?;
         Ok(())
     }
 

@@ -136,7 +136,13 @@ pub struct Engine {
     /// Steps waiting to be written to the store by the owner.
     pub pending_store: Vec<(String, Attribution, Vec<Collective>, Vec<NicWindow>)>,
     drops_seen: u64,
+    sinks: Vec<StepSink>,
 }
+
+/// Receives each step as it is attributed: job key, attribution and the step's collectives.
+/// Called under the engine lock, so a sink must not block (the OTLP exporter try-sends into
+/// a bounded queue and counts what it drops).
+pub type StepSink = Box<dyn Fn(&str, &Attribution, &[Collective]) + Send>;
 
 pub fn wall_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
@@ -161,12 +167,18 @@ impl Engine {
             last_attributed: 0.0,
             pending_store: Vec::new(),
             drops_seen: 0,
+            sinks: Vec::new(),
             cfg,
         })
     }
 
     pub fn set_calls(&mut self, h: SharedHistory) {
         self.calls = Some(h);
+    }
+
+    /// Adds a sink that sees every step from now on (OTLP export).
+    pub fn add_step_sink(&mut self, sink: StepSink) {
+        self.sinks.push(sink);
     }
 
     /// Adds one sweep round's per-NIC parts (from every source), stamped `time`.
@@ -261,7 +273,11 @@ impl Engine {
             let att = attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
             self.record(&att, &windows);
             let step_windows = self.log.window(step.begin, step.end);
-            self.pending_store.push((job.clone(), att.clone(), mine.into_iter().cloned().collect(), step_windows));
+            let mine: Vec<Collective> = mine.into_iter().cloned().collect();
+            for sink in &self.sinks {
+                sink(&job, &att, &mine);
+            }
+            self.pending_store.push((job.clone(), att.clone(), mine, step_windows));
             if self.steps.len() >= self.cfg.history.max(1) {
                 self.steps.pop_front();
             }

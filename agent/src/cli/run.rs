@@ -151,6 +151,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let engine = Arc::new(Mutex::new(engine));
     let mut state = api::AppState::new(registry);
     state.engine = Some(engine.clone());
+    // Before the state is shared: the exporter registers its counters in the registry.
+    let _otlp = crate::export::otlp::start(&cfg, &mut state, &engine);
     let drops = coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.drops_handle()).unwrap_or_default();
     if let Some(Ok(c)) = &coll {
         if let Ok(mut e) = engine.lock() {

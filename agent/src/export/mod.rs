@@ -1,5 +1,6 @@
 //! Sinks that publish what the agent knows: Prometheus text (`/metrics`) and the read-only
-//! JSON API, both served by [`api::router`].
+//! JSON API, both served by [`api::router`], and OpenTelemetry export ([`otlp`]).
 
 pub mod api;
 pub mod metrics;
+pub mod otlp;

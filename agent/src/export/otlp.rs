@@ -1,0 +1,414 @@
+//! OpenTelemetry export (`[otlp]`, off by default): every `interval`, the same metrics as
+//! `/metrics` (converted from the registry's text, [`prom`]) and each step attributed since
+//! the last export as a trace ([`spans`]), over OTLP/gRPC or OTLP/HTTP-protobuf
+//! ([`transport`]).
+//!
+//! The exporter runs on its own thread. The engine hands it finished steps through a
+//! bounded queue with `try_send` ([`crate::engine::Engine::add_step_sink`]): a slow or dead
+//! collector fills the queue and further steps are dropped and counted
+//! (`stepwise_otlp_dropped_total{signal="traces"}`), never waited for; each export is bounded
+//! by `timeout` and a failed one is counted (`stepwise_otlp_export_errors_total{signal}`).
+//! Sampling, attribution and the API never wait on the network.
+
+pub mod prom;
+pub mod spans;
+pub mod transport;
+
+use std::{
+    collections::BTreeMap,
+    sync::{mpsc, Arc, Mutex},
+    thread::JoinHandle,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use opentelemetry_proto::tonic::{
+    collector::{metrics::v1::ExportMetricsServiceRequest, trace::v1::ExportTraceServiceRequest},
+    common::v1::InstrumentationScope,
+    metrics::v1::{ResourceMetrics, ScopeMetrics},
+    resource::v1::Resource,
+    trace::v1::{ResourceSpans, ScopeSpans},
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+    registry::Registry,
+};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use self::{
+    spans::{FinishedStep, Ids},
+    transport::{Client, ExportError},
+};
+use crate::{config::ConfigError, engine::Engine, export::api::AppState};
+
+/// OTLP transport.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC (default port 4317).
+    #[serde(rename = "grpc")]
+    Grpc,
+    /// OTLP/HTTP with binary protobuf bodies (default port 4318).
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+/// `[otlp]`: OpenTelemetry export of metrics and step traces.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// Export at all. Default `false`.
+    pub enabled: bool,
+    /// Collector URL, plain `http://` (no TLS: send to a node-local or in-cluster
+    /// collector). Default `http://localhost:4317` for grpc, `http://localhost:4318` for
+    /// http/protobuf (`/v1/metrics` and `/v1/traces` are appended).
+    pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`. Default `grpc`.
+    pub protocol: Protocol,
+    /// Extra request headers (gRPC metadata), e.g. `authorization = "Bearer …"`. Default
+    /// empty.
+    pub headers: BTreeMap<String, String>,
+    /// Export period for metrics and the steps attributed meanwhile. Default `10s`.
+    #[serde(with = "crate::config::duration_str")]
+    pub interval: Duration,
+    /// Time limit of one export request. Default `5s`.
+    #[serde(with = "crate::config::duration_str")]
+    pub timeout: Duration,
+    /// Steps waiting for export; more are dropped and counted. Default 1024.
+    pub queue: usize,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            enabled: false,
+            endpoint: None,
+            protocol: Protocol::Grpc,
+            headers: BTreeMap::new(),
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            queue: 1024,
+        }
+    }
+}
+
+fn invalid(field: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field, value: value.into(), reason: reason.into() }
+}
+
+impl OtlpConfig {
+    /// The endpoint, or the protocol's default.
+    pub fn endpoint(&self) -> String {
+        match (&self.endpoint, self.protocol) {
+            (Some(e), _) => e.clone(),
+            (None, Protocol::Grpc) => "http://localhost:4317".into(),
+            (None, Protocol::HttpProtobuf) => "http://localhost:4318".into(),
+        }
+    }
+
+    /// `host:port` of the endpoint (gRPC dials it).
+    fn authority(&self) -> Result<String, ConfigError> {
+        let e = self.endpoint();
+        let uri: http::Uri = e.parse().map_err(|err: http::uri::InvalidUri| invalid("otlp.endpoint", &e, err.to_string()))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => return Err(invalid("otlp.endpoint", &e, "TLS is not supported: export to a node-local or in-cluster collector over http://")),
+            _ => return Err(invalid("otlp.endpoint", &e, "expected http://host:port")),
+        }
+        let auth = uri.authority().ok_or_else(|| invalid("otlp.endpoint", &e, "no host"))?;
+        let default_port = if self.protocol == Protocol::Grpc { 4317 } else { 4318 };
+        Ok(format!("{}:{}", auth.host(), auth.port_u16().unwrap_or(default_port)))
+    }
+
+    fn header_list(&self) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, ConfigError> {
+        self.headers
+            .iter()
+            .map(|(k, v)| {
+                let name = http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).map_err(|e| invalid("otlp.headers", k, e.to_string()))?;
+                let value = http::HeaderValue::from_str(v).map_err(|e| invalid("otlp.headers", k, e.to_string()))?;
+                Ok((name, value))
+            })
+            .collect()
+    }
+
+    /// Checks the endpoint, headers and durations (also when disabled, so a typo is found
+    /// before the day it is switched on).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.authority()?;
+        self.header_list()?;
+        if self.interval < Duration::from_millis(100) {
+            return Err(invalid("otlp.interval", humantime::format_duration(self.interval).to_string(), "must be at least 100ms"));
+        }
+        if self.timeout.is_zero() {
+            return Err(invalid("otlp.timeout", "0s", "must be longer than 0 (e.g. 5s)"));
+        }
+        if self.queue == 0 {
+            return Err(invalid("otlp.queue", "0", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn client(&self) -> Result<Client, ExportError> {
+        let auth = self.authority().unwrap_or_default();
+        let headers = self.header_list().unwrap_or_default();
+        Ok(match self.protocol {
+            Protocol::Grpc => Client::Grpc(transport::Grpc::new(auth, headers, self.timeout)?),
+            Protocol::HttpProtobuf => Client::Http(transport::Http::new(&self.endpoint(), self.headers.clone().into_iter().collect(), self.timeout)),
+        })
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabel {
+    signal: &'static str,
+}
+
+/// The exporter's own counters (on `/metrics`, and exported like every other family).
+#[derive(Clone, Default)]
+struct Metrics {
+    errors: Family<SignalLabel, Counter>,
+    dropped: Family<SignalLabel, Counter>,
+    exports: Family<SignalLabel, Counter>,
+}
+
+const METRICS: SignalLabel = SignalLabel { signal: "metrics" };
+const TRACES: SignalLabel = SignalLabel { signal: "traces" };
+
+impl Metrics {
+    fn register(r: &mut Registry) -> Metrics {
+        let m = Metrics::default();
+        r.register("stepwise_otlp_export_errors", "OTLP export requests that failed (collector down, slow, or refusing)", m.errors.clone());
+        r.register("stepwise_otlp_dropped", "Steps not exported: the queue was full or their export failed", m.dropped.clone());
+        r.register("stepwise_otlp_exports", "OTLP export requests the collector accepted", m.exports.clone());
+        // Zero-valued series from the start, so rate() and alerts work before the first error.
+        for l in [METRICS, TRACES] {
+            drop(m.errors.get_or_create(&l));
+            drop(m.exports.get_or_create(&l));
+        }
+        drop(m.dropped.get_or_create(&TRACES));
+        m
+    }
+}
+
+/// The running exporter. Dropping it stops the thread after one last export (bounded by
+/// the timeout), so the last steps of a job reach the collector on shutdown.
+pub struct Exporter {
+    stop: mpsc::Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Most steps in one trace export request.
+const MAX_BATCH: usize = 512;
+
+fn unix_nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Starts the exporter when `[otlp] enabled`: registers its counters in the state's
+/// registry (it must not be shared yet — call this before the state is cloned), hooks a
+/// step sink into the engine and spawns the export thread. `None` when disabled or when the
+/// thread cannot start (logged; the agent runs on without export).
+pub fn start(cfg: &crate::config::Config, state: &mut AppState, engine: &Arc<Mutex<Engine>>) -> Option<Exporter> {
+    let oc = cfg.otlp.clone();
+    if !oc.enabled {
+        return None;
+    }
+    let Some(registry) = Arc::get_mut(&mut state.registry) else {
+        tracing::error!("OTLP export not started: the metrics registry is already shared (start the exporter before cloning the state)");
+        return None;
+    };
+    let metrics = Metrics::register(registry);
+    let registry = state.registry.clone();
+    let client = match oc.client() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("OTLP export disabled: {e}");
+            return None;
+        }
+    };
+    let (tx, rx) = mpsc::sync_channel::<FinishedStep>(oc.queue);
+    let dropped = metrics.dropped.get_or_create(&TRACES).clone();
+    if let Ok(mut e) = engine.lock() {
+        e.add_step_sink(Box::new(move |job, attribution, collectives| {
+            let s = FinishedStep { job: job.to_string(), attribution: attribution.clone(), collectives: collectives.to_vec() };
+            if tx.try_send(s).is_err() {
+                dropped.inc();
+            }
+        }));
+    }
+    let host = cfg.collectives.host.clone().unwrap_or_else(crate::sources::collectives::hostname);
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let endpoint = oc.endpoint();
+    let protocol = oc.protocol;
+    let thread = std::thread::Builder::new()
+        .name("otlp-export".into())
+        .spawn(move || Loop { cfg: oc, client, registry, metrics, steps: rx, ids: Ids::default(), resource: resource(&host), start: unix_nanos(), warned: false }.run(stop_rx));
+    match thread {
+        Ok(t) => {
+            tracing::info!(endpoint, ?protocol, "exporting metrics and step traces over OTLP");
+            Some(Exporter { stop: stop_tx, thread: Some(t) })
+        }
+        Err(e) => {
+            tracing::warn!("OTLP export disabled: cannot start its thread: {e}");
+            None
+        }
+    }
+}
+
+fn resource(host: &str) -> Resource {
+    Resource {
+        attributes: vec![
+            prom::kv_str("service.name", "stepwise-agent"),
+            prom::kv_str("service.version", env!("CARGO_PKG_VERSION")),
+            prom::kv_str("host.name", host),
+        ],
+        ..Default::default()
+    }
+}
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope { name: "stepwise".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() }
+}
+
+struct Loop {
+    cfg: OtlpConfig,
+    client: Client,
+    registry: Arc<Registry>,
+    metrics: Metrics,
+    steps: mpsc::Receiver<FinishedStep>,
+    ids: Ids,
+    resource: Resource,
+    /// Start of the cumulative series (the exporter's start).
+    start: u64,
+    /// A failure was logged at warn level since the last success (later ones go to debug).
+    warned: bool,
+}
+
+impl Loop {
+    fn run(mut self, stop: mpsc::Receiver<()>) {
+        let mut next = Instant::now() + self.cfg.interval;
+        loop {
+            let stopping = match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
+                Err(mpsc::RecvTimeoutError::Timeout) => false,
+            };
+            next = Instant::now() + self.cfg.interval;
+            loop {
+                let batch: Vec<FinishedStep> = self.steps.try_iter().take(MAX_BATCH).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                let n = batch.len();
+                self.export_traces(batch);
+                if n < MAX_BATCH {
+                    break;
+                }
+            }
+            self.export_metrics();
+            if stopping {
+                return;
+            }
+        }
+    }
+
+    fn outcome(&mut self, label: &SignalLabel, r: Result<(), ExportError>) -> bool {
+        match r {
+            Ok(()) => {
+                self.metrics.exports.get_or_create(label).inc();
+                if self.warned {
+                    tracing::info!(signal = label.signal, "OTLP export works again");
+                }
+                self.warned = false;
+                true
+            }
+            Err(e) => {
+                self.metrics.errors.get_or_create(label).inc();
+                if self.warned {
+                    tracing::debug!(signal = label.signal, "OTLP export to {} failed: {e}", self.cfg.endpoint());
+                } else {
+                    tracing::warn!(signal = label.signal, "OTLP export to {} failed: {e} (counted in stepwise_otlp_export_errors_total)", self.cfg.endpoint());
+                    self.warned = true;
+                }
+                false
+            }
+        }
+    }
+
+    fn export_traces(&mut self, batch: Vec<FinishedStep>) {
+        let n = batch.len() as u64;
+        let spans = batch.iter().flat_map(|s| spans::step_spans(s, &mut self.ids)).collect();
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans { resource: Some(self.resource.clone()), scope_spans: vec![ScopeSpans { scope: Some(scope()), spans, ..Default::default() }], ..Default::default() }],
+        };
+        let r = self.client.export(false, req.encode_to_vec());
+        if !self.outcome(&TRACES, r) {
+            self.metrics.dropped.get_or_create(&TRACES).inc_by(n);
+        }
+    }
+
+    fn export_metrics(&mut self) {
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!("OTLP: cannot encode the metrics registry: {e}");
+            return;
+        }
+        let fams = match prom::parse(&text) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("OTLP: cannot read the metrics text: {e}");
+                return;
+            }
+        };
+        let metrics = prom::to_metrics(&fams, self.start, unix_nanos());
+        let req = ExportMetricsServiceRequest {
+            resource_metrics: vec![ResourceMetrics {
+                resource: Some(self.resource.clone()),
+                scope_metrics: vec![ScopeMetrics { scope: Some(scope()), metrics, ..Default::default() }],
+                ..Default::default()
+            }],
+        };
+        let r = self.client.export(true, req.encode_to_vec());
+        self.outcome(&METRICS, r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c = OtlpConfig::default();
+        assert!(!c.enabled, "off by default");
+        assert_eq!(c.endpoint(), "http://localhost:4317");
+        c.validate().expect("defaults validate");
+        let h = OtlpConfig { protocol: Protocol::HttpProtobuf, ..Default::default() };
+        assert_eq!(h.endpoint(), "http://localhost:4318");
+        let parsed: OtlpConfig = toml::from_str("enabled = true\nendpoint = \"http://collector:4317\"\nprotocol = \"http/protobuf\"\ninterval = \"2s\"\n[headers]\nauthorization = \"Bearer x\"\n").expect("toml");
+        assert_eq!(parsed.protocol, Protocol::HttpProtobuf);
+        assert_eq!(parsed.authority().expect("authority"), "collector:4317");
+        assert_eq!(parsed.interval, Duration::from_secs(2));
+        parsed.validate().expect("valid");
+        for bad in [
+            OtlpConfig { endpoint: Some("https://c:4317".into()), ..Default::default() },
+            OtlpConfig { endpoint: Some("c:4317".into()), ..Default::default() },
+            OtlpConfig { headers: [("bad header".to_string(), "x".to_string())].into(), ..Default::default() },
+            OtlpConfig { headers: [("x-a".to_string(), "line\nbreak".to_string())].into(), ..Default::default() },
+            OtlpConfig { interval: Duration::from_millis(1), ..Default::default() },
+            OtlpConfig { timeout: Duration::ZERO, ..Default::default() },
+            OtlpConfig { queue: 0, ..Default::default() },
+        ] {
+            assert!(matches!(bad.validate(), Err(ConfigError::Invalid { .. })), "{bad:?}");
+        }
+        assert!(toml::from_str::<OtlpConfig>("protocol = \"http/json\"").is_err(), "only the two protocols");
+    }
+}

@@ -1,0 +1,256 @@
+//! The two OTLP transports, both plain (no TLS: the agent sends to a node-local or in-cluster
+//! collector, and the lean build carries no TLS stack).
+//!
+//! - `grpc`: one unary call per export over HTTP/2 with the `h2` crate (the HTTP/2 stack
+//!   tonic itself uses). A unary gRPC call is a POST of one length-prefixed message with
+//!   `content-type: application/grpc` and `te: trailers`; the outcome is the `grpc-status`
+//!   trailer (gRPC over HTTP/2, PROTOCOL-HTTP2.md). The connection is kept and re-dialled
+//!   after any error.
+//! - `http/protobuf`: POST of the binary message to `{endpoint}/v1/metrics` and
+//!   `/v1/traces` with `content-type: application/x-protobuf` (OTLP/HTTP), over `ureq`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// Why one export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP/2: {0}")]
+    H2(#[from] h2::Error),
+    #[error("gRPC status {code} from {path}: {message}")]
+    Grpc { code: u32, path: String, message: String },
+    #[error("HTTP {status} from {url}: {body}")]
+    Status { status: u16, url: String, body: String },
+    #[error("HTTP: {0}")]
+    Http(#[from] ureq::Error),
+    #[error("invalid request header: {0}")]
+    Header(#[from] http::Error),
+    #[error("cannot start the exporter's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// gRPC paths of the two Export RPCs.
+pub const GRPC_METRICS: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+pub const GRPC_TRACES: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+/// OTLP/HTTP paths under the endpoint.
+pub const HTTP_METRICS: &str = "/v1/metrics";
+pub const HTTP_TRACES: &str = "/v1/traces";
+
+/// An OTLP client for one endpoint.
+pub enum Client {
+    Grpc(Grpc),
+    Http(Http),
+}
+
+impl Client {
+    /// Sends one encoded Export request for `metrics` (else traces).
+    pub fn export(&mut self, metrics: bool, body: Vec<u8>) -> Result<(), ExportError> {
+        match self {
+            Client::Grpc(g) => g.call(if metrics { GRPC_METRICS } else { GRPC_TRACES }, body),
+            Client::Http(h) => h.post(if metrics { HTTP_METRICS } else { HTTP_TRACES }, body),
+        }
+    }
+}
+
+pub struct Grpc {
+    /// `host:port`.
+    authority: String,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    timeout: Duration,
+    rt: tokio::runtime::Runtime,
+    conn: Option<h2::client::SendRequest<Bytes>>,
+}
+
+/// gRPC `grpc-message` is percent-encoded (PROTOCOL-HTTP2.md).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Grpc {
+    pub fn new(authority: String, headers: Vec<(http::HeaderName, http::HeaderValue)>, timeout: Duration) -> Result<Grpc, ExportError> {
+        // One worker keeps the connection task (pings, window updates) running between
+        // exports; it is the exporter's own, so a stuck collector never touches the API's.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("otlp-h2")
+            .enable_all()
+            .build()
+            .map_err(ExportError::Runtime)?;
+        Ok(Grpc { authority, headers, timeout, rt, conn: None })
+    }
+
+    fn call(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
+        let timeout = self.timeout;
+        let reused = self.conn.is_some();
+        let first = self.call_once(path, body.clone());
+        match first {
+            // A kept connection the collector closed meanwhile (idle timeout, restart):
+            // dial once more before calling it a failure.
+            Err(ExportError::H2(_)) if reused => self.call_once(path, body),
+            r => r,
+        }
+        .map_err(|e| if let ExportError::Timeout(_) = e { ExportError::Timeout(timeout) } else { e })
+    }
+
+    fn call_once(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
+        let timeout = self.timeout;
+        let conn = self.conn.take();
+        let fut = call(conn, &self.authority, &self.headers, path, body);
+        match self.rt.block_on(async { tokio::time::timeout(timeout, fut).await }) {
+            Ok(Ok(conn)) => {
+                self.conn = Some(conn);
+                Ok(())
+            }
+            Ok(Err((e, keep))) => {
+                self.conn = keep;
+                Err(e)
+            }
+            Err(_) => Err(ExportError::Timeout(timeout)),
+        }
+    }
+}
+
+/// One unary call; returns the connection for reuse (also after a gRPC-level error, when the
+/// connection itself is fine).
+async fn call(
+    conn: Option<h2::client::SendRequest<Bytes>>,
+    authority: &str,
+    headers: &[(http::HeaderName, http::HeaderValue)],
+    path: &str,
+    body: Vec<u8>,
+) -> Result<h2::client::SendRequest<Bytes>, (ExportError, Option<h2::client::SendRequest<Bytes>>)> {
+    let conn = match conn {
+        Some(c) => c,
+        None => {
+            let tcp = tokio::net::TcpStream::connect(authority).await.map_err(|source| (ExportError::Connect { addr: authority.into(), source }, None))?;
+            let _ = tcp.set_nodelay(true);
+            let (send, connection) = h2::client::handshake(tcp).await.map_err(|e| (e.into(), None))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!("OTLP gRPC connection closed: {e}");
+                }
+            });
+            send
+        }
+    };
+    let mut send = conn.ready().await.map_err(|e| (e.into(), None))?;
+    let mut req = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(format!("http://{authority}{path}"))
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .header(http::header::USER_AGENT, concat!("stepwise-agent/", env!("CARGO_PKG_VERSION")));
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let req = req.body(()).map_err(|e| (e.into(), Some(send.clone())))?;
+    let (resp, mut stream) = send.send_request(req, false).map_err(|e| (e.into(), None))?;
+    // Length-prefixed message: compressed flag 0, u32 big-endian length, the message.
+    let mut framed = Vec::with_capacity(body.len() + 5);
+    framed.push(0);
+    framed.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes());
+    framed.extend_from_slice(&body);
+    stream.send_data(Bytes::from(framed), true).map_err(|e| (e.into(), None))?;
+    let resp = resp.await.map_err(|e| (e.into(), None))?;
+    let (parts, mut rbody) = resp.into_parts();
+    while let Some(chunk) = rbody.data().await {
+        let chunk = chunk.map_err(|e| (e.into(), None))?;
+        let _ = rbody.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = rbody.trailers().await.map_err(|e| (e.into(), None))?;
+    // A "trailers-only" response carries grpc-status in its headers.
+    let get = |k: &str| trailers.as_ref().and_then(|t| t.get(k)).or_else(|| parts.headers.get(k)).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let code = if parts.status == http::StatusCode::OK { get("grpc-status").and_then(|s| s.parse::<u32>().ok()).unwrap_or(2) } else { 14 };
+    if code != 0 {
+        let message = get("grpc-message").map(|m| percent_decode(&m)).unwrap_or_else(|| format!("HTTP {}", parts.status));
+        return Err((ExportError::Grpc { code, path: path.into(), message }, Some(send)));
+    }
+    Ok(send)
+}
+
+pub struct Http {
+    /// Endpoint without a trailing `/`.
+    base: String,
+    headers: Vec<(String, String)>,
+    agent: ureq::Agent,
+    timeout: Duration,
+}
+
+impl Http {
+    pub fn new(base: &str, headers: Vec<(String, String)>, timeout: Duration) -> Http {
+        let agent = ureq::Agent::config_builder().timeout_global(Some(timeout)).http_status_as_error(false).max_redirects(0).build().new_agent();
+        Http { base: base.trim_end_matches('/').to_string(), headers, agent, timeout }
+    }
+
+    fn post(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.post(&url).header("content-type", "application/x-protobuf");
+        for (k, v) in &self.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let mut resp = req.send(&body[..]).map_err(|e| match e {
+            ureq::Error::Timeout(_) => ExportError::Timeout(self.timeout),
+            e => e.into(),
+        })?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let text = resp.body_mut().with_config().limit(4096).read_to_string().unwrap_or_default();
+            return Err(ExportError::Status { status, url, body: text.chars().take(200).collect::<String>().trim().to_string() });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_message_is_percent_decoded() {
+        assert_eq!(percent_decode("bad%20request%3A%20x"), "bad request: x");
+        assert_eq!(percent_decode("100%"), "100%");
+    }
+
+    #[test]
+    fn dead_collectors_fail_fast_or_within_the_timeout() {
+        // Nothing listens on a port just released: both transports fail, neither hangs.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+        let t = std::time::Instant::now();
+        let mut g = Client::Grpc(Grpc::new(format!("127.0.0.1:{port}"), Vec::new(), Duration::from_secs(2)).expect("runtime"));
+        assert!(matches!(g.export(true, vec![1, 2, 3]), Err(ExportError::Connect { .. })));
+        let mut h = Client::Http(Http::new(&format!("http://127.0.0.1:{port}/"), Vec::new(), Duration::from_secs(2)));
+        assert!(h.export(false, vec![1]).is_err());
+        // A listener that accepts and never answers: the timeout bounds the call.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let mut g = Client::Grpc(Grpc::new(addr.to_string(), Vec::new(), Duration::from_millis(300)).expect("runtime"));
+        assert!(matches!(g.export(false, vec![0; 10]), Err(ExportError::Timeout(_))));
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        drop(l);
+    }
+}
