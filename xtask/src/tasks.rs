@@ -127,8 +127,31 @@ pub fn bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("counters") => bench_counters(),
         Some("models") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_models"])),
-        _ => bail!("usage: cargo xtask bench <counters|models>"),
+        Some("attribution") => bench_attribution(),
+        _ => bail!("usage: cargo xtask bench <counters|models|attribution>"),
     }
+}
+
+/// Attribution throughput (collective records/s on one core) and `agent diagnose` latency
+/// over 1 000 stored steps.
+fn bench_attribution() -> Result<()> {
+    let dir = tempdir("bench-attribution")?;
+    let db = dir.join("history.db");
+    sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_attribution", "--"]).arg(&db))?;
+    let bin = build_agent(true)?;
+    for args in [&["--slowest", "3"][..], &["--step", "500"][..], &["--slowest", "1000", "--json"][..]] {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            let out = Command::new(&bin).arg("diagnose").args(args).arg("--since").arg("100000d").arg("--db").arg(&db).output()?;
+            if !out.status.success() {
+                bail!("agent diagnose {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!("bench attribution: diagnose {} over 1000 stored steps: {:.0} ms (best of 3; target < 1000 ms)", args.join(" "), best * 1e3);
+    }
+    Ok(())
 }
 
 /// CPU per sweep of a 16-NIC mlx5 fixture: the agent versus node_exporter's infiniband

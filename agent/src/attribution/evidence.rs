@@ -1,6 +1,6 @@
 //! Evidence behind each cause, and the fix stated in the user's terms.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,22 +24,30 @@ pub struct NetSample {
 /// Bytes a ring collective is expected to put on the NICs of `hosts` (models.md §1.4: each
 /// rank sends 2(p−1)/p·M to its successor; only edges whose successor is on another host
 /// leave the host). `None` when the placement is not known.
-pub fn expected_cross_host_bytes(c: &Collective, hosts: &BTreeSet<&str>) -> Option<f64> {
+pub fn expected_cross_host_bytes(c: &Collective, hosts: &[&str]) -> Option<f64> {
     let m = c.bytes? as f64;
     let p = c.nranks? as usize;
     if p < 2 || c.arrivals.len() < p || hosts.is_empty() {
         return None;
     }
-    let host_of: BTreeMap<u32, &str> = c.arrivals.iter().map(|a| (a.rank, a.host.as_str())).collect();
     let factor = match c.op.as_str() {
         "all_reduce" => 2.0 * (p - 1) as f64 / p as f64,
         "all_gather" | "reduce_scatter" => (p - 1) as f64,
         _ => 1.0,
     };
+    // Arrivals are sorted by rank; ranks 0..p-1 each once is the normal case.
+    let dense = c.arrivals.len() == p && c.arrivals.iter().enumerate().all(|(i, a)| a.rank as usize == i);
+    let host_of = |r: usize| -> Option<&str> {
+        if dense {
+            c.arrivals.get(r).map(|a| a.host.as_str())
+        } else {
+            c.arrivals.iter().find(|a| a.rank as usize == r).map(|a| a.host.as_str())
+        }
+    };
     let mut bytes = 0.0;
-    for r in 0..p as u32 {
-        let (Some(h), Some(hn)) = (host_of.get(&r), host_of.get(&((r + 1) % p as u32))) else { return None };
-        if h != hn && hosts.contains(h) {
+    for r in 0..p {
+        let (Some(h), Some(hn)) = (host_of(r), host_of((r + 1) % p)) else { return None };
+        if h != hn && hosts.contains(&h) {
             bytes += factor * m;
         }
     }
@@ -71,11 +79,12 @@ impl Congestion {
     pub fn from_windows(wins: &[&NicWindow], rate: f64, expected: Option<f64>, p: &Params) -> Congestion {
         let mut c = Congestion::default();
         let mut worst = 0.0;
+        let mut worst_nic: Option<&str> = None;
         for w in wins {
             let paused = w.pause_seconds + w.xmit_wait_ticks * p.xmit_wait_tick_seconds;
             if paused > worst {
                 worst = paused;
-                c.nic = Some(w.nic.name.clone());
+                worst_nic = Some(w.nic.name.as_str());
             }
             c.pause_seconds = c.pause_seconds.max(w.pause_seconds);
             c.xmit_wait_seconds = c.xmit_wait_seconds.max(w.xmit_wait_ticks * p.xmit_wait_tick_seconds);
@@ -86,6 +95,7 @@ impl Congestion {
             c.drops += w.drops;
             c.max_backlog_bytes = c.max_backlog_bytes.max(w.max_backlog_bytes);
         }
+        c.nic = worst_nic.map(str::to_string);
         if let Some(exp) = expected {
             let carried: f64 = wins.iter().map(|w| w.tx_bytes).sum();
             c.other_traffic_bytes = (carried - exp).max(0.0);
@@ -157,7 +167,7 @@ impl InFlight {
     /// and T the mean slot occupancy (post → completion seen), measured over [t0, t1].
     pub fn measure(net: &[NetSample], t0: f64, t1: f64, path: f64) -> Option<InFlight> {
         let span = t1 - t0;
-        if span <= 0.0 {
+        if span <= 0.0 || net.is_empty() {
             return None;
         }
         let reqs: Vec<&NetSample> = net.iter().filter(|r| r.send && r.completed > t0 && r.posted < t1).collect();

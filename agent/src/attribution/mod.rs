@@ -160,6 +160,32 @@ pub struct StepData<'a> {
     pub dropped_events: bool,
 }
 
+/// Per-rank accumulators: a dense vector for the usual ranks 0..N, a map beyond.
+#[derive(Default)]
+struct RankAcc {
+    dense: Vec<Option<RankTime>>,
+    sparse: BTreeMap<u32, RankTime>,
+}
+
+impl RankAcc {
+    const DENSE: u32 = 4096;
+    fn get(&mut self, rank: u32, host: &str) -> &mut RankTime {
+        let new = || RankTime { rank, host: host.to_string(), ..Default::default() };
+        if rank < Self::DENSE {
+            let i = rank as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, None);
+            }
+            self.dense[i].get_or_insert_with(new)
+        } else {
+            self.sparse.entry(rank).or_insert_with(new)
+        }
+    }
+    fn into_vec(self) -> Vec<RankTime> {
+        self.dense.into_iter().flatten().chain(self.sparse.into_values()).collect()
+    }
+}
+
 /// Union bookkeeping: length of [a, b] not yet covered, then cover it.
 #[derive(Default)]
 struct Cover {
@@ -200,15 +226,21 @@ fn ev(pairs: &[(&str, serde_json::Value)]) -> BTreeMap<String, serde_json::Value
 pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     let (t0, t1) = (d.step.begin, d.step.end);
     let total = d.step.duration();
+    // (first arrival, last arrival, last exit) once per collective.
+    let times: Vec<(f64, f64, f64)> = d.collectives.iter().map(|c| (c.first_arrival(), c.last_arrival(), c.last_exit())).collect();
     let mut order: Vec<usize> = (0..d.collectives.len()).collect();
-    order.sort_by(|&a, &b| d.collectives[a].first_arrival().total_cmp(&d.collectives[b].first_arrival()));
+    order.sort_by(|&a, &b| times[a].0.total_cmp(&times[b].0));
 
     let mut cover = Cover::default();
-    let mut s = BTreeMap::<CauseKind, f64>::new();
-    let mut ranks: BTreeMap<u32, RankTime> = BTreeMap::new();
+    let mut s = [0.0f64; CauseKind::ALL.len()];
+    let mut ranks = RankAcc::default();
     let mut notes = Vec::new();
     let mut incomplete = d.dropped_events;
-    let mut nic_tx: BTreeMap<String, (f64, Option<f64>)> = BTreeMap::new();
+    // Per-NIC transmit bytes, accumulated without allocating per collective: windows list
+    // NICs in the same order for every collective, so the previous position is tried first.
+    let mut nic_acc: Vec<(&str, f64, Option<f64>)> = Vec::new();
+    let mut wins: Vec<&NicWindow> = Vec::new();
+    let mut hosts: Vec<&str> = Vec::new();
     let mut cong_ev = evidence::Congestion::default();
     let mut inflight_ev: Option<evidence::InFlight> = None;
     let mut bytes_total = 0.0;
@@ -219,82 +251,102 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         if !c.complete() {
             incomplete = true;
         }
-        let (first, last) = (c.first_arrival().clamp(t0, t1), c.last_arrival().clamp(t0, t1));
-        let exit = c.last_exit().clamp(t0, t1);
+        let (c_first, c_last, c_exit) = times[i];
+        let (first, last) = (c_first.clamp(t0, t1), c_last.clamp(t0, t1));
+        let exit = c_exit.clamp(t0, t1);
         let skew = cover.take(first, last);
         let transfer = cover.take(last, exit.max(last));
-        *s.entry(CauseKind::ReadinessSkew).or_default() += skew;
+        s[CauseKind::ReadinessSkew as usize] += skew;
         for a in &c.arrivals {
-            let r = ranks.entry(a.rank).or_insert_with(|| RankTime { rank: a.rank, host: a.host.clone(), ..Default::default() });
-            r.late_seconds += (a.enter - c.first_arrival()).max(0.0);
-            r.wait_seconds += (c.last_arrival() - a.enter).max(0.0);
+            let r = ranks.get(a.rank, &a.host);
+            r.late_seconds += (a.enter - c_first).max(0.0);
+            r.wait_seconds += (c_last - a.enter).max(0.0);
             r.inside_seconds += (a.exit - a.enter).max(0.0);
         }
         bytes_total += c.bytes.unwrap_or(0) as f64;
 
         // Transfer: ideal + excess split.
-        let wins: Vec<&NicWindow> = d.windows.get(i).map(|w| w.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes).collect()).unwrap_or_default();
+        wins.clear();
+        if let Some(w) = d.windows.get(i) {
+            wins.extend(w.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes));
+        }
         if wins.is_empty() || transfer <= 0.0 {
             // No NIC carried this collective's bytes (same host: shared memory or loopback):
             // its measured transfer is the ideal we can state.
             intra_host += (transfer > 0.0) as usize;
-            *s.entry(CauseKind::IdealComm).or_default() += transfer;
+            s[CauseKind::IdealComm as usize] += transfer;
             continue;
         }
-        for w in &wins {
-            let e = nic_tx.entry(w.nic.name.clone()).or_insert((0.0, w.nic.rate_bytes_per_second));
-            e.0 += w.tx_bytes;
+        for (j, w) in wins.iter().enumerate() {
+            let name = w.nic.name.as_str();
+            let pos = if nic_acc.get(j).is_some_and(|e| e.0 == name) { Some(j) } else { nic_acc.iter().position(|e| e.0 == name) };
+            match pos {
+                Some(k) => nic_acc[k].1 += w.tx_bytes,
+                None => nic_acc.push((name, w.tx_bytes, w.nic.rate_bytes_per_second)),
+            }
         }
-        let rates: Vec<f64> = wins.iter().filter_map(|w| w.nic.rate_bytes_per_second).filter(|r| *r > 0.0).collect();
-        let rate = if rates.is_empty() { None } else { Some(rates.iter().sum::<f64>() / rates.len() as f64) };
-        let tx: Vec<f64> = wins.iter().map(|w| w.tx_bytes).collect();
-        let sum_tx: f64 = tx.iter().sum();
-        let max_tx = tx.iter().cloned().fold(0.0, f64::max);
+        let (mut rate_sum, mut rate_n, mut sum_tx, mut max_tx) = (0.0, 0usize, 0.0, 0.0f64);
+        for w in &wins {
+            if let Some(r) = w.nic.rate_bytes_per_second.filter(|r| *r > 0.0) {
+                rate_sum += r;
+                rate_n += 1;
+            }
+            sum_tx += w.tx_bytes;
+            max_tx = max_tx.max(w.tx_bytes);
+        }
+        let rate = (rate_n > 0).then(|| rate_sum / rate_n as f64);
         let Some(rate) = rate else {
             notes.push(format!("{} seq {}: NIC rate unknown; transfer counted as ideal", c.op, c.seq));
-            *s.entry(CauseKind::IdealComm).or_default() += transfer;
+            s[CauseKind::IdealComm as usize] += transfer;
             continue;
         };
         // §1.1: the cut bound of the same bytes balanced over every rail.
         let n = wins.len().max(1) as f64;
         let ideal = traffic::cut_time(Bytes(sum_tx / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha;
-        *s.entry(CauseKind::IdealComm).or_default() += ideal;
+        s[CauseKind::IdealComm as usize] += ideal;
         let mut left = transfer - ideal;
 
         // Congestion (§4): time paused, waiting to transmit, or queued behind others.
         let own = c.bytes.unwrap_or(0) as f64;
-        let hosts: std::collections::BTreeSet<&str> = wins.iter().filter_map(|w| w.nic.host.as_deref()).collect();
+        hosts.clear();
+        for h in wins.iter().filter_map(|w| w.nic.host.as_deref()) {
+            if !hosts.contains(&h) {
+                hosts.push(h);
+            }
+        }
         let expected = evidence::expected_cross_host_bytes(c, &hosts);
         let cg = evidence::Congestion::from_windows(&wins, rate, expected, p);
         let cong = cg.seconds.min(left.max(0.0));
         left -= cong;
         cong_ev.merge(&cg);
-        *s.entry(CauseKind::Congestion).or_default() += cong;
+        s[CauseKind::Congestion as usize] += cong;
 
         // Rail imbalance (§1.10): busiest NIC at nominal rate vs balanced.
         let rail = traffic::cut_time(Bytes(max_tx), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - sum_tx / n / rate;
         let rail = rail.max(0.0).min(left.max(0.0));
         left -= rail;
-        *s.entry(CauseKind::RailImbalance).or_default() += rail;
+        s[CauseKind::RailImbalance as usize] += rail;
 
         // In-flight limit (§2): V/B_inflight − V/B_path from sampled transport requests.
-        if let Some(inf) = evidence::InFlight::measure(d.net, c.last_arrival(), c.last_exit(), rate) {
+        if let Some(inf) = evidence::InFlight::measure(d.net, c_last, c_exit, rate) {
             let v = max_tx.max(own);
             let extra = (v / inf.bound_bytes_per_second - v / rate).max(0.0).min(left.max(0.0));
             left -= extra;
-            *s.entry(CauseKind::InFlightLimit).or_default() += extra;
+            s[CauseKind::InFlightLimit as usize] += extra;
             inflight_ev = Some(inflight_ev.map_or(inf.clone(), |e: evidence::InFlight| e.merge(&inf)));
         }
-        *s.entry(CauseKind::Unexplained).or_default() += left;
+        s[CauseKind::Unexplained as usize] += left;
     }
     let comm_span: f64 = cover.spans.iter().map(|(a, b)| b - a).sum();
-    s.insert(CauseKind::Compute, total - comm_span);
+    s[CauseKind::Compute as usize] = total - comm_span;
     if intra_host > 0 {
         notes.push(format!("{intra_host} collective(s) moved no bytes over a NIC (same host): their transfer time is counted as ideal communication"));
     }
 
     // Late rank: the one whose summed lateness is largest.
-    let late = ranks.values().max_by(|a, b| a.late_seconds.total_cmp(&b.late_seconds)).filter(|r| r.late_seconds > 0.0).cloned();
+    let ranks = ranks.into_vec();
+    let late = ranks.iter().max_by(|a, b| a.late_seconds.total_cmp(&b.late_seconds)).filter(|r| r.late_seconds > 0.0).cloned();
+    let nic_tx: BTreeMap<String, (f64, Option<f64>)> = nic_acc.iter().map(|(n, b, r)| (n.to_string(), (*b, *r))).collect();
     let nics_ev: Vec<serde_json::Value> = nic_tx.iter().map(|(n, (b, r))| serde_json::json!({"nic": n, "tx_bytes": b, "rate_bytes_per_second": r})).collect();
     let busiest = nic_tx.iter().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(n, (b, _))| (n.clone(), *b));
     let sum_nic: f64 = nic_tx.values().map(|v| v.0).sum();
@@ -302,7 +354,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     let mut causes: Vec<Cause> = CauseKind::ALL
         .iter()
         .map(|&k| {
-            let secs = s.get(&k).copied().unwrap_or(0.0);
+            let secs = s[k as usize];
             let mut evidence = match k {
                 CauseKind::Compute => ev(&[("outside_collectives_seconds", secs.into())]),
                 CauseKind::IdealComm => ev(&[("collectives", d.collectives.len().into()), ("payload_bytes", bytes_total.into()), ("nics", nics_ev.clone().into())]),
@@ -341,7 +393,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         end: t1,
         seconds: total,
         causes,
-        ranks: ranks.into_values().collect(),
+        ranks,
         collectives: d.collectives.len(),
         incomplete,
         notes,
