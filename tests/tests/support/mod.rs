@@ -16,6 +16,7 @@ use std::{
 use stepwise_tests::harness::{agent_bin, free_port, http_get, wait_for, Agent, Proc};
 
 /// How to start one agent.
+#[derive(Default)]
 pub struct Launch<'a> {
     /// Command and arguments put before the agent binary (empty: run it directly).
     pub prefix: Vec<String>,
@@ -25,12 +26,6 @@ pub struct Launch<'a> {
     pub listen: Option<String>,
     /// Address the readiness probe and the test use (default: `listen`).
     pub reach: Option<String>,
-}
-
-impl Default for Launch<'_> {
-    fn default() -> Self {
-        Launch { prefix: Vec::new(), env: Vec::new(), listen: None, reach: None }
-    }
 }
 
 /// The process outcome of an agent that was expected to refuse to start.

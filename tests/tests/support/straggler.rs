@@ -22,8 +22,21 @@ pub fn config(ns: &Netns, sock: &Path, extra: &str) -> String {
 }
 
 /// Runs the job (markers to `sock`) and returns the ground truth per step: (skew seconds,
-/// last rank) from the workload's own CLOCK_MONOTONIC.
+/// last rank) from the workload's own CLOCK_MONOTONIC. Asserts the injection happened as
+/// planned (rank 2 late by 30 ms ± 50 % every 5th step), as `e2e_straggler.rs` does.
 pub fn run_job(ns: &Netns, sock: &Path) -> BTreeMap<u64, (f64, u32)> {
+    let truth = run_job_unchecked(ns, sock);
+    for (k, (skew, rank)) in &truth {
+        if (k + 1) % 5 == 0 {
+            assert!(*rank == 2 && (skew * 1e3 - DELAY_MS).abs() < 0.5 * DELAY_MS, "injection did not happen as planned at step {k}: {skew} s, rank {rank}");
+        }
+    }
+    truth
+}
+
+/// [`run_job`] without the check of the injection's timing (for tests that only need the
+/// job's series, on a loaded machine).
+pub fn run_job_unchecked(ns: &Netns, sock: &Path) -> BTreeMap<u64, (f64, u32)> {
     workloads::build().expect("workloads build");
     let out = workloads::run_ok(&mut workloads::mpi_steps(
         ns.name(),
@@ -35,11 +48,6 @@ pub fn run_job(ns: &Netns, sock: &Path) -> BTreeMap<u64, (f64, u32)> {
     assert!(stdout.contains("summary"), "{stdout}");
     let truth = workloads::true_skew_seconds(&workloads::parse_steps(&stdout));
     assert_eq!(truth.len(), STEPS, "{stdout}");
-    for (k, (skew, rank)) in &truth {
-        if (k + 1) % 5 == 0 {
-            assert!(*rank == 2 && (skew * 1e3 - DELAY_MS).abs() < 0.5 * DELAY_MS, "injection did not happen as planned at step {k}: {skew} s, rank {rank}");
-        }
-    }
     truth
 }
 
