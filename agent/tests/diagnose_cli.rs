@@ -184,7 +184,11 @@ fn cluster_text_report_and_html() {
     let row5 = out.lines().find(|l| l.trim_start().starts_with("5 ")).unwrap_or_else(|| panic!("rank 5 row: {out}"));
     assert!(row5.contains("node-b") && row5.contains("30.0 ms"), "{row5}");
     let h = std::fs::read_to_string(&html).expect("html written");
-    assert!(h.contains("<svg") && h.contains("readiness_skew") && !h.contains("<script"), "{h}");
+    assert!(h.contains("<svg") && h.contains("readiness_skew") && !h.contains("<script src"), "{h}");
+    // Cluster mode joins every host's arrivals: one timeline row per rank of both hosts.
+    let step = h.split("<section class=\"step\"").nth(1).expect("a step section");
+    assert_eq!(step.matches("class=\"rank-row\"").count(), 8, "{step}");
+    assert!(step.contains("rank 5 · node-b"), "{step}");
 }
 
 #[test]
@@ -275,6 +279,30 @@ fn store_steps_by_id_slowest_and_range() {
     let (rc, _, err, _) = agent(&["--db", dbs, "--step", "9"]);
     assert_eq!(rc, 3);
     assert!(err.contains("step 9 is not in the store"), "{err}");
+}
+
+#[test]
+fn html_from_the_store_draws_each_ranks_timeline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("agent.db");
+    let t = now() - 60.0;
+    {
+        let mut st = Store::open(&db).expect("open");
+        for (id, late) in [(1u64, 0.0), (2, 0.030)] {
+            let arrivals = (0..4u32)
+                .map(|r| Arrival { rank: r, host: "node-a".into(), pid: r, enter: t + id as f64 + 0.1 + if r == 2 { late } else { 0.0 }, exit: t + id as f64 + 0.1 + late + 0.001, aborted: false })
+                .collect();
+            let c = Collective { comm: COMM.into(), seq: id, op: "all_reduce".into(), library: "mpi".into(), bytes: Some(4096), nranks: Some(4), arrivals };
+            st.put_step("job", &stored_step(id, t + id as f64, late), &[c], &[]).expect("put");
+        }
+    }
+    let html = dir.path().join("r.html");
+    let (rc, _, err, _) = agent(&["--db", db.to_str().expect("path"), "--slowest", "1", "--html", html.to_str().expect("path")]);
+    assert_eq!(rc, 0, "{err}");
+    let h = std::fs::read_to_string(&html).expect("html written");
+    assert_eq!(h.matches("class=\"rank-row\"").count(), 4, "one row per rank from the stored arrivals: {h}");
+    assert!(h.contains("data-step=\"2\"") && h.contains("rank 2: data ready at 130.0 ms (all_reduce #2)"), "{h}");
+    assert!(h.contains("rank 0 wait in all_reduce #2"), "{h}");
 }
 
 #[test]

@@ -200,8 +200,9 @@ pub enum DiagnoseError {
     Dns { name: String, reason: String },
 }
 
-/// Local mode from the history store: the one place that reads it.
-fn from_store(db: &std::path::Path, sel: &Selection) -> Result<Vec<Attribution>, DiagnoseError> {
+/// Local mode from the history store: the one place that reads it. With `collectives`
+/// (the HTML timeline needs them) each step comes with its stored collectives.
+fn from_store(db: &std::path::Path, sel: &Selection, collectives: bool) -> Result<Vec<StepReport>, DiagnoseError> {
     let store_err = |e: &dyn std::fmt::Display| DiagnoseError::Store { path: db.to_path_buf(), reason: e.to_string() };
     let none = |why: String| DiagnoseError::NoSteps { why, report: Box::default() };
     // Never create a store by reading one (Store::open creates missing files).
@@ -218,7 +219,13 @@ fn from_store(db: &std::path::Path, sel: &Selection) -> Result<Vec<Attribution>,
     let q = StepQuery { step: sel.step, since: sel.since, slowest: sel.slowest, limit: whole_range.then_some(MAX_STEPS), job_key: None };
     let steps = st.steps(&q).map_err(|e| store_err(&e))?;
     if !steps.is_empty() {
-        return Ok(steps);
+        return steps
+            .into_iter()
+            .map(|a| {
+                let colls = if collectives { st.collectives_of_step(&a).map_err(|e| store_err(&e))? } else { Vec::new() };
+                Ok(StepReport::from_attribution(a).with_collectives(colls))
+            })
+            .collect();
     }
     let n = st.count_steps().map_err(|e| store_err(&e))?;
     if n == 0 {
@@ -313,14 +320,14 @@ fn build(a: &DiagnoseArgs, sel: &Selection) -> Result<Report, DiagnoseError> {
     let (steps, source) = match &a.agent {
         Some(addr) => {
             let (steps, host) = from_agent(addr, sel, a.timeout)?;
-            (steps, format!("agent {addr} ({host})"))
+            (steps.into_iter().map(StepReport::from_attribution).collect(), format!("agent {addr} ({host})"))
         }
         None => {
             let db = a.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB_PATH));
-            (from_store(&db, sel)?, format!("store {}", db.display()))
+            (from_store(&db, sel, a.html.is_some())?, format!("store {}", db.display()))
         }
     };
-    Ok(Report { source, steps: steps.into_iter().map(StepReport::from_attribution).collect(), threshold_seconds: threshold, ..Default::default() })
+    Ok(Report { source, steps, threshold_seconds: threshold, ..Default::default() })
 }
 
 pub fn main(mut a: DiagnoseArgs) -> ExitCode {

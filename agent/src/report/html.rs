@@ -1,10 +1,21 @@
-//! A minimal self-contained HTML report (`agent diagnose --html FILE`): inline CSS, the
-//! stacked breakdown of each step as inline SVG, and the causes table. No scripts, fonts or
-//! other network resources, so it opens from a file or an attachment anywhere.
+//! The self-contained HTML report (`agent diagnose --html FILE`): inline CSS, inline SVG
+//! figures ([`svg`]) and a small inline script; no fonts, images, stylesheets or scripts
+//! from anywhere else, so it opens from a file or an incident attachment on any machine.
+//!
+//! Per step: the top cause and its fix, the per-rank timeline (compute, waiting for the
+//! others, communication, update, with a mark where each rank's data became ready; one time
+//! axis for all rows), the stacked breakdown, the ranked causes with evidence, bytes per NIC
+//! and the per-rank table. The script adds a time cursor over the timeline and highlights
+//! the timeline phases of a cause when its row is clicked; without it the page loses
+//! nothing but those (every figure has native `<title>` tooltips).
+
+mod svg;
 
 use std::fmt::Write as _;
 
-use super::{bytes, evidence_pairs, ms, pct, Report, StepReport};
+pub use svg::{nics as nics_svg, stacked as stacked_svg, timeline as timeline_svg, BAR_W};
+
+use super::{bytes, evidence_pairs, ms, pct, timeline::Phase, Report, StepReport};
 use crate::attribution::CauseKind;
 
 /// Escapes text for HTML element content and attribute values.
@@ -36,70 +47,143 @@ pub fn colour(k: CauseKind) -> &'static str {
     }
 }
 
-const BAR_W: f64 = 800.0;
-
-/// The step's causes as one stacked horizontal bar, widths proportional to seconds.
-pub fn stacked_svg(r: &StepReport) -> String {
-    let a = &r.attribution;
-    let total: f64 = a.causes.iter().map(|c| c.seconds.max(0.0)).sum();
-    let mut s = format!(r#"<svg xmlns="http://www.w3.org/2000/svg" width="{BAR_W}" height="64" viewBox="0 0 {BAR_W} 64" role="img" aria-label="step {} breakdown">"#, a.step);
-    let mut x = 0.0;
-    for c in CauseKind::ALL {
-        let secs = a.cause(c).max(0.0);
-        if secs <= 0.0 || total <= 0.0 {
-            continue;
-        }
-        let w = secs / total * BAR_W;
-        let _ = write!(
-            s,
-            r#"<rect x="{x:.2}" y="0" width="{w:.2}" height="28" fill="{}"><title>{} {} ({})</title></rect>"#,
-            colour(c),
-            c.as_str(),
-            ms(secs),
-            pct(secs / a.seconds.max(f64::MIN_POSITIVE))
-        );
-        if w > 60.0 {
-            let _ = write!(s, r##"<text x="{:.2}" y="19" font-size="12" fill="#000">{}</text>"##, x + 4.0, escape(c.as_str()));
-        }
-        x += w;
+/// The timeline phases a cause's seconds come from (for highlighting).
+fn phases_of(k: CauseKind) -> &'static str {
+    match k {
+        CauseKind::Compute => "compute update",
+        CauseKind::ReadinessSkew => "wait",
+        _ => "comm",
     }
-    let _ = write!(s, r#"<text x="0" y="48" font-size="12">0</text><text x="{BAR_W}" y="48" font-size="12" text-anchor="end">{}</text></svg>"#, ms(a.seconds));
+}
+
+const CSS: &str = "\
+body{font:14px system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}\
+h2{border-top:2px solid #ddd;padding-top:.6em}h3{margin:1.2em 0 .3em;font-size:15px}\
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}\
+td.n{text-align:right;white-space:nowrap}tr.problem td:first-child{font-weight:bold}table.causes tr[data-phases]{cursor:pointer}\
+.sw{display:inline-block;width:10px;height:10px;margin-right:6px}.warn{color:#c0392b}.note{color:#666}\
+.top{background:#fdf3ef;border-left:4px solid #e07a5f;padding:.5em .8em}\
+.legend span{margin-right:1.2em;white-space:nowrap}svg text{font:11px system-ui,sans-serif;fill:#222}\
+svg.timeline .grid{stroke:#e4e4e4}svg.timeline .axis-title{fill:#666}svg.timeline .ready{fill:#111;stroke:#111;stroke-width:1}\
+svg.timeline .rank-row:hover .rank-label{font-weight:bold}svg.timeline .cursor{stroke:#111;stroke-dasharray:3 2}\
+svg.timeline[data-focus] .seg{opacity:.2}svg.timeline[data-focus~=compute] .seg.compute,svg.timeline[data-focus~=wait] .seg.wait,\
+svg.timeline[data-focus~=comm] .seg.comm,svg.timeline[data-focus~=update] .seg.update{opacity:1}\
+#js-errors{color:#c0392b}";
+
+/// Records script errors in the page (the browser test reads `#js-errors` and `data-js`).
+const ERROR_TRAP: &str = "window.stepwiseErrors=[];window.addEventListener('error',function(e){\
+window.stepwiseErrors.push(String(e.message||e));var p=document.getElementById('js-errors');\
+if(p){p.hidden=false;p.textContent=window.stepwiseErrors.join('\\n');}});";
+
+const SCRIPT: &str = r#"(function(){
+'use strict';
+document.querySelectorAll('svg.timeline').forEach(function(svg){
+  var cur=svg.querySelector('.cursor'),lab=svg.querySelector('.cursor-label');
+  var x0=Number(svg.dataset.x0),w=Number(svg.dataset.w),span=Number(svg.dataset.ms);
+  function hide(){cur.setAttribute('visibility','hidden');lab.setAttribute('visibility','hidden');}
+  svg.addEventListener('mousemove',function(ev){
+    var m=svg.getScreenCTM();if(!m){return;}
+    var p=new DOMPoint(ev.clientX,ev.clientY).matrixTransform(m.inverse());
+    if(p.x<x0||p.x>x0+w){hide();return;}
+    cur.setAttribute('x1',p.x);cur.setAttribute('x2',p.x);
+    lab.setAttribute('x',p.x+4);lab.textContent=((p.x-x0)/w*span).toFixed(1)+' ms';
+    cur.setAttribute('visibility','visible');lab.setAttribute('visibility','visible');
+  });
+  svg.addEventListener('mouseleave',hide);
+});
+document.querySelectorAll('section.step').forEach(function(sec){
+  var svg=sec.querySelector('svg.timeline');
+  sec.querySelectorAll('table.causes tr[data-phases]').forEach(function(tr){
+    tr.addEventListener('click',function(){
+      if(!svg){return;}
+      var f=tr.getAttribute('data-phases');
+      if(svg.getAttribute('data-focus')===f){svg.removeAttribute('data-focus');}else{svg.setAttribute('data-focus',f);}
+    });
+  });
+});
+document.body.setAttribute('data-js','ok');
+})();"#;
+
+fn legend() -> String {
+    let mut s = String::from("<p class=\"legend\">");
+    for p in Phase::ALL {
+        let _ = write!(s, "<span><span class=\"sw\" style=\"background:{}\"></span>{}</span>", svg::phase_colour(p), p.label());
+    }
+    s.push_str("<span>▼ data ready (the rank entered the collective)</span></p>");
     s
 }
 
-fn step(out: &mut String, r: &StepReport, rep: &Report) {
-    let a = &r.attribution;
-    let _ = write!(out, "<section><h2>Step {} — {}</h2>", a.step, ms(a.seconds));
-    if a.incomplete {
-        out.push_str("<p class=\"warn\">Incomplete: ranks or events missing; numbers are a lower bound.</p>");
-    }
-    if let Some(c) = r.ranked(rep.threshold_seconds).first() {
-        let _ = write!(out, "<p><b>Top cause: {} {} ({})</b><br>Fix: {}</p>", c.kind.as_str(), ms(c.seconds), pct(c.share), escape(&c.fix));
-    } else {
-        let _ = write!(out, "<p>No cause above {}.</p>", ms(rep.threshold_seconds));
-    }
-    out.push_str(&stacked_svg(r));
-    out.push_str("<table><tr><th>cause</th><th>seconds</th><th>share</th><th>evidence</th><th>fix</th></tr>");
-    for c in &a.causes {
+fn causes_table(out: &mut String, r: &StepReport, threshold: f64) {
+    let mut causes: Vec<_> = r.attribution.causes.iter().collect();
+    causes.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    out.push_str("<table class=\"causes\"><tr><th>#</th><th>cause</th><th>seconds</th><th>share</th><th>evidence</th><th>fix</th></tr>");
+    for (i, c) in causes.iter().enumerate() {
+        let problem = c.kind.is_problem() && c.seconds > threshold;
         let ev: Vec<String> = evidence_pairs(&c.evidence).into_iter().map(|(k, v)| format!("{}={}", escape(&k), escape(&v))).collect();
         let _ = write!(
             out,
-            "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr class=\"{}\" data-cause=\"{}\" data-phases=\"{}\"><td class=\"n\">{}</td><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+            if problem { "problem" } else { "" },
+            c.kind.as_str(),
+            phases_of(c.kind),
+            i + 1,
             colour(c.kind),
             c.kind.as_str(),
             ms(c.seconds),
             pct(c.share),
             ev.join(", "),
-            if c.kind.is_problem() && c.seconds > rep.threshold_seconds { escape(&c.fix) } else { String::new() }
+            if problem { escape(&c.fix) } else { String::new() }
         );
     }
     out.push_str("</table>");
+}
+
+fn step(out: &mut String, r: &StepReport, rep: &Report) {
+    let a = &r.attribution;
+    let _ = write!(out, "<section class=\"step\" id=\"step-{0}\" data-step=\"{0}\"><h2>Step {0} — {1}</h2>", a.step, ms(a.seconds));
+    if a.incomplete {
+        out.push_str("<p class=\"warn\">Incomplete: ranks or events missing; numbers are a lower bound.</p>");
+    }
+    if let Some(c) = r.ranked(rep.threshold_seconds).first() {
+        let _ = write!(out, "<p class=\"top\"><b>Top cause: {} {} ({})</b><br>Fix: {}</p>", c.kind.as_str(), ms(c.seconds), pct(c.share), escape(&c.fix));
+    } else {
+        let _ = write!(out, "<p class=\"top\">No cause above {}.</p>", ms(rep.threshold_seconds));
+    }
+    out.push_str("<h3>Timeline per rank</h3>");
+    match svg::timeline(r) {
+        Some(t) => {
+            out.push_str(&t);
+            out.push_str(&legend());
+            let n = super::timeline::rows(a, &r.collectives).len();
+            if n > svg::MAX_ROWS {
+                let _ = write!(out, "<p class=\"note\">First {} of {n} ranks drawn; the table below lists all.</p>", svg::MAX_ROWS);
+            }
+            if rep.clock_error_seconds.is_some() {
+                out.push_str("<p class=\"note\">Arrivals on different hosts are placed by each host's clock.</p>");
+            }
+        }
+        None => out.push_str("<p class=\"note\">No per-rank timeline: this source does not carry the step's collectives (use the history store with --db, or --peers).</p>"),
+    }
+    out.push_str("<h3>Breakdown</h3>");
+    out.push_str(&svg::stacked(r));
+    out.push_str("<h3>Causes, largest first</h3>");
+    causes_table(out, r, rep.threshold_seconds);
     let clock = rep.clock_error_seconds.map(|e| format!(" (clock error ≤ {})", ms(e))).unwrap_or_default();
     let free = r.skew.clock_free_seconds.map(ms).unwrap_or_else(|| "n/a".into());
     let late = r.skew.clock_free_late_rank.map(|k| format!(", late rank {k}")).unwrap_or_default();
     let _ = write!(out, "<p>Readiness skew: wall clock {}{clock}; clock-free {free}{late}.</p>", ms(r.skew.wall_seconds));
+    if let Some(n) = svg::nics(r) {
+        out.push_str("<h3>Bytes per NIC</h3>");
+        out.push_str(&n);
+        out.push_str("<table class=\"nics\"><tr><th>nic</th><th>tx</th><th>share</th><th>rate</th></tr>");
+        for n in &r.nics {
+            let rate = n.rate_bytes_per_second.map(|b| format!("{:.2} GB/s", b / 1e9)).unwrap_or_default();
+            let _ = write!(out, "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{rate}</td></tr>", escape(&n.nic), bytes(n.tx_bytes), pct(n.share));
+        }
+        out.push_str("</table>");
+    }
     if !a.ranks.is_empty() {
-        out.push_str("<table><tr><th>rank</th><th>host</th><th>arrival</th><th>wait</th><th>inside</th></tr>");
+        out.push_str("<h3>Ranks</h3><table class=\"ranks\"><tr><th>rank</th><th>host</th><th>arrival</th><th>wait</th><th>inside</th></tr>");
         for k in &a.ranks {
             let _ = write!(
                 out,
@@ -113,13 +197,6 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         }
         out.push_str("</table>");
     }
-    if !r.nics.is_empty() {
-        out.push_str("<table><tr><th>nic</th><th>tx</th><th>share</th></tr>");
-        for n in &r.nics {
-            let _ = write!(out, "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>", escape(&n.nic), bytes(n.tx_bytes), pct(n.share));
-        }
-        out.push_str("</table>");
-    }
     for n in &a.notes {
         let _ = write!(out, "<p class=\"note\">{}</p>", escape(n));
     }
@@ -128,12 +205,8 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
 
 /// The whole report as one HTML document.
 pub fn render(rep: &Report) -> String {
-    let mut out = String::from(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Stepwise diagnose</title><style>\
-body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.8em 0}\
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}td.n{text-align:right;white-space:nowrap}\
-.sw{display:inline-block;width:10px;height:10px;margin-right:6px}.warn{color:#c0392b}.note{color:#666}\
-</style></head><body><h1>Where did the step's time go?</h1>",
+    let mut out = format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>Stepwise diagnose</title><style>{CSS}</style><script>{ERROR_TRAP}</script></head><body><pre id=\"js-errors\" hidden></pre><h1>Where did the step's time go?</h1>"
     );
     let _ = write!(out, "<p>Source: {}", escape(&rep.source));
     if let Some(e) = rep.clock_error_seconds {
@@ -144,7 +217,7 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}t
         let _ = write!(out, "<p>Peers answered: {}</p>", escape(&rep.peers.answered.join(", ")));
     }
     if !rep.peers.failed.is_empty() {
-        out.push_str("<table><tr><th>peer that did not answer</th><th>error</th></tr>");
+        out.push_str("<table class=\"failed\"><tr><th>peer that did not answer</th><th>error</th></tr>");
         for f in &rep.peers.failed {
             let _ = write!(out, "<tr><td>{}</td><td>{}</td></tr>", escape(&f.peer), escape(&f.error));
         }
@@ -156,37 +229,9 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}t
     for r in &rep.steps {
         step(&mut out, r, rep);
     }
-    out.push_str("</body></html>\n");
+    let _ = writeln!(out, "<script>{SCRIPT}</script></body></html>");
     out
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::report::fixtures;
-
-    #[test]
-    fn self_contained_with_svg_bar_and_causes_table() {
-        let mut rep = fixtures::report();
-        rep.peers.failed[0].error = "garbage <html> & \"quotes\"".into();
-        let h = render(&rep);
-        assert!(h.starts_with("<!DOCTYPE html>") && h.trim_end().ends_with("</html>"));
-        for banned in ["<script", "http://", "https://", "<link", "@import", "url("] {
-            // The SVG namespace is an identifier, not a fetch.
-            let n = h.matches(banned).count() - if banned == "http://" { h.matches("xmlns=\"http://www.w3.org/2000/svg\"").count() } else { 0 };
-            assert_eq!(n, 0, "{banned} in a self-contained report");
-        }
-        assert!(h.contains("<svg"), "stacked bar");
-        // Bar widths proportional to seconds: compute 150/200 of 800 px.
-        assert!(h.contains(r##"width="600.00" height="28" fill="#9db4c0""##), "{h}");
-        assert!(h.contains(r##"width="120.00" height="28" fill="#e07a5f""##), "{h}");
-        // Every cause has a row with ms and %.
-        for k in CauseKind::ALL {
-            assert!(h.contains(&format!("</span>{}</td>", k.as_str())), "{}", k.as_str());
-        }
-        assert!(h.contains("<td class=\"n\">30.0 ms</td><td class=\"n\">15.0 %</td>"));
-        assert!(h.contains("Top cause: readiness_skew 30.0 ms (15.0 %)"));
-        assert!(h.contains("garbage &lt;html&gt; &amp; &quot;quotes&quot;"), "escaped");
-        assert!(!h.contains("{}") && !h.contains("TODO"), "no placeholders");
-    }
-}
+mod tests;

@@ -5,12 +5,16 @@
 pub mod html;
 pub mod json;
 pub mod text;
+pub mod timeline;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::attribution::{Attribution, Cause, CauseKind};
+use crate::{
+    attribution::{Attribution, Cause, CauseKind},
+    timeline::Collective,
+};
 
 /// A peer that did not answer (`agent diagnose --peers`).
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -102,12 +106,21 @@ pub struct StepReport {
     pub attribution: Attribution,
     pub skew: Skew,
     pub nics: Vec<NicBytes>,
+    /// The step's collectives with every rank's arrival (the HTML timeline); empty when the
+    /// source does not carry them (`--agent`).
+    pub collectives: Vec<Collective>,
 }
 
 impl StepReport {
     /// Skew and NICs derived from the attribution alone.
     pub fn from_attribution(a: Attribution) -> StepReport {
-        StepReport { skew: Skew::from_ranks(&a), nics: nics_of(&a), attribution: a }
+        StepReport { skew: Skew::from_ranks(&a), nics: nics_of(&a), attribution: a, collectives: Vec::new() }
+    }
+
+    /// The same report with the step's collectives (from the store or the peers).
+    pub fn with_collectives(mut self, c: Vec<Collective>) -> StepReport {
+        self.collectives = c;
+        self
     }
 
     /// Problem causes above `threshold` seconds, largest first.

@@ -166,6 +166,20 @@ impl Store {
         Ok(out)
     }
 
+    /// The collectives of a step as [`Store::steps`] returned it (its `begin` is the exact
+    /// column value): the step's job is looked up by `(step_id, begin)`, and only collectives
+    /// that began inside the step are kept (the same job and id may recur after a restart).
+    pub fn collectives_of_step(&self, a: &Attribution) -> Result<Vec<Collective>, StoreError> {
+        let Ok(step_id) = i64::try_from(a.step) else { return Ok(Vec::new()) };
+        let mut st = self.conn.prepare_cached("SELECT job_key FROM steps WHERE step_id = ?1 AND begin = ?2 LIMIT 1").map_err(sql_err(self, "prepare job query"))?;
+        let mut rows = st.query(rusqlite::params![step_id, a.begin]).map_err(sql_err(self, "query job"))?;
+        let Some(row) = rows.next().map_err(sql_err(self, "read job"))? else { return Ok(Vec::new()) };
+        let job: String = row.get(0).map_err(sql_err(self, "read job key"))?;
+        let mut out = self.collectives_of(&job, a.step)?;
+        out.retain(|c| c.first_arrival() >= a.begin - 1e-6 && c.first_arrival() < a.end);
+        Ok(out)
+    }
+
     /// Number of stored steps (all jobs).
     pub fn count_steps(&self) -> Result<u64, StoreError> {
         let n: i64 = self.conn.query_row("SELECT count(*) FROM steps", [], |r| r.get(0)).map_err(sql_err(self, "count steps"))?;

@@ -180,7 +180,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         let a = attribute(&StepData { step: s, collectives: &cs, windows: &windows, net: &net, dropped_events: false }, params);
         let (cf, late) = clock_free(&cs);
         let skew = Skew { wall_seconds: a.cause(crate::attribution::CauseKind::ReadinessSkew), clock_free_seconds: cf, clock_free_late_rank: late };
-        steps.push(StepReport { nics: nics_of(&a), skew, attribution: a });
+        steps.push(StepReport { nics: nics_of(&a), skew, attribution: a, collectives: cs.iter().map(|c| (*c).clone()).collect() });
     }
     let clock_error_seconds = peers.iter().map(|p| p.clock_error_seconds).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
     Ok(Analysis { steps, notes, clock_error_seconds })
