@@ -1,20 +1,37 @@
 //! Command line: one file per subcommand.
 
 pub mod check;
+pub mod completions;
 pub mod diagnose;
 pub mod mark;
 pub mod model;
 pub mod run;
 
-use std::process::ExitCode;
+use std::{process::ExitCode, sync::OnceLock};
 
 use clap::{Parser, Subcommand};
 
 /// Exit code for usage errors (bad flags, bad config, bad quantities).
 pub const EXIT_USAGE: u8 = 2;
 
+/// `0.1.0`, or `0.1.0 (abc1234)` when the build set `STEPWISE_GIT_COMMIT` (image and release
+/// builds do; a plain `cargo build` does not, so a commit never forces the agent to rebuild).
+pub fn version() -> &'static str {
+    static V: OnceLock<String> = OnceLock::new();
+    V.get_or_init(|| match option_env!("STEPWISE_GIT_COMMIT").filter(|c| !c.is_empty()) {
+        Some(c) => format!("{} ({c})", env!("CARGO_PKG_VERSION")),
+        None => env!("CARGO_PKG_VERSION").to_string(),
+    })
+}
+
+/// `--version`: the version and whether the eBPF programs are built in.
+fn long_version() -> &'static str {
+    static V: OnceLock<String> = OnceLock::new();
+    V.get_or_init(|| format!("{}\neBPF programs: {}", version(), if crate::ebpf::embedded() { "embedded" } else { "missing (built without bpf-linker)" }))
+}
+
 #[derive(Debug, Parser)]
-#[command(name = "agent", version, about = "Stepwise: where did the training step's time go?")]
+#[command(name = "agent", version = version(), long_version = long_version(), about = "Stepwise: where did the training step's time go?")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -32,6 +49,8 @@ pub enum Command {
     Diagnose(diagnose::DiagnoseArgs),
     /// Send one step marker to the agent (Unix socket or HTTP).
     Mark(mark::MarkArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -49,5 +68,6 @@ pub fn main() -> ExitCode {
         Command::Model(a) => model::main(a),
         Command::Diagnose(a) => diagnose::main(a),
         Command::Mark(a) => mark::main(a),
+        Command::Completions(a) => completions::main(a),
     }
 }

@@ -1,0 +1,30 @@
+//! `agent completions <shell>`: shell completion script on stdout (clap_complete), e.g.
+//! `agent completions bash > /etc/bash_completion.d/agent` or
+//! `agent completions zsh > "${fpath[1]}/_agent"`.
+
+use std::process::ExitCode;
+
+use clap::{Args, CommandFactory};
+use clap_complete::Shell;
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: Shell,
+}
+
+pub fn main(a: CompletionsArgs) -> ExitCode {
+    // clap_complete panics on a failed write; render to memory, then write (a closed pipe,
+    // as in `agent completions bash | head`, is not an error).
+    let mut script = Vec::new();
+    clap_complete::generate(a.shell, &mut super::Cli::command(), "agent", &mut script);
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent completions: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
