@@ -9,6 +9,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 use stepwise_tests::harness::{self, Agent, Proc};
 
+mod ecosystem;
+
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
 }
@@ -46,7 +48,7 @@ fn build_agent(release: bool) -> Result<PathBuf> {
 
 /// Test tiers. With no argument every tier runs, in this order.
 pub fn test(args: &[String]) -> Result<()> {
-    let all = ["lint", "unit", "integration"];
+    let all = ["lint", "unit", "integration", "ecosystem"];
     let tiers: Vec<&str> = if args.is_empty() { all.to_vec() } else { args.iter().map(String::as_str).collect() };
     for t in &tiers {
         if !all.contains(t) {
@@ -67,6 +69,8 @@ pub fn test(args: &[String]) -> Result<()> {
                 let bin = build_agent(false)?;
                 sh(cargo().args(["test", "-p", "stepwise-tests", "-p", "xtask"]).env("STEPWISE_AGENT_BIN", bin))?;
             }
+            // Dashboards, deployment and least privilege, checked by the real tools (issue 6).
+            "ecosystem" => ecosystem::run(&build_agent(false)?, !(args.is_empty() || args.iter().any(|a| a == "integration")))?,
             _ => unreachable!(),
         }
     }
@@ -167,7 +171,8 @@ fn bench_counters() -> Result<()> {
 
     // Agent: sampling only (no scrapes) at a 20 ms interval for 10 s.
     let cfg = dir.join("agent.toml");
-    std::fs::write(&cfg, "interval = \"20ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\n")?;
+    // Only the RDMA source, as node_exporter runs only its infiniband collector.
+    std::fs::write(&cfg, "interval = \"20ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[collectives]\nenabled = false\n[store]\nenabled = false\n")?;
     let agent = Agent::start(&dir, &["--config", cfg.to_str().unwrap_or_default(), "--sysfs-root", sys.to_str().unwrap_or_default(), "--log", "warn"])?;
     std::thread::sleep(Duration::from_secs(1));
     let sweeps0 = agent.status()?["sweeps"].as_u64().unwrap_or(0);
