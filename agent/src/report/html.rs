@@ -60,7 +60,7 @@ const CSS: &str = "\
 body{font:14px system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}\
 h2{border-top:2px solid #ddd;padding-top:.6em}h3{margin:1.2em 0 .3em;font-size:15px}\
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}\
-td.n{text-align:right;white-space:nowrap}tr.problem td:first-child{font-weight:bold}table.causes tr[data-phases]{cursor:pointer}\
+td.n{text-align:right;white-space:nowrap}table.causes td:nth-child(2){white-space:nowrap}tr.problem td:first-child{font-weight:bold}table.causes tr[data-phases]{cursor:pointer}\
 .sw{display:inline-block;width:10px;height:10px;margin-right:6px}.warn{color:#c0392b}.note{color:#666}\
 .top{background:#fdf3ef;border-left:4px solid #e07a5f;padding:.5em .8em}\
 .legend span{margin-right:1.2em;white-space:nowrap}svg text{font:11px system-ui,sans-serif;fill:#222}\
