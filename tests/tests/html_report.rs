@@ -159,6 +159,12 @@ fn chromium_renders_the_report_without_errors() {
     assert_eq!(slow.matches("class=\"nic-bar\"").count(), 2, "per-NIC bytes");
     assert!(slow.contains("node-a/eth0") || slow.contains("eth0"), "NIC named");
 
+    // The address can focus one phase (the same highlight a click on a cause row sets).
+    let focused = format!("{}#focus=wait", page.display());
+    let (dom, log) = browse(&dir.path().join("profile-focus"), &["--dump-dom"], Path::new(&focused));
+    assert!(!log.contains(":CONSOLE"), "{log}");
+    assert_eq!(dom.matches("data-focus=\"wait\"").count(), 2, "both timelines focus the waiting");
+
     // A screenshot: decoded, mostly white page with the figures' exact colours.
     let shot = dir.path().join("report.png");
     browse(&dir.path().join("profile-shot"), &[&format!("--screenshot={}", shot.display()), "--window-size=1200,1600"], &page);

@@ -6,8 +6,9 @@
 //! others, communication, update, with a mark where each rank's data became ready; one time
 //! axis for all rows), the stacked breakdown, the ranked causes with evidence, bytes per NIC
 //! and the per-rank table. The script adds a time cursor over the timeline and highlights
-//! the timeline phases of a cause when its row is clicked; without it the page loses
-//! nothing but those (every figure has native `<title>` tooltips).
+//! the timeline phases of a cause when its row is clicked (or named in the address:
+//! `report.html#focus=wait`); without it the page loses nothing but those (every figure
+//! has native `<title>` tooltips).
 
 mod svg;
 
@@ -101,6 +102,9 @@ document.querySelectorAll('section.step').forEach(function(sec){
     });
   });
 });
+// #focus=wait (or compute, comm, update) in the address highlights that phase everywhere.
+var m=/focus=([a-z ]+)/.exec(decodeURIComponent(location.hash||''));
+if(m){document.querySelectorAll('svg.timeline').forEach(function(svg){svg.setAttribute('data-focus',m[1]);});}
 document.body.setAttribute('data-js','ok');
 })();"#;
 
