@@ -274,16 +274,14 @@ fn every_panel_query_returns_series_from_real_agents() {
         std::thread::sleep(Duration::from_millis(2000));
         storm.store(false, Ordering::Relaxed);
     });
-    // Twice: a counter series is born with its first value, which rate()/increase() cannot
-    // see, and one 15-step job is over within a scrape or two.
-    for run in 0..2 {
-        let truth = straggler::run_job_unchecked(&job_ns, &sock);
-        let late2: f64 = truth.values().filter(|(_, r)| *r == 2).map(|(s, _)| s).sum();
-        assert!(late2 > 0.06, "run {run}: rank 2 was late in the job: {truth:?}");
-        straggler::settle();
-    }
+    // 60 steps (~3 s): a counter series is born with its first value, which rate() and
+    // increase() cannot see, so the job must outlast a few scrapes for its increments to show.
+    let truth = straggler::run_steps(&job_ns, &sock, 60);
+    let late2: f64 = truth.values().filter(|(_, r)| *r == 2).map(|(s, _)| s).sum();
+    assert!(late2 > 0.2, "rank 2 was late in the job: {truth:?}");
+    straggler::settle();
     // Prometheus must have scraped the agents after the last step was attributed.
-    prom.wait_series("stepwise_steps_total > 10", 1, Duration::from_secs(15)).expect("steps scraped");
+    prom.wait_series("stepwise_steps_total > 50", 1, Duration::from_secs(15)).expect("steps scraped");
     if let Err(e) = prom.wait_series("stepwise_tcp_retransmits_total > 0", 1, Duration::from_secs(15)) {
         let m = agent_b.metrics().unwrap_or_default();
         panic!("{e}\nhost B tcp/qdisc series:\n{}\nstatus: {}\nlog:\n{}", m.lines().filter(|l| l.contains("tcp") || l.contains("qdisc_drops")).collect::<Vec<_>>().join("\n"), agent_b.status().map(|s| s["sources"]["tcp"].to_string()).unwrap_or_default(), tail(&agent_b.proc.log_text()));

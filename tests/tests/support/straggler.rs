@@ -37,17 +37,22 @@ pub fn run_job(ns: &Netns, sock: &Path) -> BTreeMap<u64, (f64, u32)> {
 /// [`run_job`] without the check of the injection's timing (for tests that only need the
 /// job's series, on a loaded machine).
 pub fn run_job_unchecked(ns: &Netns, sock: &Path) -> BTreeMap<u64, (f64, u32)> {
+    run_steps(ns, sock, STEPS)
+}
+
+/// The job with `steps` steps (every 5th delayed), unchecked.
+pub fn run_steps(ns: &Netns, sock: &Path, steps: usize) -> BTreeMap<u64, (f64, u32)> {
     workloads::build().expect("workloads build");
     let out = workloads::run_ok(&mut workloads::mpi_steps(
         ns.name(),
         4,
-        &["--steps", &STEPS.to_string(), "--bytes", "1048576", "--compute-us", "20000", "--delay-rank", "2", "--delay-us", "30000", "--delay-every", "5", "--marker-socket", sock.to_str().expect("utf8")],
+        &["--steps", &steps.to_string(), "--bytes", "1048576", "--compute-us", "20000", "--delay-rank", "2", "--delay-us", "30000", "--delay-every", "5", "--marker-socket", sock.to_str().expect("utf8")],
     ))
     .expect("mpi job");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(stdout.contains("summary"), "{stdout}");
     let truth = workloads::true_skew_seconds(&workloads::parse_steps(&stdout));
-    assert_eq!(truth.len(), STEPS, "{stdout}");
+    assert_eq!(truth.len(), steps, "{stdout}");
     truth
 }
 

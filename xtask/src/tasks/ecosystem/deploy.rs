@@ -40,37 +40,60 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     let helm_plain = stdout(&run_ok(Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "gpu-observability"]))?);
 
     let renders = [("kustomize base", &base), ("kustomize + podmonitor component", &base_pm), ("helm template", &helm), ("helm template (podMonitor)", &helm_pm), ("helm template (defaults, other namespace)", &helm_plain)];
+    validate(t, work, &renders)?;
     for (name, yaml) in renders {
         let docs = t.yaml_docs(yaml)?;
-        validate(t, work, name, yaml, &docs)?;
+        monitors(t, work, name, &docs)?;
         let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").with_context(|| format!("{name}: no DaemonSet"))?;
         security_context(name, ds)?;
         let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").with_context(|| format!("{name}: no ConfigMap"))?;
         config(t, work, agent, name, ds, cm)?;
     }
+    // Negative controls: the checks must reject a wrong field type and an extra capability.
+    let bad = base.replacen("readOnlyRootFilesystem: true", "readOnlyRootFilesystem: \"yes\"", 1);
+    if validate(t, work, &[("negative control", &bad)]).is_ok() {
+        bail!("kubernetes-validate accepted readOnlyRootFilesystem: \"yes\": it cannot catch such mistakes");
+    }
+    let mut ds = t.yaml_docs(&base)?.into_iter().find(|d| d["kind"] == "DaemonSet").context("DaemonSet")?;
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"].as_array_mut().context("add")?.push("NET_ADMIN".into());
+    if security_context("negative control", &ds).is_ok() {
+        bail!("the security-context check accepted an extra NET_ADMIN capability");
+    }
+    eprintln!("negative controls rejected: a string for readOnlyRootFilesystem (kubernetes-validate), an extra NET_ADMIN (security context)");
     same_objects("kustomize base", &t.yaml_docs(&base)?, "helm template", &t.yaml_docs(&helm)?)?;
     same_objects("kustomize + podmonitor", &t.yaml_docs(&base_pm)?, "helm template --set podMonitor.enabled=true", &t.yaml_docs(&helm_pm)?)?;
     Ok(())
 }
 
-/// kubernetes-validate (strict: unknown fields refused) for each Kubernetes version; the
-/// Prometheus Operator kinds, which it has no schema for, against the CRD schemas of
-/// @kubernetes-models/prometheus-operator.
-fn validate(t: &Tools, work: &Path, name: &str, yaml: &str, docs: &[Value]) -> Result<()> {
-    let file = write(work, &format!("render-{}.yaml", name.replace([' ', '(', ')', '+', ','], "_")), yaml)?;
+/// kubernetes-validate (strict: unknown fields refused) of every render, for each Kubernetes
+/// version (one run per version: the tool takes seconds to load its schemas). It has no
+/// schema for the Prometheus Operator kinds; [`monitors`] checks those.
+fn validate(t: &Tools, work: &Path, renders: &[(&str, &String)]) -> Result<()> {
+    let mut all = String::new();
+    let mut core = 0;
+    for (name, yaml) in renders {
+        core += t.yaml_docs(yaml)?.iter().filter(|d| d["apiVersion"].as_str().is_some_and(|a| !a.starts_with("monitoring.coreos.com/"))).count();
+        all.push_str(&format!("# {name}\n---\n{yaml}\n---\n"));
+    }
+    let file = write(work, "renders.yaml", &all)?;
     for v in K8S {
         let out = Command::new(&t.kubernetes_validate).args(["--strict", "-k", v]).arg(&file).output()?;
         let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
         let unvalidated: Vec<&str> = text.lines().filter(|l| l.contains("Couldn't find schema")).collect();
         let passed = text.lines().filter(|l| l.contains(" passed for resource ")).count();
         if !out.status.success() || text.contains("ERROR") || unvalidated.iter().any(|l| !(l.contains("kind ServiceMonitor") || l.contains("kind PodMonitor"))) {
-            bail!("{name}: kubernetes-validate --strict -k {v} failed:\n{text}");
+            bail!("kubernetes-validate --strict -k {v} failed:\n{text}");
         }
-        let core = docs.iter().filter(|d| d["apiVersion"].as_str().is_some_and(|a| !a.starts_with("monitoring.coreos.com/"))).count();
         if passed != core {
-            bail!("{name}: kubernetes-validate {v} passed {passed} of {core} core objects:\n{text}");
+            bail!("kubernetes-validate {v} passed {passed} of {core} core objects:\n{text}");
         }
     }
+    eprintln!("kubernetes-validate --strict: all {core} core objects of the {} renders valid for Kubernetes {}", renders.len(), K8S.join(" and "));
+    Ok(())
+}
+
+/// ServiceMonitor/PodMonitor against the CRD schemas of @kubernetes-models/prometheus-operator.
+fn monitors(t: &Tools, work: &Path, name: &str, docs: &[Value]) -> Result<()> {
     let monitors: Vec<&Value> = docs.iter().filter(|d| d["apiVersion"] == "monitoring.coreos.com/v1").collect();
     let script = "const docs = JSON.parse(require('fs').readFileSync(0, 'utf8'));\nfor (const d of docs) {\n  const { [d.kind]: Model } = require(process.argv[2] + '/node_modules/@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/' + d.kind);\n  new Model(d).validate();\n  console.log(d.kind + '/' + d.metadata.name + ' valid');\n}\n";
     let js = write(work, "validate-monitors.js", script)?;
@@ -80,10 +103,10 @@ fn validate(t: &Tools, work: &Path, name: &str, yaml: &str, docs: &[Value]) -> R
         child.stdin.take().context("stdin")?.write_all(serde_json::to_string(&monitors)?.as_bytes())?;
     }
     let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("{name}: Prometheus Operator CRD validation failed:\n{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() || monitors.is_empty() {
+        bail!("{name}: Prometheus Operator CRD validation failed ({} monitors):\n{}{}", monitors.len(), stdout(&out), String::from_utf8_lossy(&out.stderr));
     }
-    eprintln!("{name}: {} objects valid for Kubernetes {} (strict), {} against the prometheus-operator CRD schemas", docs.len() - monitors.len(), K8S.join(" and "), stdout(&out).trim().replace('\n', ", "));
+    eprintln!("{name}: {} objects; {} against the prometheus-operator CRD schemas", docs.len(), stdout(&out).trim().replace('\n', ", "));
     Ok(())
 }
 
