@@ -23,11 +23,14 @@ pub struct NetSample {
 
 /// Bytes a ring collective is expected to put on the NICs of `hosts` (models.md §1.4: each
 /// rank sends 2(p−1)/p·M to its successor; only edges whose successor is on another host
-/// leave the host). `None` when the placement is not known.
+/// leave the host). A rank that no arrival shows runs on another host: each host's agent
+/// sees every rank of its own host, so one agent's partial view of a multi-host job still
+/// places its own ranks' edges. `None` when the placement is not known (no arrival on
+/// `hosts`, or ranks outside 0..p).
 pub fn expected_cross_host_bytes(c: &Collective, hosts: &[&str]) -> Option<f64> {
     let m = c.bytes? as f64;
     let p = c.nranks? as usize;
-    if p < 2 || c.arrivals.len() < p || hosts.is_empty() {
+    if p < 2 || hosts.is_empty() || c.arrivals.iter().any(|a| a.rank as usize >= p) || !c.arrivals.iter().any(|a| hosts.contains(&a.host.as_str())) {
         return None;
     }
     let factor = match c.op.as_str() {
@@ -46,9 +49,12 @@ pub fn expected_cross_host_bytes(c: &Collective, hosts: &[&str]) -> Option<f64> 
     };
     let mut bytes = 0.0;
     for r in 0..p {
-        let (Some(h), Some(hn)) = (host_of(r), host_of((r + 1) % p)) else { return None };
-        if h != hn && hosts.contains(&h) {
-            bytes += factor * m;
+        // Only edges from a rank seen on `hosts` leave through these NICs; an unseen
+        // successor is on another host.
+        if let Some(h) = host_of(r).filter(|h| hosts.contains(h)) {
+            if host_of((r + 1) % p) != Some(h) {
+                bytes += factor * m;
+            }
         }
     }
     Some(bytes)

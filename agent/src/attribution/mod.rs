@@ -236,6 +236,9 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     let mut ranks = RankAcc::default();
     let mut notes = Vec::new();
     let mut incomplete = d.dropped_events;
+    if d.dropped_events {
+        notes.push("incomplete data: probe events were dropped during this step (the event ring was full; see stepwise_probe_drops_total)".to_string());
+    }
     // Per-NIC transmit bytes, accumulated without allocating per collective: windows list
     // NICs in the same order for every collective, so the previous position is tried first.
     let mut nic_acc: Vec<(&str, f64, Option<f64>)> = Vec::new();
@@ -277,22 +280,12 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
             s[CauseKind::IdealComm as usize] += transfer;
             continue;
         }
-        for (j, w) in wins.iter().enumerate() {
-            let name = w.nic.name.as_str();
-            let pos = if nic_acc.get(j).is_some_and(|e| e.0 == name) { Some(j) } else { nic_acc.iter().position(|e| e.0 == name) };
-            match pos {
-                Some(k) => nic_acc[k].1 += w.tx_bytes,
-                None => nic_acc.push((name, w.tx_bytes, w.nic.rate_bytes_per_second)),
-            }
-        }
-        let (mut rate_sum, mut rate_n, mut sum_tx, mut max_tx) = (0.0, 0usize, 0.0, 0.0f64);
+        let (mut rate_sum, mut rate_n) = (0.0, 0usize);
         for w in &wins {
             if let Some(r) = w.nic.rate_bytes_per_second.filter(|r| *r > 0.0) {
                 rate_sum += r;
                 rate_n += 1;
             }
-            sum_tx += w.tx_bytes;
-            max_tx = max_tx.max(w.tx_bytes);
         }
         let rate = (rate_n > 0).then(|| rate_sum / rate_n as f64);
         let Some(rate) = rate else {
@@ -300,11 +293,33 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
             s[CauseKind::IdealComm as usize] += transfer;
             continue;
         };
-        // §1.1: the cut bound of the same bytes balanced over every rail.
+        // The rails (§1.10 "balanced over every rail"): the NICs that carried the bytes plus
+        // the idle NICs of the same hosts with the same nominal rate (and a rail index when
+        // the carrying NICs have one). An idle rail is exactly what a flat ring leaves
+        // behind; a management NIC of another rate is not a rail.
+        let carrying = wins.len();
+        if let Some(all) = d.windows.get(i) {
+            let railed = wins.iter().any(|w| w.nic.rail.is_some());
+            for w in all.iter().filter(|w| w.tx_bytes + w.rx_bytes < p.min_nic_bytes) {
+                let same_host = wins[..carrying].iter().any(|x| x.nic.host == w.nic.host);
+                let same_rate = w.nic.rate_bytes_per_second.is_some_and(|r| (r - rate).abs() <= 0.01 * rate);
+                if same_host && same_rate && (!railed || w.nic.rail.is_some()) {
+                    wins.push(w);
+                }
+            }
+        }
+        let (mut sum_tx, mut max_tx) = (0.0, 0.0f64);
+        for (j, w) in wins.iter().enumerate() {
+            let name = w.nic.name.as_str();
+            let pos = if nic_acc.get(j).is_some_and(|e| e.0 == name) { Some(j) } else { nic_acc.iter().position(|e| e.0 == name) };
+            match pos {
+                Some(k) => nic_acc[k].1 += w.tx_bytes,
+                None => nic_acc.push((name, w.tx_bytes, w.nic.rate_bytes_per_second)),
+            }
+            sum_tx += w.tx_bytes;
+            max_tx = max_tx.max(w.tx_bytes);
+        }
         let n = wins.len().max(1) as f64;
-        let ideal = traffic::cut_time(Bytes(sum_tx / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha;
-        s[CauseKind::IdealComm as usize] += ideal;
-        let mut left = transfer - ideal;
 
         // Congestion (§4): time paused, waiting to transmit, or queued behind others.
         let own = c.bytes.unwrap_or(0) as f64;
@@ -316,20 +331,30 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         }
         let expected = evidence::expected_cross_host_bytes(c, &hosts);
         let cg = evidence::Congestion::from_windows(&wins, rate, expected, p);
+        // Other traffic that queued ahead of ours is congestion: it is not part of the
+        // ideal time of *our* bytes (counting it in both would leave congestion no room).
+        let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_bytes.min(sum_tx) } else { 0.0 };
+        let ours = sum_tx - other;
+        let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
+
+        // §1.1: the cut bound of our bytes balanced over every rail.
+        let ideal = traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha;
+        s[CauseKind::IdealComm as usize] += ideal;
+        let mut left = transfer - ideal;
         let cong = cg.seconds.min(left.max(0.0));
         left -= cong;
         cong_ev.merge(&cg);
         s[CauseKind::Congestion as usize] += cong;
 
         // Rail imbalance (§1.10): busiest NIC at nominal rate vs balanced.
-        let rail = traffic::cut_time(Bytes(max_tx), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - sum_tx / n / rate;
+        let rail = traffic::cut_time(Bytes(max_ours), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - ours / n / rate;
         let rail = rail.max(0.0).min(left.max(0.0));
         left -= rail;
         s[CauseKind::RailImbalance as usize] += rail;
 
         // In-flight limit (§2): V/B_inflight − V/B_path from sampled transport requests.
         if let Some(inf) = evidence::InFlight::measure(d.net, c_last, c_exit, rate) {
-            let v = max_tx.max(own);
+            let v = max_ours.max(own);
             let extra = (v / inf.bound_bytes_per_second - v / rate).max(0.0).min(left.max(0.0));
             left -= extra;
             s[CauseKind::InFlightLimit as usize] += extra;
@@ -402,3 +427,94 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
 
 #[cfg(test)]
 mod tests;
+
+/// What one host's agent sees of a multi-host job: its own ranks only, idle rails, a
+/// management NIC, other jobs' bytes on a shared link.
+#[cfg(test)]
+mod per_host_view_tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::timeline::{join::Arrival, windows::NicInfo, Collective, NicWindow, Step, StepSource};
+
+    fn step(begin: f64, end: f64) -> Step {
+        Step { id: 1, begin, end, source: StepSource::Markers, ranks: BTreeMap::new() }
+    }
+
+    /// A collective of `nranks` of which only `seen` ranks (all on host "a") arrived.
+    fn partial(nranks: u32, seen: &[u32], bytes: u64, t0: f64, t1: f64) -> Collective {
+        Collective {
+            comm: "c".into(),
+            seq: 0,
+            op: "all_reduce".into(),
+            library: "nccl".into(),
+            bytes: Some(bytes),
+            nranks: Some(nranks),
+            arrivals: seen.iter().map(|&rank| Arrival { rank, host: "a".into(), pid: rank, enter: t0, exit: t1, aborted: false }).collect(),
+        }
+    }
+
+    fn nic(name: &str, tx: f64, rate: f64) -> NicWindow {
+        NicWindow { nic: NicInfo { name: name.into(), host: Some("a".into()), rail: None, rate_bytes_per_second: Some(rate) }, tx_bytes: tx, ..Default::default() }
+    }
+
+    fn sum(a: &Attribution) -> f64 {
+        a.causes.iter().map(|c| c.seconds).sum()
+    }
+
+    #[test]
+    fn idle_rails_of_the_same_rate_count_in_the_balanced_bound_a_management_nic_does_not() {
+        // Flat ring, 8 ranks on 2 hosts: host a's 4 ranks send 1.75 × 1 MB over rail0 only;
+        // rails 1–3 idle; a 10 GB/s management NIC carries nothing.
+        let c = partial(8, &[0, 1, 2, 3], 1_000_000, 0.0, 1.75);
+        let s = step(0.0, 1.75);
+        let wins = vec![vec![nic("rail0", 1.75e6, 1e6), nic("rail1", 0.0, 1e6), nic("rail2", 100.0, 1e6), nic("rail3", 0.0, 1e6), nic("mgmt0", 2000.0, 10e9)]];
+        let cs = [&c];
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+        // Balanced over the 4 rails: 1.75e6/4 B at 1 MB/s = 0.4375 s; the rest is imbalance.
+        assert!((a.cause(CauseKind::IdealComm) - 0.4375).abs() < 1e-3, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::RailImbalance) - 1.3125).abs() < 1e-3, "{:?}", a.causes);
+        assert!((sum(&a) - 1.75).abs() < 1e-12);
+        let rail = a.causes.iter().find(|c| c.kind == CauseKind::RailImbalance).expect("rail");
+        let balanced = rail.evidence.get("balanced_transfer_seconds").and_then(|v| v.as_f64()).expect("balanced time");
+        assert!((balanced - 0.437525).abs() < 1e-3, "{balanced}");
+        let nics = rail.evidence.get("nics").and_then(|v| v.as_array()).expect("nics");
+        assert_eq!(nics.len(), 4, "the management NIC is not a rail: {nics:?}");
+    }
+
+    #[test]
+    fn another_jobs_bytes_queued_on_the_link_are_congestion_not_ideal() {
+        // 2-rank job, one rank per host: this host's rank sends 1 MB; another job sent 1 MB
+        // through the same 1 MB/s link at the same time and the queue backed up: 2 s.
+        let c = partial(2, &[0], 1_000_000, 0.0, 2.0);
+        let s = step(0.0, 2.0);
+        let mut w = nic("uplink", 2e6, 1e6);
+        w.max_backlog_bytes = 50_000.0;
+        let cs = [&c];
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], dropped_events: false }, &Params::default());
+        assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 1e-3, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::Congestion) - 1.0).abs() < 1e-3, "{:?}", a.causes);
+        assert_eq!(a.top_problem(1e-3).map(|c| c.kind), Some(CauseKind::Congestion));
+        assert!((sum(&a) - 2.0).abs() < 1e-12);
+        // Alone on the link (its own bytes only): no congestion, even with a queue.
+        let c = partial(2, &[0], 1_000_000, 0.0, 1.0);
+        let s = step(0.0, 1.0);
+        w.tx_bytes = 1e6;
+        let cs = [&c];
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+        assert!(a.cause(CauseKind::Congestion) < 1e-9, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn expected_bytes_from_a_partial_view_place_unseen_ranks_elsewhere() {
+        // 8-rank ring, this host has ranks 0–3: only edge 3→4 leaves it, 2·7/8·M bytes.
+        let c = partial(8, &[0, 1, 2, 3], 1000, 0.0, 1.0);
+        assert_eq!(evidence::expected_cross_host_bytes(&c, &["a"]), Some(1750.0));
+        // No arrival on these hosts, or a rank outside 0..p: unknown.
+        assert_eq!(evidence::expected_cross_host_bytes(&c, &["b"]), None);
+        let mut odd = c.clone();
+        odd.arrivals[0].rank = u32::MAX;
+        assert_eq!(evidence::expected_cross_host_bytes(&odd, &["a"]), None);
+    }
+}
