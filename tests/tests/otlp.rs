@@ -295,8 +295,9 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     job(&ns, &sock, 10);
     std::thread::sleep(Duration::from_millis(3000));
     let (s1, dt) = (sweeps(&agent), t0.elapsed().as_secs_f64());
-    // 100 ms interval: at least half the sweeps that time allows (a loaded 2-core machine).
-    assert!((s1 - s0) as f64 >= 0.5 * dt / 0.1, "sampling stalled behind a dead collector: {} sweeps in {dt:.1} s", s1 - s0);
+    // 100 ms interval: a blocked sampler would show ~0 sweeps while exports hang for 1 s
+    // each; a loaded 2-core machine still manages well over 30 % of the nominal count.
+    assert!((s1 - s0) as f64 >= 0.3 * dt / 0.1, "sampling stalled behind a dead collector: {} sweeps in {dt:.1} s", s1 - s0);
     let steps: Value = serde_json::from_str(&agent.get("/api/v1/steps?limit=100").expect("steps").body).expect("json");
     assert!(steps["steps"].as_array().map(Vec::len).unwrap_or(0) >= 9, "attribution went on: {}", steps["steps"]);
     let m = agent.metrics().expect("metrics");
