@@ -66,6 +66,10 @@ pub struct StoreConfig {
     pub max_age: Duration,
     /// The file is kept under this size by deleting the oldest steps. Default 1 GiB.
     pub max_bytes: u64,
+    /// How often retention (by age, then by size) runs; the file may exceed `max_bytes` by
+    /// what is written in between. Default `10m`.
+    #[serde(with = "duration_str")]
+    pub retention_interval: Duration,
 }
 
 impl Default for StoreConfig {
@@ -75,6 +79,7 @@ impl Default for StoreConfig {
             path: PathBuf::from(crate::store::DEFAULT_DB_PATH),
             max_age: crate::store::DEFAULT_MAX_AGE,
             max_bytes: crate::store::DEFAULT_MAX_BYTES,
+            retention_interval: Duration::from_secs(600),
         }
     }
 }

@@ -116,6 +116,8 @@ impl Metrics {
 
 /// Most markers kept.
 const MAX_MARKERS: usize = 200_000;
+/// Drop intervals kept (one per tick with new drops; a tick is one counter interval).
+const MAX_DROP_SPANS: usize = 100_000;
 /// Ranks with their own label value; the rest share `other`.
 const MAX_RANK_LABELS: u32 = 64;
 
@@ -136,6 +138,11 @@ pub struct Engine {
     /// Steps waiting to be written to the store by the owner.
     pub pending_store: Vec<(String, Attribution, Vec<Collective>, Vec<NicWindow>)>,
     drops_seen: u64,
+    /// Wall time of the previous tick (start of the interval new drops fall into).
+    last_tick: f64,
+    /// Wall-time intervals in which probe events were dropped: steps overlapping one are
+    /// incomplete. Pruned with the attribution lookback.
+    drop_spans: VecDeque<(f64, f64)>,
     sinks: Vec<StepSink>,
 }
 
@@ -167,9 +174,29 @@ impl Engine {
             last_attributed: 0.0,
             pending_store: Vec::new(),
             drops_seen: 0,
+            last_tick: 0.0,
+            drop_spans: VecDeque::new(),
             sinks: Vec::new(),
             cfg,
         })
+    }
+
+    /// Applies a reloaded `[steps]` section (SIGHUP). The marker socket stays the one bound at
+    /// start; NIC rates are parsed first, so an invalid one changes nothing.
+    pub fn set_steps_config(&mut self, mut cfg: StepsConfig) -> Result<(), crate::units::UnitError> {
+        let mut rates = HashMap::new();
+        for (k, v) in &cfg.nic_rates {
+            rates.insert(k.clone(), crate::units::parse_rate_pos(v)?.0);
+        }
+        cfg.marker_socket = self.cfg.marker_socket.clone();
+        self.rates = rates;
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// The `[steps]` configuration in force.
+    pub fn steps_config(&self) -> &StepsConfig {
+        &self.cfg
     }
 
     pub fn set_calls(&mut self, h: SharedHistory) {
@@ -258,8 +285,25 @@ impl Engine {
                 steps.extend(steps_from_period(&cs).into_iter().map(|s| (comm.to_string(), s)));
             }
         }
-        let dropped = dropped_events > self.drops_seen;
+        // Events dropped since the last tick were lost somewhere in (last tick, now]: every
+        // step overlapping that span is incomplete — also one attributed a few ticks later,
+        // after its grace period (the steps attributed *now* ended before the drops).
+        if dropped_events > self.drops_seen {
+            let from = if self.last_tick > 0.0 { self.last_tick } else { now - 1.0 };
+            match self.drop_spans.back_mut() {
+                // Drops on consecutive ticks: one span.
+                Some(last) if last.1 >= from => last.1 = now,
+                _ => self.drop_spans.push_back((from, now)),
+            }
+            if self.drop_spans.len() > MAX_DROP_SPANS {
+                self.drop_spans.pop_front();
+            }
+        }
         self.drops_seen = dropped_events;
+        self.last_tick = now;
+        while self.drop_spans.front().is_some_and(|s| s.1 < lookback - 60.0) {
+            self.drop_spans.pop_front();
+        }
         for (job, step) in steps {
             if step.end > horizon {
                 continue;
@@ -270,6 +314,7 @@ impl Engine {
             }
             let mine: Vec<&Collective> = step.collectives(&colls);
             let windows: Vec<Vec<NicWindow>> = mine.iter().map(|c| self.log.window(c.last_arrival(), c.last_exit())).collect();
+            let dropped = self.drop_spans.iter().any(|&(a, b)| a <= step.end && b >= step.begin);
             let att = attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
             self.record(&att, &windows);
             let step_windows = self.log.window(step.begin, step.end);

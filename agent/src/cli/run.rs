@@ -1,6 +1,14 @@
 //! `agent run`: the daemon. Samples every counter source each interval on a blocking thread
 //! (sysfs reads and ioctls block), serves `/metrics` and the read-only API, and shuts down
 //! cleanly on SIGINT/SIGTERM.
+//!
+//! SIGHUP reloads the config file (flags and `STEPWISE_*` variables still override it, as at
+//! start): a file that does not load or validate is logged and counted
+//! (`stepwise_config_reload_errors_total`) and the running configuration stays. A valid one
+//! applies `log` and `[steps]` (slow-step threshold, grace, history, NIC rates, attribution
+//! parameters) at once; every other key — listen, sysfs_root, interval, include/exclude,
+//! rails, `[sources]`, `[collectives]`, `[store]`, `[otlp]`, `[steps] marker_socket` — needs a
+//! restart, and the log names the changed ones.
 
 use std::{
     path::PathBuf,
@@ -11,7 +19,7 @@ use std::{
 };
 
 use clap::Args;
-use prometheus_client::registry::Registry;
+use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tracing::{error, info, warn};
 
 use crate::{
@@ -84,7 +92,8 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cfg)) {
+    let reload = Reload { path: args.config.clone(), overrides: args.overrides() };
+    match rt.block_on(run(cfg, reload)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -133,13 +142,95 @@ fn probe_privileges(cfg: &Config) -> Result<(), String> {
     Ok(())
 }
 
+type LogFilterHandle = tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// The installed log filter, replaced on SIGHUP.
+static LOG_FILTER: std::sync::OnceLock<LogFilterHandle> = std::sync::OnceLock::new();
+
 pub fn init_logging(filter: &str) {
+    use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() {
+        let _ = LOG_FILTER.set(handle);
+    }
 }
 
-async fn run(cfg: Config) -> anyhow::Result<()> {
+/// Where the configuration came from, to load it again on SIGHUP.
+struct Reload {
+    path: Option<PathBuf>,
+    overrides: Overrides,
+}
+
+/// Top-level config keys (and `steps.marker_socket`) that differ: what a reload cannot apply.
+fn restart_keys(old: &Config, new: &Config) -> Vec<String> {
+    let (a, b) = (serde_json::to_value(old).unwrap_or_default(), serde_json::to_value(new).unwrap_or_default());
+    let mut keys: Vec<String> = match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => a.iter().filter(|(k, v)| !matches!(k.as_str(), "log" | "steps") && b.get(k.as_str()) != Some(*v)).map(|(k, _)| k.clone()).collect(),
+        _ => Vec::new(),
+    };
+    if old.steps.marker_socket != new.steps.marker_socket {
+        keys.push("steps.marker_socket".into());
+    }
+    if keys.is_empty() && (Config { log: new.log.clone(), steps: new.steps.clone(), ..old.clone() }) != *new {
+        keys.push("(a setting not shown, e.g. a secret)".into());
+    }
+    keys
+}
+
+/// Reloads the config file on every SIGHUP (see the module docs).
+async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex<Engine>>, reloads: Counter, errors: Counter) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!("cannot handle SIGHUP (config reload disabled): {e}");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        let new = match Config::load(reload.path.as_deref(), &reload.overrides) {
+            Ok(c) => c,
+            Err(e) => {
+                errors.inc();
+                error!("config reload failed, the running configuration stays: {e}");
+                continue;
+            }
+        };
+        let applied = match engine.lock() {
+            Ok(mut e) => e.set_steps_config(new.steps.clone()),
+            Err(p) => p.into_inner().set_steps_config(new.steps.clone()),
+        };
+        if let Err(e) = applied {
+            errors.inc();
+            error!("config reload failed, the running configuration stays: invalid [steps]: {e}");
+            continue;
+        }
+        if new.log != running.log {
+            if let Some(Err(e)) = LOG_FILTER.get().map(|h| h.reload(tracing_subscriber::EnvFilter::new(&new.log))) {
+                warn!("cannot apply the new log filter: {e}");
+            }
+        }
+        reloads.inc();
+        let restart = restart_keys(&running, &new);
+        if restart.is_empty() {
+            info!("configuration reloaded (log and [steps] applied)");
+        } else {
+            warn!("configuration reloaded (log and [steps] applied); changed keys that need a restart: {}", restart.join(", "));
+        }
+        let marker_socket = running.steps.marker_socket.clone();
+        running.log = new.log;
+        running.steps = new.steps;
+        running.steps.marker_socket = marker_socket;
+    }
+}
+
+async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let mut registry = Registry::default();
+    let (reloads, reload_errors) = (Counter::default(), Counter::default());
+    registry.register("stepwise_config_reloads", "Config reloads (SIGHUP) applied", reloads.clone());
+    registry.register("stepwise_config_reload_errors", "Config reloads (SIGHUP) refused: the file did not load or validate", reload_errors.clone());
     let errors = Errors::register(&mut registry);
     let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
@@ -177,6 +268,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let mut store = open_store(&cfg);
     let store_cfg = cfg.store.clone();
+    let reload_task = tokio::spawn(reload_on_sighup(reload, cfg.clone(), engine.clone(), reloads, reload_errors));
     let sampler = {
         let state = state.clone();
         let engine = engine.clone();
@@ -188,6 +280,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             let started = Instant::now();
             let mut next = Instant::now();
             let mut sweeps: u64 = 0;
+            let mut last_retention: Option<Instant> = None;
             loop {
                 let mut reports = serde_json::Map::new();
                 for s in srcs.iter_mut() {
@@ -234,7 +327,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                             warn!("history store: {e}");
                         }
                     }
-                    if sweeps % 600 == 1 {
+                    if last_retention.is_none_or(|t| t.elapsed() >= store_cfg.retention_interval) {
+                        last_retention = Some(Instant::now());
                         if let Err(e) = st.retention(store_cfg.max_age, store_cfg.max_bytes) {
                             warn!("history store retention: {e}");
                         }
@@ -269,14 +363,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     };
 
     let app = api::router(state.clone());
-    let mut server_stop = stop_rx.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = server_stop.wait_for(|v| *v).await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    let server = tokio::spawn(api::serve(listener, app, stop_rx.clone()));
 
     shutdown_signal().await;
     info!("shutting down");
+    reload_task.abort();
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;

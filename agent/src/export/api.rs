@@ -58,8 +58,80 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/windows", get(windows))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; see /api/v1/status\n") })
+        .layer(axum::middleware::from_fn(request_timeout))
         .with_state(state)
 }
+
+/// A client must send a request's line and headers within this (slowloris).
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// A request (reading its body and answering) must finish within this; then 408.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Connections served at once; more wait in the kernel's accept queue.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Most bytes buffered per connection (hyper's read buffer, so the request line and
+/// headers); a longer head is answered 431. Bounds memory at `MAX_CONNECTIONS` × this.
+pub const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+async fn request_timeout(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => (StatusCode::REQUEST_TIMEOUT, format!("request not completed within {REQUEST_TIMEOUT:?}\n")).into_response(),
+    }
+}
+
+/// Serves `app` on `listener` until `stop` turns true: HTTP/1.1 with a header read timeout,
+/// a per-request timeout, at most [`MAX_CONNECTIONS`] connections and [`MAX_HEAD_BYTES`]
+/// buffered per connection, so slow or oversized clients cost bounded memory and never
+/// hold the server. (`axum::serve` sets no timer, so hyper's header timeout would not run.)
+/// Handlers only read shared state: sampling never waits for a client.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: tokio::sync::watch::Receiver<bool>) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of descriptors or memory: back off instead of spinning.
+                    tracing::debug!("accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut conn_stop = stop.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
+            let conn = b.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = stopped(&mut conn_stop) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn).await;
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async { while conns.join_next().await.is_some() {} }).await;
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|v| *v).await;
+}
+
 
 /// Prometheus text exposition format 0.0.4, for clients that do not ask for OpenMetrics
 /// (promtool, curl, older scrapers).

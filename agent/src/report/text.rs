@@ -73,7 +73,7 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         ms(a.seconds),
         a.collectives,
         a.ranks.len(),
-        if a.incomplete { " · INCOMPLETE (ranks or events missing: numbers are a lower bound)" } else { "" }
+        if a.incomplete { " · INCOMPLETE DATA (ranks or probe events missing: numbers are a lower bound)" } else { "" }
     );
     out.push_str(&headline(r, rep.threshold_seconds));
     out.push('\n');

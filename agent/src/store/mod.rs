@@ -130,6 +130,14 @@ impl Store {
         Ok(pages.max(0) as u64 * self.page_size()?)
     }
 
+    /// `PRAGMA integrity_check`: `["ok"]` when the database is intact, else SQLite's list of
+    /// problems (at most 100).
+    pub fn integrity_check(&self) -> Result<Vec<String>, StoreError> {
+        let mut st = self.conn.prepare("PRAGMA integrity_check").map_err(sql(&self.path, "integrity_check"))?;
+        let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(sql(&self.path, "integrity_check"))?;
+        rows.collect::<Result<Vec<String>, _>>().map_err(sql(&self.path, "integrity_check"))
+    }
+
     fn page_size(&self) -> Result<u64, StoreError> {
         let size: i64 = self.conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(sql(&self.path, "read page_size"))?;
         Ok(size.max(0) as u64)

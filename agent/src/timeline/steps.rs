@@ -39,28 +39,67 @@ impl Step {
 
 /// Steps from markers: a step exists once at least one rank sent both begin and end; its
 /// window spans every rank's markers.
+///
+/// Step ids repeat across jobs (every job counts from 0 or 1) and the markers of the last
+/// minutes are looked at together, so one id can have several *incarnations*: a rank's begin
+/// after its end of the same id starts a new one, and ranks' (begin, end) spans that do not
+/// overlap in time belong to different incarnations (the ranks of one step overlap: each ends
+/// after the step's collectives, which need every rank to have begun). Each incarnation is
+/// its own step — merging them would make one step span two jobs.
 pub fn steps_from_markers(markers: &[Marker]) -> Vec<Step> {
-    type BeginEnd = (Option<f64>, Option<f64>);
-    let mut per: BTreeMap<u64, BTreeMap<u32, BeginEnd>> = BTreeMap::new();
+    // (step, rank) → markers (time, is_begin)
+    let mut per: BTreeMap<(u64, u32), Vec<(f64, bool)>> = BTreeMap::new();
     for m in markers {
         let Some(t) = m.time else { continue };
-        let e = per.entry(m.step).or_default().entry(m.rank).or_default();
-        match m.phase {
-            Phase::Begin => e.0 = Some(e.0.map_or(t, |x: f64| x.min(t))),
-            Phase::End => e.1 = Some(e.1.map_or(t, |x: f64| x.max(t))),
+        per.entry((m.step, m.rank)).or_default().push((t, m.phase == Phase::Begin));
+    }
+    // step → every rank's (begin, end) spans
+    let mut spans: BTreeMap<u64, Vec<(f64, f64, u32)>> = BTreeMap::new();
+    for ((id, rank), mut ms) in per {
+        ms.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut begin, mut end): (Option<f64>, Option<f64>) = (None, None);
+        let out = spans.entry(id).or_default();
+        for (t, is_begin) in ms {
+            if is_begin {
+                if let (Some(b), Some(e)) = (begin, end) {
+                    out.push((b, e, rank));
+                    end = None;
+                    begin = Some(t);
+                } else if begin.is_none() {
+                    begin = Some(t); // a repeated begin keeps the earliest
+                }
+            } else if begin.is_some() {
+                end = Some(end.map_or(t, |x: f64| x.max(t)));
+            }
+        }
+        if let (Some(b), Some(e)) = (begin, end) {
+            out.push((b, e, rank));
         }
     }
-    per.into_iter()
-        .filter_map(|(id, ranks)| {
-            let full: BTreeMap<u32, (f64, f64)> = ranks.into_iter().filter_map(|(r, (b, e))| Some((r, (b?, e?)))).filter(|(_, (b, e))| e >= b).collect();
-            if full.is_empty() {
-                return None;
+    let mut steps = Vec::new();
+    for (id, mut v) in spans {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut cur: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+        let mut cur_end = f64::NEG_INFINITY;
+        for (b, e, rank) in v {
+            if !cur.is_empty() && (b > cur_end || cur.contains_key(&rank)) {
+                steps.push(marker_step(id, std::mem::take(&mut cur)));
+                cur_end = f64::NEG_INFINITY;
             }
-            let begin = full.values().map(|v| v.0).fold(f64::INFINITY, f64::min);
-            let end = full.values().map(|v| v.1).fold(f64::NEG_INFINITY, f64::max);
-            Some(Step { id, begin, end, source: StepSource::Markers, ranks: full })
-        })
-        .collect()
+            cur.insert(rank, (b, e));
+            cur_end = cur_end.max(e);
+        }
+        if !cur.is_empty() {
+            steps.push(marker_step(id, cur));
+        }
+    }
+    steps
+}
+
+fn marker_step(id: u64, ranks: BTreeMap<u32, (f64, f64)>) -> Step {
+    let begin = ranks.values().map(|v| v.0).fold(f64::INFINITY, f64::min);
+    let end = ranks.values().map(|v| v.1).fold(f64::NEG_INFINITY, f64::max);
+    Step { id, begin, end, source: StepSource::Markers, ranks }
 }
 
 /// Smallest period of a signature sequence, tolerant of a warm-up prefix and stray calls:
@@ -122,6 +161,29 @@ mod tests {
         assert_eq!((s[0].begin, s[0].end), (10.0, 10.52));
         assert_eq!(s[0].ranks.len(), 2);
         assert!((s[0].duration() - 0.52).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_step_id_reused_by_a_later_job_is_a_new_step() {
+        // Job A steps 1-2, then job B (same ranks, same ids) a few seconds later.
+        let mut ms = Vec::new();
+        for (t0, job) in [(10.0, 0.0), (20.0, 1.0)] {
+            for step in 1..=2u64 {
+                let b = t0 + step as f64;
+                for rank in 0..2 {
+                    ms.push(m(rank, step, Phase::Begin, b + 0.01 * rank as f64 + job * 0.001));
+                    ms.push(m(rank, step, Phase::End, b + 0.5));
+                }
+            }
+        }
+        let s = steps_from_markers(&ms);
+        let got: Vec<(u64, f64, f64, usize)> = s.iter().map(|s| (s.id, s.begin, s.end, s.ranks.len())).collect();
+        assert_eq!(got, vec![(1, 11.0, 11.5, 2), (1, 21.001, 21.5, 2), (2, 12.0, 12.5, 2), (2, 22.001, 22.5, 2)]);
+        // A rank's begin after its end of the same id starts a new incarnation even when the
+        // spans touch; a repeated begin keeps the earliest.
+        let ms = vec![m(0, 5, Phase::Begin, 1.0), m(0, 5, Phase::Begin, 1.1), m(0, 5, Phase::End, 2.0), m(0, 5, Phase::Begin, 2.0), m(0, 5, Phase::End, 3.0)];
+        let got: Vec<(f64, f64)> = steps_from_markers(&ms).iter().map(|s| (s.begin, s.end)).collect();
+        assert_eq!(got, vec![(1.0, 2.0), (2.0, 3.0)]);
     }
 
     #[test]

@@ -21,8 +21,10 @@ use crate::{
 
 /// Most calls asked of one peer (the API's own cap).
 pub const CALLS_LIMIT: usize = crate::export::api::MAX_COLLECTIVES_LIMIT;
-/// Largest response body read (100 000 calls are ~40 MB of JSON).
-const MAX_BODY_BYTES: u64 = 512 << 20;
+/// Largest response body read: 100 000 calls plus their network requests are ~40–50 MB of
+/// JSON. A peer that sends more (an endless or garbage body) fails at this bound, so one
+/// peer costs `diagnose` at most about twice this in memory, never "as much as it sends".
+pub const MAX_BODY_BYTES: u64 = 64 << 20;
 /// Peers queried at once (one blocking thread each); more wait for a free worker, each with
 /// its own full timeout, so the fan-out takes at most ⌈peers / 256⌉ timeouts.
 pub const MAX_PARALLEL: usize = 256;
