@@ -249,7 +249,10 @@ fn abi_run() -> &'static AbiRun {
 
 /// What `nccl_abi_test` (tests/workloads/nccl-abi/abi_test.c) issues on the world
 /// communicator, in order: (op, bytes, seq, ret, grouped). Bytes = count × ncclTypeSize.
-fn abi_world_calls() -> Vec<(&'static str, Option<u64>, Option<u64>, i64, bool)> {
+/// (op, bytes, seq, ret, grouped) of one call.
+type CallKey<S> = (S, Option<u64>, Option<u64>, i64, bool);
+
+fn abi_world_calls() -> Vec<CallKey<&'static str>> {
     let mut v = vec![("comm_init", None, None, 0, false)]; // ncclCommInitRankConfig
     let mut seq = 0u64;
     let mut coll = |v: &mut Vec<_>, op, bytes: Option<u64>, ret| {
@@ -303,11 +306,11 @@ fn nccl_abi_test_every_op_and_dtype_decoded_exactly() {
         // Calls whose communicator argument is the world communicator. ncclCommSplit's
         // record carries the child; its parent is the world, so they are picked by op.
         let world: Vec<&Value> = cs.iter().filter(|c| c["comm"] == run.world.as_str() || c["op"] == "comm_split").collect();
-        let got: Vec<(String, Option<u64>, Option<u64>, i64, bool)> = world
+        let got: Vec<CallKey<String>> = world
             .iter()
             .map(|c| (c["op"].as_str().unwrap_or("").to_string(), c["bytes"].as_u64(), c["seq"].as_u64(), c["ret"].as_i64().unwrap_or(-1), c["grouped"] == true))
             .collect();
-        let want: Vec<(String, Option<u64>, Option<u64>, i64, bool)> = abi_world_calls().into_iter().map(|(o, b, s, ret, g)| (o.to_string(), b, s, ret, g)).collect();
+        let want: Vec<CallKey<String>> = abi_world_calls().into_iter().map(|(o, b, s, ret, g)| (o.to_string(), b, s, ret, g)).collect();
         assert_eq!(got, want, "rank {r}: world-communicator calls (op, bytes, seq, ret, grouped), exactly once each");
         for c in world.iter().filter(|c| c["op"] != "comm_split") {
             assert_eq!((c["rank"].as_u64(), c["nranks"].as_u64(), c["comm_global"].as_bool()), (Some(r as u64), Some(n as u64), Some(true)), "{}", brief(c));
