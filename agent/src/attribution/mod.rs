@@ -259,6 +259,12 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         let exit = c_exit.clamp(t0, t1);
         let skew = cover.take(first, last);
         let transfer = cover.take(last, exit.max(last));
+        // Share of this transfer not already covered by an earlier, overlapping collective
+        // (another communicator of the step, or another job's collective in the window):
+        // its ideal and excess are charged only for that share, so overlapping time is not
+        // counted twice (which showed as a large negative `unexplained`).
+        let full = exit.max(last) - last;
+        let frac = if full > 0.0 { (transfer / full).clamp(0.0, 1.0) } else { 1.0 };
         s[CauseKind::ReadinessSkew as usize] += skew;
         for a in &c.arrivals {
             let r = ranks.get(a.rank, &a.host);
@@ -338,24 +344,24 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
 
         // §1.1: the cut bound of our bytes balanced over every rail.
-        let ideal = traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha;
+        let ideal = frac * (traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha);
         s[CauseKind::IdealComm as usize] += ideal;
         let mut left = transfer - ideal;
-        let cong = cg.seconds.min(left.max(0.0));
+        let cong = (frac * cg.seconds).min(left.max(0.0));
         left -= cong;
         cong_ev.merge(&cg);
         s[CauseKind::Congestion as usize] += cong;
 
         // Rail imbalance (§1.10): busiest NIC at nominal rate vs balanced.
         let rail = traffic::cut_time(Bytes(max_ours), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - ours / n / rate;
-        let rail = rail.max(0.0).min(left.max(0.0));
+        let rail = (frac * rail).max(0.0).min(left.max(0.0));
         left -= rail;
         s[CauseKind::RailImbalance as usize] += rail;
 
         // In-flight limit (§2): V/B_inflight − V/B_path from sampled transport requests.
         if let Some(inf) = evidence::InFlight::measure(d.net, c_last, c_exit, rate) {
             let v = max_ours.max(own);
-            let extra = (v / inf.bound_bytes_per_second - v / rate).max(0.0).min(left.max(0.0));
+            let extra = (frac * (v / inf.bound_bytes_per_second - v / rate)).max(0.0).min(left.max(0.0));
             left -= extra;
             s[CauseKind::InFlightLimit as usize] += extra;
             inflight_ev = Some(inflight_ev.map_or(inf.clone(), |e: evidence::InFlight| e.merge(&inf)));
@@ -504,6 +510,26 @@ mod per_host_view_tests {
         let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
         assert!(a.cause(CauseKind::Congestion) < 1e-9, "{:?}", a.causes);
         assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_collective_overlapping_an_earlier_one_is_charged_only_for_its_new_time() {
+        // Two jobs' 1 MB collectives on one 1 MB/s link, in the same window: the first
+        // (0–2 s) saw the other's bytes queued ahead (congestion); the second (0.01–2.01 s)
+        // adds only its last 10 ms, not another full second of ideal time.
+        let c1 = partial(2, &[0], 1_000_000, 0.0, 2.0);
+        let mut c2 = partial(2, &[0], 1_000_000, 0.01, 2.01);
+        c2.comm = "other".into();
+        let s = step(0.0, 2.01);
+        let mut w = nic("uplink", 2e6, 1e6);
+        w.max_backlog_bytes = 50_000.0;
+        let cs = [&c1, &c2];
+        let wins = vec![vec![w.clone()], vec![w]];
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+        assert!((sum(&a) - 2.01).abs() < 1e-12);
+        assert!(a.cause(CauseKind::Unexplained).abs() < 0.02, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::Congestion) - 1.0).abs() < 0.02, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 0.02, "{:?}", a.causes);
     }
 
     #[test]
