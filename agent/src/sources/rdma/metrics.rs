@@ -42,7 +42,7 @@ pub struct CounterLabels {
     pub counter: String,
 }
 
-type FloatGauge = Gauge<f64, AtomicU64>;
+pub type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Every family the RDMA source exports.
 #[derive(Clone, Default)]

@@ -7,16 +7,22 @@
 //! what dashboards expect, and `rate()` ignores the starting value anyway. Later readings add
 //! the delta given by the counter's semantics ([`crate::sources::counter`]; widths in
 //! [`spec`]). So exported counters never go backwards, whatever the hardware does.
+//!
+//! Files stay open between sweeps and are re-read with `pread` ([`files`]); each port keeps
+//! its labels, series handles and per-file counter slots ([`port`]), so a steady-state sweep
+//! is one syscall per counter and no label hashing.
 
+mod files;
 mod metrics;
-mod parse;
-mod spec;
+pub(crate) mod parse;
+mod port;
+pub(crate) mod spec;
 #[cfg(test)]
 mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::Duration,
 };
 
@@ -24,16 +30,19 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tracing::{debug, warn};
 
-use super::{counter::Delta, kind, Source, SourceContext, SourceError, SweepReport};
-use metrics::{set_counter, CounterLabels, Metrics, PortLabels};
-use parse::{read_counter_dir, read_text, Reading};
-use spec::{Group, Target, Typed};
+use super::{kind, Source, SourceContext, SourceError, SweepReport};
+use files::{sorted_names, Budget, Check, Dir, GROUP_DIRS};
+use metrics::Metrics;
+use port::{Io, PortState, Scratch};
+use spec::{Group, Typed};
 
 const SOURCE: &str = "rdma";
 /// `stepwise_errors_total` kind for generic counter names dropped by the label cap.
 pub const KIND_CARDINALITY: &str = "cardinality";
 /// Most distinct counter names exported as the `counter` label (mlx5 has about 60).
 pub const MAX_COUNTER_NAMES: usize = 256;
+/// Directories are re-listed at least this often (see [`files`]).
+const RELIST_PERIOD: Duration = Duration::from_secs(30);
 
 /// Plain-data snapshot of one port's cumulative counters, for consumers that diff them over
 /// step windows (attribution). Values are in base units and never decrease.
@@ -64,36 +73,35 @@ pub struct PortCounters {
     pub read_unix_ns: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct CounterState {
-    prev: u64,
-    /// Cumulative value in the metric's unit.
-    total: u64,
-    target: Target,
+/// A device's `ports/` directory, open, with its numeric entries (sorted by name).
+#[derive(Debug, Default)]
+struct PortsDir {
+    /// `None`: not open (first sweep, or it could not be opened): listed by path every sweep.
+    dir: Option<Dir>,
+    ports: Vec<(String, u32)>,
+    relist_in: u32,
 }
 
-#[derive(Debug, Default)]
-struct PortState {
-    labels: Option<PortLabels>,
-    netdev: Option<String>,
-    rail: u32,
-    present: bool,
-    /// Data/packet PMA counters are 64-bit (Ext or NOIETF table); sticky once seen.
-    ext: bool,
-    counters: BTreeMap<(Group, String), CounterState>,
-    totals: BTreeMap<Typed, u64>,
-    /// Read hw_counters every this many sweeps (see [`hw_every`]).
-    hw_every: u32,
-    hw_countdown: u32,
-    lifespan_ms: Option<u64>,
-    up: bool,
-    state: Option<String>,
-    link_layer: Option<String>,
-    rate: Option<f64>,
-    /// Files read / skipped per group in the last sweep that read the group.
-    groups: BTreeMap<&'static str, (usize, usize)>,
-    read_monotonic_ns: u64,
-    read_unix_ns: u64,
+impl PortsDir {
+    /// Brings the listing up to date: re-listed when the directory changed, or every
+    /// [`RELIST_PERIOD`] (see [`files`]).
+    fn refresh(&mut self, path: &std::path::Path, relist_every: u32, budget: &Budget) {
+        let due = self.relist_in == 0;
+        self.relist_in = if due { relist_every.saturating_sub(1) } else { self.relist_in - 1 };
+        if let Some(dir) = &mut self.dir {
+            match dir.check() {
+                Check::Same if !due => return,
+                Check::Gone => self.dir = None,
+                _ if !dir.sysfs && !dir.is_at(path) => self.dir = None,
+                _ => {}
+            }
+        }
+        // Opened (its stamp taken) before listing, so a change after the listing shows.
+        if self.dir.is_none() {
+            self.dir = Dir::open_path(path, budget).ok();
+        }
+        self.ports = sorted_names(path).map(port_entries).unwrap_or_default();
+    }
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +110,22 @@ struct DeviceState {
     pci: Option<String>,
     /// `selected`, `excluded` or `probe_safe_disabled`.
     mode: &'static str,
+    /// `rdma/<dev>`: the probe-safe key.
+    key: String,
+    /// `<sysfs>/class/infiniband/<dev>/ports`.
+    ports_path: PathBuf,
+    /// Topology generation `pci` was taken from.
+    topo_gen: Option<u64>,
+    ports: BTreeMap<u32, PortState>,
+    listing: PortsDir,
+}
+
+impl DeviceState {
+    /// Closes every file of the device (it vanished or is no longer read).
+    fn close(&mut self) {
+        self.listing = PortsDir::default();
+        self.ports.values_mut().for_each(|p| p.files = None);
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -115,12 +139,16 @@ struct TopoEntry {
 pub struct RdmaSource {
     ctx: SourceContext,
     metrics: Metrics,
-    ports: BTreeMap<(String, u32), PortState>,
     devices: BTreeMap<String, DeviceState>,
     topo_devices: Vec<String>,
     topo: HashMap<(String, u32), TopoEntry>,
+    /// Bumped by every rediscovery: ports recompute their labels.
+    topo_gen: u64,
     counter_names: BTreeSet<String>,
-    buf: String,
+    budget: Budget,
+    relist_every: u32,
+    sweeps: u64,
+    scratch: Scratch,
 }
 
 /// How many sweeps apart hw_counters must be read so that two reads never fall in the same
@@ -148,25 +176,27 @@ fn now_ns() -> (u64, u64) {
     (mono, unix)
 }
 
-fn sorted_names(dir: &Path) -> Option<Vec<String>> {
-    let rd = std::fs::read_dir(dir).ok()?;
-    let mut v: Vec<String> = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    v.sort();
-    Some(v)
+/// Numeric entries of a `ports/` directory, sorted by name as listed.
+fn port_entries(names: Vec<String>) -> Vec<(String, u32)> {
+    names.into_iter().filter_map(|n| n.parse::<u32>().ok().map(|p| (n, p))).collect()
 }
 
 impl RdmaSource {
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
         let metrics = Metrics::register(registry);
+        let relist_every = u32::try_from(RELIST_PERIOD.as_nanos().div_ceil(ctx.interval.as_nanos().max(1))).unwrap_or(u32::MAX).max(1);
         RdmaSource {
             ctx,
             metrics,
-            ports: BTreeMap::new(),
             devices: BTreeMap::new(),
             topo_devices: Vec::new(),
             topo: HashMap::new(),
+            topo_gen: 0,
             counter_names: BTreeSet::new(),
-            buf: String::with_capacity(64),
+            budget: Budget::from_rlimit(),
+            relist_every,
+            sweeps: 0,
+            scratch: Scratch::default(),
         }
     }
 
@@ -178,41 +208,41 @@ impl RdmaSource {
 
     /// Cumulative value of one `hw_counters/<name>` file of a port (after wrap/reset handling).
     pub fn hw_counter_total(&self, device: &str, port: u32, name: &str) -> Option<u64> {
-        self.ports.get(&(device.to_string(), port))?.counters.get(&(Group::Hw, name.to_string())).map(|c| c.total)
+        let p = self.devices.get(device)?.ports.get(&port)?;
+        p.counters.iter().find(|c| c.group == Group::Hw && c.name == name).map(|c| c.total)
     }
 
     /// Cumulative counters of every port seen so far (vanished ones included, `present` false).
     pub fn ports(&self) -> Vec<PortCounters> {
-        self.ports
+        self.devices
             .iter()
-            .map(|((device, port), p)| {
-                let t = |k: Typed| p.totals.get(&k).copied().unwrap_or(0);
-                PortCounters {
-                    device: device.clone(),
-                    port: *port,
-                    netdev: p.netdev.clone(),
-                    rail: p.rail,
-                    present: p.present,
-                    up: p.up,
-                    rate_bytes_per_second: p.rate,
-                    transmit_bytes: t(Typed::TransmitBytes),
-                    receive_bytes: t(Typed::ReceiveBytes),
-                    transmit_packets: t(Typed::TransmitPackets),
-                    receive_packets: t(Typed::ReceivePackets),
-                    transmit_wait_ticks: t(Typed::TransmitWaitTicks),
-                    ecn_marked_packets: t(Typed::EcnMarkedPackets),
-                    cnp_sent: t(Typed::CnpSent),
-                    cnp_handled: t(Typed::CnpHandled),
-                    retransmits: p
-                        .totals
-                        .iter()
-                        .filter(|(k, _)| matches!(k, Typed::Retransmit(_)))
-                        .fold(0u64, |a, (_, v)| a.saturating_add(*v)),
-                    read_monotonic_ns: p.read_monotonic_ns,
-                    read_unix_ns: p.read_unix_ns,
-                }
+            .flat_map(|(device, d)| d.ports.iter().map(move |(port, p)| (device, port, p)))
+            .map(|(device, port, p)| PortCounters {
+                device: device.clone(),
+                port: *port,
+                netdev: p.netdev.clone(),
+                rail: p.rail,
+                present: p.present,
+                up: p.up,
+                rate_bytes_per_second: p.rate,
+                transmit_bytes: p.total(Typed::TransmitBytes),
+                receive_bytes: p.total(Typed::ReceiveBytes),
+                transmit_packets: p.total(Typed::TransmitPackets),
+                receive_packets: p.total(Typed::ReceivePackets),
+                transmit_wait_ticks: p.total(Typed::TransmitWaitTicks),
+                ecn_marked_packets: p.total(Typed::EcnMarkedPackets),
+                cnp_sent: p.total(Typed::CnpSent),
+                cnp_handled: p.total(Typed::CnpHandled),
+                retransmits: p.retransmits(),
+                read_monotonic_ns: p.read_monotonic_ns,
+                read_unix_ns: p.read_unix_ns,
             })
             .collect()
+    }
+
+    /// Descriptors the source holds open (for tests and status).
+    pub fn open_files(&self) -> usize {
+        self.budget.held()
     }
 
     fn err(&self, kind: &'static str) {
@@ -230,19 +260,8 @@ impl RdmaSource {
             })
             .collect();
         self.topo_devices = names.to_vec();
+        self.topo_gen += 1;
         debug!(ports = self.topo.len(), "rdma: topology rediscovered");
-    }
-
-    fn vanish_port(&mut self, key: &(String, u32)) {
-        if let Some(p) = self.ports.get_mut(key) {
-            if p.present {
-                p.present = false;
-                p.up = false;
-                if let Some(l) = &p.labels {
-                    self.metrics.port_up.get_or_create(l).set(0);
-                }
-            }
-        }
     }
 
     fn vanish_device(&mut self, dev: &str) {
@@ -251,252 +270,70 @@ impl RdmaSource {
             return;
         }
         d.present = false;
+        d.close();
         if d.mode != "selected" {
             return;
         }
         warn!(device = dev, "rdma: device vanished; its counters keep their last values");
+        for p in d.ports.values_mut() {
+            p.vanish(&self.metrics);
+        }
         self.err(kind::VANISHED);
-        let keys: Vec<(String, u32)> = self.ports.keys().filter(|(d, _)| d == dev).cloned().collect();
-        for k in keys {
-            self.vanish_port(&k);
-        }
     }
 
-    /// Reads one port; returns (values read, values skipped).
-    fn sweep_port(&mut self, dev: &str, port: u32, dir: &Path) -> (usize, usize) {
-        let key = (dev.to_string(), port);
-        let topo = self.topo.get(&key).cloned().unwrap_or_default();
-        let interval = self.ctx.interval;
-        let mut buf = std::mem::take(&mut self.buf);
-        let mut st = self.ports.remove(&key).unwrap_or_else(|| PortState { hw_every: 1, ..PortState::default() });
-        st.present = true;
-        // A known port keeps its rail: rediscovery after another NIC vanished renumbers the
-        // remaining ones by position, but the rail is a physical fact of this port.
-        if st.labels.is_none() {
-            st.rail = topo.rail;
-        }
-        if topo.netdev.is_some() {
-            st.netdev = topo.netdev;
-        }
-        let labels = PortLabels {
-            device: dev.to_string(),
-            port: port.to_string(),
-            netdev: st.netdev.clone().unwrap_or_default(),
-            rail: st.rail.to_string(),
+    fn sweep_device(&mut self, dev: &str, report: &mut SweepReport) {
+        let sweep_no = self.sweeps;
+        let Some(d) = self.devices.get_mut(dev) else { return };
+        d.listing.refresh(&d.ports_path, self.relist_every, &self.budget);
+        let mut io = Io {
+            metrics: &self.metrics,
+            errors: &self.ctx.errors,
+            names: &mut self.counter_names,
+            budget: &self.budget,
+            interval: self.ctx.interval,
+            relist_every: self.relist_every,
+            scratch: &mut self.scratch,
         };
-        if st.labels.as_ref().is_some_and(|old| *old != labels) {
-            self.forget_series(&st);
-        }
-        st.labels = Some(labels.clone());
-
-        // state, rate, link_layer: attributes of every IB port (core sysfs.c).
-        let mut skipped = 0;
-        let mut text = |name: &str, buf: &mut String| {
-            let t = read_text(&dir.join(name), buf);
-            if t.is_none() {
-                self.ctx.errors.inc(SOURCE, kind::READ);
-                skipped += 1;
-            }
-            t
-        };
-        let state = text("state", &mut buf);
-        let rate = text("rate", &mut buf);
-        let link_layer = text("link_layer", &mut buf);
-        match state.as_deref().map(parse::parse_state) {
-            Some(Some(s)) => {
-                st.up = s.is_active();
-                st.state = Some(s.name);
-                self.metrics.port_up.get_or_create(&labels).set(i64::from(st.up));
-            }
-            Some(None) => {
-                self.err(kind::PARSE);
-                skipped += 1;
-            }
-            None => {}
-        }
-        match rate.as_deref().map(crate::topology::parse_ib_rate) {
-            Some(Some(r)) => {
-                st.rate = Some(r);
-                self.metrics.link_rate.get_or_create(&labels).set(r);
-            }
-            Some(None) => {
-                self.err(kind::PARSE);
-                skipped += 1;
-            }
-            None => {}
-        }
-        st.link_layer = link_layer.as_deref().and_then(parse::parse_link_layer);
-
-        let pma = read_counter_dir(&dir.join("counters"), &mut buf);
-        let legacy = read_counter_dir(&dir.join("counters_ext"), &mut buf);
-        let hw = if st.hw_countdown == 0 {
-            let r = read_counter_dir(&dir.join("hw_counters"), &mut buf);
-            if let Some(ms) = r.as_ref().and_then(|v| v.iter().find(|x| x.name == "lifespan")).and_then(|x| x.value.as_ref().ok()) {
-                st.lifespan_ms = Some(*ms);
-                st.hw_every = hw_every(interval, *ms);
-            }
-            st.hw_countdown = st.hw_every.saturating_sub(1);
-            r
-        } else {
-            st.hw_countdown -= 1;
-            None
-        };
-        self.buf = buf;
-
-        if let Some(v) = &pma {
-            st.ext |= v.iter().any(|r| {
-                spec::is_ext_only(&r.name)
-                    || (spec::is_pma_data_or_packets(&r.name) && r.value.as_ref().is_ok_and(|x| *x > u64::from(u32::MAX)))
-            });
-        }
-        let mut read = 0;
-        for (group, label, readings) in [(Group::Pma, "counters", pma), (Group::PmaLegacyExt, "counters_ext", legacy), (Group::Hw, "hw_counters", hw)] {
-            let Some(readings) = readings else { continue };
-            let (r, s) = self.apply(&mut st, group, readings);
-            st.groups.insert(label, (r, s));
-            read += r;
-            skipped += s;
-        }
-        (st.read_monotonic_ns, st.read_unix_ns) = now_ns();
-        self.export(&mut st, &labels);
-        self.ports.insert(key, st);
-        (read, skipped)
-    }
-
-    /// Folds one directory's readings into the port's counters; returns (read, skipped).
-    fn apply(&mut self, st: &mut PortState, group: Group, readings: Vec<Reading>) -> (usize, usize) {
-        let (mut read, mut skipped) = (0, 0);
-        for Reading { name, value } in readings {
-            if group == Group::Hw && spec::is_hw_control_file(&name) {
-                continue;
-            }
-            let v = match value {
-                Ok(v) => v,
-                Err(e) => {
-                    self.err(e.kind());
-                    skipped += 1;
-                    continue;
-                }
-            };
-            let sp = spec::spec(group, &name, st.ext);
-            if !matches!(sp.target, Target::Typed(_)) && !self.counter_names.contains(&name) {
-                if self.counter_names.len() >= MAX_COUNTER_NAMES {
-                    self.err(KIND_CARDINALITY);
-                    skipped += 1;
-                    continue;
-                }
-                self.counter_names.insert(name.clone());
-            }
-            read += 1;
-            match st.counters.get_mut(&(group, name.clone())) {
-                None => {
-                    let total = v.saturating_mul(sp.scale);
-                    st.counters.insert((group, name), CounterState { prev: v, total, target: sp.target });
-                }
-                Some(c) => {
-                    let d = sp.semantics.delta(c.prev, v);
-                    match d {
-                        Delta::Reset(_) => self.err(kind::COUNTER_RESET),
-                        // Entering saturation: the true count is lost from here until a reset.
-                        Delta::Saturated(x) if x > 0 => self.err(kind::COUNTER_RESET),
-                        _ => {}
-                    }
-                    c.total = c.total.saturating_add(d.value().saturating_mul(sp.scale));
-                    c.prev = v;
-                }
-            }
-        }
-        (read, skipped)
-    }
-
-    /// Recomputes the port's typed totals and drives its series to them.
-    fn export(&self, st: &mut PortState, labels: &PortLabels) {
-        // Pre-4.5 kernels expose 64-bit data/packets only as counters_ext/*_64: prefer them
-        // over the 32-bit counters/ copies.
-        let legacy: BTreeSet<Typed> = st
-            .counters
-            .iter()
-            .filter(|((g, _), _)| *g == Group::PmaLegacyExt)
-            .filter_map(|(_, c)| match c.target {
-                Target::Typed(t) => Some(t),
-                _ => None,
-            })
-            .collect();
-        let mut totals: BTreeMap<Typed, u64> = BTreeMap::new();
-        for ((group, name), c) in &st.counters {
-            match c.target {
-                Target::Typed(t) if *group == Group::Pma && legacy.contains(&t) => {}
-                Target::Typed(t) => {
-                    let e = totals.entry(t).or_default();
-                    *e = e.saturating_add(c.total);
-                }
-                Target::HwGeneric | Target::PortGeneric => {
-                    let fam = if c.target == Target::HwGeneric { &self.metrics.hw_counter } else { &self.metrics.port_counter };
-                    let l = CounterLabels { device: labels.device.clone(), port: labels.port.clone(), counter: name.clone() };
-                    set_counter(&fam.get_or_create(&l), c.total);
-                }
-            }
-        }
-        for (t, v) in &totals {
-            match (t, self.metrics.port_family(*t)) {
-                (_, Some(fam)) => set_counter(&fam.get_or_create(labels), *v),
-                (Typed::Retransmit(reason), None) => {
-                    set_counter(&self.metrics.retransmit_events.get_or_create(&labels.retransmit(reason)), *v)
-                }
-                _ => {}
-            }
-        }
-        st.totals = totals;
-    }
-
-    /// Removes a port's labelled series before it is re-exported under new labels (the new
-    /// series start at the port's full cumulative values, so nothing is lost).
-    fn forget_series(&self, st: &PortState) {
-        let Some(l) = &st.labels else { return };
-        for t in st.totals.keys() {
-            match (t, self.metrics.port_family(*t)) {
-                (_, Some(fam)) => {
-                    fam.remove(l);
-                }
-                (Typed::Retransmit(reason), None) => {
-                    self.metrics.retransmit_events.remove(&l.retransmit(reason));
-                }
-                _ => {}
-            }
-        }
-        self.metrics.port_up.remove(l);
-        self.metrics.link_rate.remove(l);
-    }
-
-    fn sweep_device(&mut self, dev: &str, dir: &Path, report: &mut SweepReport) {
         let mut any_ok = false;
-        let port_names = sorted_names(&dir.join("ports")).unwrap_or_default();
-        let mut seen = BTreeSet::new();
-        for p in port_names {
-            let Ok(port) = p.parse::<u32>() else { continue };
-            seen.insert(port);
-            let (read, skipped) = self.sweep_port(dev, port, &dir.join("ports").join(&p));
+        let mut relist = false;
+        for (name, port) in &d.listing.ports {
+            let st = d.ports.entry(*port).or_insert_with(|| PortState::new(d.ports_path.join(name)));
+            let topo = if st.labels_stale(self.topo_gen) { self.topo.get(&(dev.to_string(), *port)) } else { None };
+            let Some((read, skipped)) = st.sweep(&mut io, dev, *port, topo, self.topo_gen) else {
+                // Listed but gone by the time it was read: not seen (vanished if it was
+                // known); the directory is listed again next sweep.
+                if st.labels.is_none() {
+                    d.ports.remove(port);
+                }
+                relist = true;
+                continue;
+            };
+            st.seen = sweep_no;
             any_ok |= read > 0;
             report.devices += 1;
             report.values += read;
             report.skipped += skipped;
         }
-        let gone: Vec<(String, u32)> =
-            self.ports.iter().filter(|((d, p), s)| d == dev && s.present && !seen.contains(p)).map(|(k, _)| k.clone()).collect();
-        for k in gone {
-            warn!(device = dev, port = k.1, "rdma: port vanished");
-            self.err(kind::VANISHED);
-            self.vanish_port(&k);
+        if relist {
+            d.listing.relist_in = 0;
+        }
+        let mut gone = 0;
+        for (port, p) in d.ports.iter_mut().filter(|(_, p)| p.present && p.seen != sweep_no) {
+            warn!(device = dev, port = *port, "rdma: port vanished");
+            p.vanish(&self.metrics);
+            gone += 1;
+        }
+        for _ in 0..gone {
+            self.ctx.errors.inc(SOURCE, kind::VANISHED);
         }
         // Probe-safe bookkeeping: a sweep is "ok" if at least one counter value was usable.
         // `N/A (no PMA)` and EIO both mean the firmware query failed, which is what floods
         // dmesg on restricted functions.
-        if self.ctx.selector.record(&format!("{SOURCE}/{dev}"), any_ok) {
+        if self.ctx.selector.record(&d.key, any_ok) {
             warn!(device = dev, "rdma: every counter read failed twice; probe-safe mode stops reading this device");
-            self.err(kind::PROBE_SAFE_SKIP);
-            if let Some(d) = self.devices.get_mut(dev) {
-                d.mode = "probe_safe_disabled";
-            }
+            self.ctx.errors.inc(SOURCE, kind::PROBE_SAFE_SKIP);
+            d.mode = "probe_safe_disabled";
+            d.close();
         }
     }
 }
@@ -510,6 +347,7 @@ impl Source for RdmaSource {
     }
 
     fn sweep(&mut self) -> Result<SweepReport, SourceError> {
+        self.sweeps += 1;
         let class: PathBuf = self.ctx.sysfs_root.join("class/infiniband");
         let Some(names) = sorted_names(&class) else {
             let present: Vec<String> = self.devices.iter().filter(|(_, d)| d.present).map(|(n, _)| n.clone()).collect();
@@ -530,20 +368,28 @@ impl Source for RdmaSource {
         }
         let mut report = SweepReport::default();
         for dev in &names {
-            let pci = self.topo.iter().find(|((d, _), _)| d == dev).and_then(|(_, t)| t.pci.clone());
-            let d = self.devices.entry(dev.clone()).or_default();
+            if !self.devices.contains_key(dev) {
+                let d = DeviceState { key: format!("{SOURCE}/{dev}"), ports_path: class.join(dev).join("ports"), ..DeviceState::default() };
+                self.devices.insert(dev.clone(), d);
+            }
+            let Some(d) = self.devices.get_mut(dev) else { continue };
+            if d.topo_gen != Some(self.topo_gen) {
+                d.topo_gen = Some(self.topo_gen);
+                d.pci = self.topo.iter().find(|((n, _), _)| n == dev).and_then(|(_, t)| t.pci.clone());
+            }
             d.present = true;
-            d.pci = pci.clone();
-            if !self.ctx.selector.selects(dev, pci.as_deref()) {
+            if !self.ctx.selector.selects(dev, d.pci.as_deref()) {
                 d.mode = "excluded";
+                d.close();
                 continue;
             }
-            if self.ctx.selector.disabled(&format!("{SOURCE}/{dev}")) {
+            if self.ctx.selector.disabled(&d.key) {
                 d.mode = "probe_safe_disabled";
+                d.close();
                 continue;
             }
             d.mode = "selected";
-            self.sweep_device(dev, &class.join(dev), &mut report);
+            self.sweep_device(dev, &mut report);
         }
         Ok(report)
     }
@@ -553,15 +399,14 @@ impl Source for RdmaSource {
             .devices
             .iter()
             .map(|(name, d)| {
-                let ports: Vec<serde_json::Value> = self
+                let ports: Vec<serde_json::Value> = d
                     .ports
                     .iter()
-                    .filter(|((dev, _), _)| dev == name)
-                    .map(|((_, port), p)| {
-                        let groups: serde_json::Map<String, serde_json::Value> = p
-                            .groups
+                    .map(|(port, p)| {
+                        let groups: serde_json::Map<String, serde_json::Value> = GROUP_DIRS
                             .iter()
-                            .map(|(g, (r, s))| (g.to_string(), serde_json::json!({ "read": r, "skipped": s })))
+                            .zip(&p.groups)
+                            .filter_map(|(g, rs)| rs.map(|(r, s)| (g.to_string(), serde_json::json!({ "read": r, "skipped": s }))))
                             .collect();
                         serde_json::json!({
                             "port": port,

@@ -4,12 +4,12 @@
 //! drivers) omit it, and one known `link_layer` file has two lines. Nothing here panics on
 //! any input; a value that cannot be used is an error the caller counts.
 
-use std::{
-    io::Read,
-    path::Path,
-};
+#[cfg(test)]
+use std::path::Path;
 
 use super::super::kind;
+#[cfg(test)]
+use super::files::{Budget, CounterDir};
 
 /// Why a counter value could not be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +43,14 @@ pub fn parse_counter(s: &str) -> Result<u64, ValueError> {
     t.parse::<u64>().map_err(|_| ValueError::Garbage)
 }
 
+/// [`parse_counter`] on a file's raw bytes (invalid UTF-8 is replaced, as a text read does).
+pub fn parse_counter_bytes(b: &[u8]) -> Result<u64, ValueError> {
+    match std::str::from_utf8(b) {
+        Ok(s) => parse_counter(s),
+        Err(_) => parse_counter(&String::from_utf8_lossy(b)),
+    }
+}
+
 /// A port's logical state, from `state` (`"%d: %s"`, e.g. `4: ACTIVE`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortState {
@@ -74,7 +82,7 @@ pub fn parse_link_layer(s: &str) -> Option<String> {
 }
 
 /// Why one file of a counter directory could not be used.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFailure {
     /// `read()` failed (EIO on a restricted function, EISDIR, a dangling link, EACCES…).
     Io,
@@ -91,84 +99,34 @@ impl ReadFailure {
 }
 
 /// One entry of a counter directory.
+#[cfg(test)]
 #[derive(Debug)]
 pub struct Reading {
     pub name: String,
     pub value: Result<u64, ReadFailure>,
 }
 
-/// Reads a small sysfs file into `buf` (cleared first).
-pub fn read_into(path: &Path, buf: &mut String) -> std::io::Result<()> {
-    read_file(std::fs::File::open(path)?, buf)
-}
-
-/// Reads an open sysfs attribute (at most a page) into `buf` (cleared first).
-/// Plain `read()` calls into a stack buffer: `read_to_string` would add a `statx` and an
-/// extra `read` per file, and a sweep of 16 NICs reads about 900 files. A short read ends
-/// the loop: kernfs returns a whole attribute in the first `read()` (and a regular file's
-/// short read is its end), which saves the EOF-confirming `read()`.
-fn read_file(mut f: std::fs::File, buf: &mut String) -> std::io::Result<()> {
-    buf.clear();
-    let mut chunk = [0u8; 256];
-    loop {
-        let n = match f.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        buf.push_str(&String::from_utf8_lossy(&chunk[..n]));
-        if n < chunk.len() {
-            break;
-        }
-        if buf.len() > 1 << 16 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a sysfs attribute (over 64 KiB)"));
-        }
-    }
-    Ok(())
-}
-
-/// Opens `name` inside an open directory. Opening relative to the directory saves the
-/// kernel a walk of the whole path (about 20 components through the class symlink) for
-/// every counter file, which is most of a sweep's system time.
-fn open_at(dir: &std::fs::File, name: &std::ffi::OsStr) -> std::io::Result<std::fs::File> {
-    use std::os::unix::{
-        ffi::OsStrExt,
-        io::{AsRawFd, FromRawFd},
-    };
-    let c = std::ffi::CString::new(name.as_bytes()).map_err(std::io::Error::other)?;
-    // SAFETY: `dir` is an open descriptor and `c` a NUL-terminated path, both live for the call.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
-}
-
-/// Reads a small file as trimmed text; `None` if it cannot be read.
-pub fn read_text(path: &Path, buf: &mut String) -> Option<String> {
-    read_into(path, buf).ok().map(|()| buf.trim().to_string())
-}
-
 /// Reads every file of a counter directory. `None` if the directory does not exist or cannot
 /// be listed (an optional group); entries whose read fails are returned as failures, so a
 /// restricted function shows up as a directory full of failures rather than as nothing.
-pub fn read_counter_dir(dir: &Path, buf: &mut String) -> Option<Vec<Reading>> {
-    let rd = std::fs::read_dir(dir).ok()?;
-    let dir_file = std::fs::File::open(dir).ok()?;
-    let mut out = Vec::new();
-    for entry in rd.flatten() {
-        let os_name = entry.file_name();
-        let name = os_name.to_string_lossy().into_owned();
-        let value = match open_at(&dir_file, &os_name).and_then(|f| read_file(f, buf)) {
-            Ok(()) => parse_counter(buf).map_err(ReadFailure::Value),
-            Err(_) => Err(ReadFailure::Io),
-        };
-        out.push(Reading { name, value });
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Some(out)
+#[cfg(test)]
+pub fn read_counter_dir(dir: &Path, buf: &mut Vec<u8>) -> Option<Vec<Reading>> {
+    // One-shot: every descriptor is closed when `d` drops.
+    let budget = Budget::with_limit(0);
+    let mut d = CounterDir::open_path(dir, &budget).ok()?;
+    let CounterDir { dir, files } = &mut d;
+    Some(
+        files
+            .iter_mut()
+            .map(|f| {
+                let value = match f.read(dir, buf, &budget) {
+                    Ok(()) => parse_counter_bytes(buf).map_err(ReadFailure::Value),
+                    Err(_) => Err(ReadFailure::Io),
+                };
+                Reading { name: f.name.clone(), value }
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -194,6 +152,9 @@ mod tests {
         assert_eq!(parse_counter("0x10"), Err(ValueError::Garbage));
         assert_eq!(parse_counter("18446744073709551616"), Err(ValueError::Garbage), "u64 overflow");
         assert_eq!(parse_counter("\u{fffd}\u{0}"), Err(ValueError::Garbage));
+        assert_eq!(parse_counter_bytes(b"42\n"), Ok(42));
+        assert_eq!(parse_counter_bytes(b"\x0b42\r\n"), Ok(42), "the same whitespace as str::trim");
+        assert_eq!(parse_counter_bytes(b"\xff1"), Err(ValueError::Garbage));
         assert_eq!(ValueError::NotAvailable.kind(), "not_available");
         assert_eq!(ValueError::Garbage.kind(), "parse");
     }
@@ -230,7 +191,7 @@ mod tests {
         std::fs::write(d.join("empty"), "").expect("write");
         std::fs::create_dir(d.join("eio")).expect("mkdir");
         std::os::unix::fs::symlink(d.join("nowhere"), d.join("dangling")).expect("symlink");
-        let mut buf = String::new();
+        let mut buf = Vec::new();
         let r = read_counter_dir(d, &mut buf).expect("dir");
         let get = |n: &str| r.iter().find(|x| x.name == n).map(|x| &x.value).expect(n);
         assert!(matches!(get("ok"), Ok(5)));

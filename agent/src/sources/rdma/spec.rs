@@ -35,6 +35,52 @@ pub enum Typed {
     Retransmit(&'static str),
 }
 
+impl Typed {
+    /// Number of distinct typed counters (13 plus one per retransmission reason).
+    pub const COUNT: usize = 13 + RETRANSMIT_REASONS.len();
+
+    /// Dense index in `0..COUNT`, for per-port arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Typed::TransmitBytes => 0,
+            Typed::ReceiveBytes => 1,
+            Typed::TransmitPackets => 2,
+            Typed::ReceivePackets => 3,
+            Typed::TransmitWaitTicks => 4,
+            Typed::TransmitDiscards => 5,
+            Typed::ReceiveErrors => 6,
+            Typed::EcnMarkedPackets => 7,
+            Typed::CnpSent => 8,
+            Typed::CnpHandled => 9,
+            Typed::CnpIgnored => 10,
+            Typed::OutOfSequencePackets => 11,
+            Typed::OutOfBufferDrops => 12,
+            // Every reason comes from RETRANSMIT_REASONS (see `spec`).
+            Typed::Retransmit(r) => 13 + RETRANSMIT_REASONS.iter().position(|x| *x == r).unwrap_or(0),
+        }
+    }
+
+    /// The inverse of [`Typed::index`].
+    pub fn from_index(i: usize) -> Option<Typed> {
+        Some(match i {
+            0 => Typed::TransmitBytes,
+            1 => Typed::ReceiveBytes,
+            2 => Typed::TransmitPackets,
+            3 => Typed::ReceivePackets,
+            4 => Typed::TransmitWaitTicks,
+            5 => Typed::TransmitDiscards,
+            6 => Typed::ReceiveErrors,
+            7 => Typed::EcnMarkedPackets,
+            8 => Typed::CnpSent,
+            9 => Typed::CnpHandled,
+            10 => Typed::CnpIgnored,
+            11 => Typed::OutOfSequencePackets,
+            12 => Typed::OutOfBufferDrops,
+            _ => Typed::Retransmit(RETRANSMIT_REASONS.get(i - 13)?),
+        })
+    }
+}
+
 /// Where a counter's accumulated value is exported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -212,6 +258,15 @@ mod tests {
         let s = spec(Group::PmaLegacyExt, "port_rcv_data_64", false);
         assert_eq!(s, Spec { semantics: Semantics::Monotonic, scale: 4, target: Target::Typed(Typed::ReceiveBytes) });
         assert_eq!(spec(Group::PmaLegacyExt, "port_unicast_xmit_packets", false).target, Target::PortGeneric);
+    }
+
+    #[test]
+    fn typed_indices_are_dense_and_invertible() {
+        for i in 0..Typed::COUNT {
+            let t = Typed::from_index(i).expect("typed");
+            assert_eq!(t.index(), i, "{t:?}");
+        }
+        assert_eq!(Typed::from_index(Typed::COUNT), None);
     }
 
     #[test]

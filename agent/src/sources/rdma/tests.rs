@@ -68,11 +68,7 @@ fn port<'a>(v: &'a [PortCounters], dev: &str) -> &'a PortCounters {
 }
 
 fn hw(src: &RdmaSource, dev: &str, name: &str) -> u64 {
-    src.ports
-        .get(&(dev.to_string(), 1))
-        .and_then(|p| p.counters.get(&(Group::Hw, name.to_string())))
-        .map(|c| c.total)
-        .unwrap_or_else(|| panic!("no hw counter {name}"))
+    src.hw_counter_total(dev, 1, name).unwrap_or_else(|| panic!("no hw counter {name}"))
 }
 
 fn text(reg: &Registry) -> String {
