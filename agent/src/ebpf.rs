@@ -43,7 +43,7 @@ pub enum EbpfError {
         #[source]
         source: aya::programs::ProgramError,
     },
-    #[error("cannot attach uprobe to {symbol} in {target}: {source} (the agent needs CAP_BPF and CAP_PERFMON)")]
+    #[error("cannot attach uprobe to {symbol} in {target}: {source} (the agent needs CAP_BPF and CAP_PERFMON, plus CAP_SYS_ADMIN for uprobes on Linux 6.16+ / kernels with the CVE-2025-38466 fix)")]
     Attach {
         symbol: String,
         target: String,
@@ -152,16 +152,26 @@ impl Probes {
         let ring = self.ring.as_mut().ok_or(EbpfError::Map(EVENTS_MAP))?;
         let mut n = 0;
         while let Some(item) = ring.next() {
-            if item.len() >= std::mem::size_of::<ProbeEvent>() {
-                // SAFETY: the kernel wrote a ProbeEvent (repr(C), Pod) at this position; the
-                // length was checked and read_unaligned tolerates any alignment.
-                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProbeEvent>()) };
+            if let Some(ev) = event_from_record(&item) {
                 out.push(ev);
                 n += 1;
             }
         }
         Ok(n)
     }
+}
+
+/// One RingBuf record as a [`ProbeEvent`]; `None` for a short record (skipped). Longer
+/// records keep their first `size_of::<ProbeEvent>()` bytes. Any bytes are a valid event
+/// (`ProbeEvent` is Pod: integers only), so the decoder must cope with whatever they say
+/// (fuzz target `probe_events`).
+pub fn event_from_record(item: &[u8]) -> Option<ProbeEvent> {
+    if item.len() < std::mem::size_of::<ProbeEvent>() {
+        return None;
+    }
+    // SAFETY: the length was checked, every bit pattern is a valid ProbeEvent (repr(C), no
+    // padding, integer fields only), and read_unaligned tolerates any alignment.
+    Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProbeEvent>()) })
 }
 
 /// The function the self-test probes: exported, never inlined, starts like a library entry.

@@ -99,6 +99,9 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
             let missing: Vec<&str> = need.iter().filter(|(c, _)| !has_cap(mask, *c) && !has_cap(mask, CAP_SYS_ADMIN)).map(|(_, n)| *n).collect();
             if missing.is_empty() {
                 push("capabilities", Status::Ok, format!("CapEff={mask:016x}: CAP_BPF and CAP_PERFMON present"));
+                if !has_cap(mask, CAP_SYS_ADMIN) {
+                    push("capabilities.uprobes", Status::Warn, "no CAP_SYS_ADMIN: Linux 6.16+ and stable kernels with the CVE-2025-38466 fix let only CAP_SYS_ADMIN attach uprobes; the ebpf self-test below tells whether this kernel does".into());
+                }
             } else {
                 push("capabilities", Status::Fail, format!("missing {}: grant them (setcap, or the DaemonSet securityContext)", missing.join(", ")));
             }
