@@ -117,6 +117,25 @@ impl Congestion {
         c
     }
 
+    /// The additive numbers scaled by `f` (a collective's share of a window it shares with
+    /// an earlier collective of the step); the peak backlog and the NIC stay.
+    pub fn scaled(&self, f: f64) -> Congestion {
+        Congestion {
+            seconds: self.seconds * f,
+            pause_seconds: self.pause_seconds * f,
+            pause_frames: self.pause_frames * f,
+            xmit_wait_seconds: self.xmit_wait_seconds * f,
+            other_traffic_bytes: self.other_traffic_bytes * f,
+            other_traffic_seconds: self.other_traffic_seconds * f,
+            ecn_marked: self.ecn_marked * f,
+            cnp: self.cnp * f,
+            retransmits: self.retransmits * f,
+            drops: self.drops * f,
+            max_backlog_bytes: self.max_backlog_bytes,
+            nic: self.nic.clone(),
+        }
+    }
+
     pub fn merge(&mut self, o: &Congestion) {
         self.seconds += o.seconds;
         self.pause_seconds += o.pause_seconds;

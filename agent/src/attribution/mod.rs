@@ -349,7 +349,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         let mut left = transfer - ideal;
         let cong = (frac * cg.seconds).min(left.max(0.0));
         left -= cong;
-        cong_ev.merge(&cg);
+        cong_ev.merge(&if frac < 1.0 { cg.scaled(frac) } else { cg });
         s[CauseKind::Congestion as usize] += cong;
 
         // Rail imbalance (§1.10): busiest NIC at nominal rate vs balanced.
@@ -530,6 +530,10 @@ mod per_host_view_tests {
         assert!(a.cause(CauseKind::Unexplained).abs() < 0.02, "{:?}", a.causes);
         assert!((a.cause(CauseKind::Congestion) - 1.0).abs() < 0.02, "{:?}", a.causes);
         assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 0.02, "{:?}", a.causes);
+        // The evidence counts the other job's bytes once, not once per collective.
+        let ev = &a.causes.iter().find(|c| c.kind == CauseKind::Congestion).expect("congestion").evidence;
+        let other = ev.get("other_traffic_bytes").and_then(|v| v.as_f64()).expect("other traffic");
+        assert!((other - 1e6).abs() < 0.02e6, "{other}");
     }
 
     #[test]
