@@ -73,6 +73,38 @@ pub struct PortCounters {
     pub read_unix_ns: u64,
 }
 
+/// `class/infiniband`, open: listed every sweep on sysfs (a removed device must vanish in
+/// the sweep that no longer lists it), listed only when its stamp changed elsewhere.
+#[derive(Debug, Default)]
+struct ClassDir {
+    dir: Option<Dir>,
+    names: Vec<String>,
+}
+
+impl ClassDir {
+    /// Brings `names` (sorted) up to date; false if the directory cannot be listed.
+    fn refresh(&mut self, path: &std::path::Path, budget: &Budget) -> bool {
+        if let Some(dir) = &mut self.dir {
+            match dir.check() {
+                Check::Same if !dir.sysfs => return true,
+                Check::Gone => self.dir = None,
+                _ => {}
+            }
+        }
+        if self.dir.is_none() {
+            self.dir = Dir::open_path(path, budget).ok();
+        }
+        match self.dir.as_ref().map(Dir::names) {
+            Some(Ok(names)) => self.names = names,
+            _ => {
+                self.dir = None;
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// A device's `ports/` directory, open, with its numeric entries (sorted by name).
 #[derive(Debug, Default)]
 struct PortsDir {
@@ -100,7 +132,11 @@ impl PortsDir {
         if self.dir.is_none() {
             self.dir = Dir::open_path(path, budget).ok();
         }
-        self.ports = sorted_names(path).map(port_entries).unwrap_or_default();
+        let names = match &self.dir {
+            Some(d) => d.names().ok(),
+            None => sorted_names(path),
+        };
+        self.ports = names.map(port_entries).unwrap_or_default();
     }
 }
 
@@ -149,6 +185,9 @@ pub struct RdmaSource {
     relist_every: u32,
     sweeps: u64,
     scratch: Scratch,
+    /// `<sysfs>/class/infiniband`.
+    class_path: PathBuf,
+    class: ClassDir,
 }
 
 /// How many sweeps apart hw_counters must be read so that two reads never fall in the same
@@ -184,6 +223,7 @@ fn port_entries(names: Vec<String>) -> Vec<(String, u32)> {
 impl RdmaSource {
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
         let metrics = Metrics::register(registry);
+        let class_path = ctx.sysfs_root.join("class/infiniband");
         let relist_every = u32::try_from(RELIST_PERIOD.as_nanos().div_ceil(ctx.interval.as_nanos().max(1))).unwrap_or(u32::MAX).max(1);
         RdmaSource {
             ctx,
@@ -197,6 +237,8 @@ impl RdmaSource {
             relist_every,
             sweeps: 0,
             scratch: Scratch::default(),
+            class_path,
+            class: ClassDir::default(),
         }
     }
 
@@ -348,17 +390,18 @@ impl Source for RdmaSource {
 
     fn sweep(&mut self) -> Result<SweepReport, SourceError> {
         self.sweeps += 1;
-        let class: PathBuf = self.ctx.sysfs_root.join("class/infiniband");
-        let Some(names) = sorted_names(&class) else {
+        if !self.class.refresh(&self.class_path, &self.budget) {
             let present: Vec<String> = self.devices.iter().filter(|(_, d)| d.present).map(|(n, _)| n.clone()).collect();
             for d in present {
                 self.vanish_device(&d);
             }
             return Err(SourceError::Unavailable {
                 source_name: SOURCE,
-                reason: format!("{} does not exist (no RDMA driver loaded, or wrong --sysfs-root)", class.display()),
+                reason: format!("{} does not exist (no RDMA driver loaded, or wrong --sysfs-root)", self.class_path.display()),
             });
-        };
+        }
+        // Taken out for the sweep (devices are looked up by name while `self` changes).
+        let names = std::mem::take(&mut self.class.names);
         if names != self.topo_devices {
             self.rediscover(&names);
         }
@@ -369,7 +412,7 @@ impl Source for RdmaSource {
         let mut report = SweepReport::default();
         for dev in &names {
             if !self.devices.contains_key(dev) {
-                let d = DeviceState { key: format!("{SOURCE}/{dev}"), ports_path: class.join(dev).join("ports"), ..DeviceState::default() };
+                let d = DeviceState { key: format!("{SOURCE}/{dev}"), ports_path: self.class_path.join(dev).join("ports"), ..DeviceState::default() };
                 self.devices.insert(dev.clone(), d);
             }
             let Some(d) = self.devices.get_mut(dev) else { continue };
@@ -391,41 +434,54 @@ impl Source for RdmaSource {
             d.mode = "selected";
             self.sweep_device(dev, &mut report);
         }
+        self.class.names = names;
         Ok(report)
     }
 
     fn status(&self) -> serde_json::Value {
-        let devices: Vec<serde_json::Value> = self
+        use serde_json::Value;
+        // Built as values directly: `json!` would serialize every nested value a second time.
+        fn obj<const N: usize>(fields: [(&str, Value); N]) -> Value {
+            Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        }
+        let opt_str = |s: &Option<String>| s.clone().map_or(Value::Null, Value::String);
+        let devices: Vec<Value> = self
             .devices
             .iter()
             .map(|(name, d)| {
-                let ports: Vec<serde_json::Value> = d
+                let ports: Vec<Value> = d
                     .ports
                     .iter()
                     .map(|(port, p)| {
-                        let groups: serde_json::Map<String, serde_json::Value> = GROUP_DIRS
+                        let groups = GROUP_DIRS
                             .iter()
                             .zip(&p.groups)
-                            .filter_map(|(g, rs)| rs.map(|(r, s)| (g.to_string(), serde_json::json!({ "read": r, "skipped": s }))))
+                            .filter_map(|(g, rs)| rs.map(|(r, s)| (g.to_string(), obj([("read", r.into()), ("skipped", s.into())]))))
                             .collect();
-                        serde_json::json!({
-                            "port": port,
-                            "present": p.present,
-                            "netdev": p.netdev,
-                            "rail": p.rail,
-                            "state": p.state,
-                            "link_layer": p.link_layer,
-                            "rate_bytes_per_second": p.rate,
-                            "pma_64bit": p.ext,
-                            "hw_counters_lifespan_ms": p.lifespan_ms,
-                            "hw_counters_every_sweeps": p.hw_every,
-                            "groups": groups,
-                        })
+                        obj([
+                            ("port", (*port).into()),
+                            ("present", p.present.into()),
+                            ("netdev", opt_str(&p.netdev)),
+                            ("rail", p.rail.into()),
+                            ("state", opt_str(&p.state)),
+                            ("link_layer", opt_str(&p.link_layer)),
+                            ("rate_bytes_per_second", p.rate.map_or(Value::Null, Value::from)),
+                            ("pma_64bit", p.ext.into()),
+                            ("hw_counters_lifespan_ms", p.lifespan_ms.map_or(Value::Null, Value::from)),
+                            ("hw_counters_every_sweeps", p.hw_every.into()),
+                            ("groups", Value::Object(groups)),
+                        ])
                     })
                     .collect();
-                serde_json::json!({ "device": name, "present": d.present, "pci": d.pci, "mode": d.mode, "ports": ports })
+                obj([
+                    ("device", name.clone().into()),
+                    ("present", d.present.into()),
+                    ("pci", opt_str(&d.pci)),
+                    ("mode", d.mode.into()),
+                    ("ports", Value::Array(ports)),
+                ])
             })
             .collect();
-        serde_json::json!({ "devices": devices, "counter_names": self.counter_names.len() })
+        obj([("devices", Value::Array(devices)), ("counter_names", self.counter_names.len().into())])
     }
 }

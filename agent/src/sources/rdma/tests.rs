@@ -330,3 +330,94 @@ fn missing_class_dir_is_unavailable_not_a_panic() {
     let e = src.sweep().expect_err("no class/infiniband");
     assert!(e.to_string().contains("class/infiniband"), "{e}");
 }
+
+/// Replaces a file the way the scenario writer does: a temp file renamed over it.
+fn replace(h: &Host, dev: &str, rel: &str, content: &str) {
+    let tmp = h.root().join("tmp-replace");
+    std::fs::write(&tmp, content).expect("write tmp");
+    std::fs::rename(&tmp, h.port(dev).join(rel)).expect("rename");
+}
+
+#[test]
+fn a_file_replaced_by_rename_between_sweeps_is_read_anew() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    let (mut src, errors, _reg) = h.source();
+    src.sweep().expect("sweep");
+    let open = src.open_files();
+    assert!(open > 10, "files stay open between sweeps: {open}");
+    replace(&h, "mlx5_0", "counters/port_xmit_data", "350\n");
+    src.sweep().expect("sweep");
+    assert_eq!(port(&src.ports(), "mlx5_0").transmit_bytes, 1400, "the new file, not the old inode");
+    // Renames in quick succession land in the same timestamp tick of the directory: each must
+    // still be seen by the next sweep (a young stamp is not trusted).
+    for i in 1..=50u64 {
+        replace(&h, "mlx5_0", "counters/port_xmit_data", &format!("{}\n", 350 + i));
+        replace(&h, "mlx5_0", "hw_counters/rx_read_requests", &format!("{}\n", 7 + i));
+        replace(&h, "mlx5_0", "state", if i % 2 == 0 { "4: ACTIVE\n" } else { "1: DOWN\n" });
+        src.sweep().expect("sweep");
+        let p = port(&src.ports(), "mlx5_0").clone();
+        assert_eq!(p.transmit_bytes, (350 + i) * 4, "sweep {i}");
+        assert_eq!(p.up, i % 2 == 0, "sweep {i}");
+        assert_eq!(hw(&src, "mlx5_0", "rx_read_requests"), 7 + i, "sweep {i}");
+    }
+    // A file added to a counter directory is picked up, one removed is no longer read.
+    replace(&h, "mlx5_0", "hw_counters/rx_atomic_requests", "3\n");
+    std::fs::remove_file(h.port("mlx5_0").join("counters/unicast_xmit_packets")).expect("rm");
+    let r = src.sweep().expect("sweep");
+    assert_eq!(hw(&src, "mlx5_0", "rx_atomic_requests"), 3);
+    assert_eq!(r.skipped, 0);
+    assert_eq!(src.status()["devices"][0]["ports"][0]["groups"]["counters"]["read"], 5);
+    assert_eq!(errors.get("rdma", "read"), 0);
+    assert_eq!(errors.get("rdma", "counter_reset"), 0);
+    assert_eq!(src.open_files(), open, "replaced files are reopened, not leaked");
+}
+
+#[test]
+fn a_removed_device_directory_vanishes_and_its_files_close() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    h.add_nic("mlx5_1", "eth1");
+    let (mut src, errors, reg) = h.source();
+    src.sweep().expect("sweep");
+    src.sweep().expect("sweep");
+    let open = src.open_files();
+    std::fs::remove_dir_all(h.root().join("class/infiniband/mlx5_1")).expect("rm -r");
+    let r = src.sweep().expect("sweep");
+    assert_eq!(r.devices, 1);
+    assert_eq!(errors.get("rdma", "vanished"), 1);
+    assert_eq!(errors.get("rdma", "read"), 0, "a vanished device is not a read error");
+    let p = src.ports();
+    assert!(!port(&p, "mlx5_1").present && !port(&p, "mlx5_1").up);
+    assert_eq!(port(&p, "mlx5_1").transmit_bytes, 400, "its counters keep their last values");
+    assert!(text(&reg).contains(r#"stepwise_nic_port_up{device="mlx5_1",port="1",netdev="eth1",rail="1"} 0"#));
+    assert!(src.open_files() < open, "its descriptors are closed: {} of {open}", src.open_files());
+    // Removed and created again between two sweeps (driver reload): the old descriptors point
+    // at deleted files; the new files are read and the drop is a reset, never backwards.
+    std::fs::remove_dir_all(h.root().join("class/infiniband/mlx5_0")).expect("rm -r");
+    h.add_nic("mlx5_0", "eth0");
+    h.put("mlx5_0", "counters/port_xmit_data", "2\n");
+    let r = src.sweep().expect("sweep");
+    assert_eq!(r.devices, 1);
+    assert_eq!(port(&src.ports(), "mlx5_0").transmit_bytes, 408, "400 + 2 words");
+    assert_eq!(errors.get("rdma", "vanished"), 1, "listed in both sweeps: not vanished");
+    assert_eq!(errors.get("rdma", "counter_reset"), 1);
+}
+
+#[test]
+fn files_over_the_descriptor_budget_are_opened_for_each_read() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    h.add_nic("mlx5_1", "eth1");
+    let (mut src, errors, _reg) = h.source();
+    src.budget = files::Budget::with_limit(6);
+    src.sweep().expect("sweep");
+    replace(&h, "mlx5_1", "counters/port_xmit_data", "350\n");
+    h.put("mlx5_0", "counters/port_rcv_data", "60\n");
+    src.sweep().expect("sweep");
+    let p = src.ports();
+    assert_eq!(port(&p, "mlx5_1").transmit_bytes, 1400);
+    assert_eq!(port(&p, "mlx5_0").receive_bytes, 240);
+    assert_eq!(errors.get("rdma", "read"), 0);
+    assert!(src.open_files() <= 6 + 2 * 4, "directories plus at most the budget: {}", src.open_files());
+}
