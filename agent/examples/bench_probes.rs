@@ -751,7 +751,7 @@ fn main() -> Result<()> {
         println!("    probe program runs per ncclAllReduce      {:>9.2}   (target <= 2; entry+return = {:.0}, the rest is the permanently attached ncclIbIsend/ncclIbIrecv, one pair per chunk; {} dropped)", h.per_collective, h.api_per_collective, h.drops);
         hits_s = format!("{:.2}", h.per_collective);
         extra.push_str(&format!(" api_hits_per_collective={:.0}", h.api_per_collective));
-        let (pairs, steps) = (3, 40);
+        let (pairs, steps) = (5, 60);
         let o = step_overhead(&dir, pairs, steps)?;
         let pct = (o.with_us - o.without_us) / o.without_us * 100.0;
         println!("  step time, mpi_steps 4 ranks, 10 ms compute (sleep) + 1 MiB MPI_Allreduce, {pairs} x {steps} steps each way, alternating:");

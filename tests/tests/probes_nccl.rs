@@ -398,6 +398,17 @@ fn in_syscall(pid: u32) -> Option<i64> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).ok()?.split_whitespace().next()?.parse().ok()
 }
 
+/// Whether the main thread is sleeping (clock_nanosleep = 230, nanosleep = 35), twice
+/// 200 ms apart: after init with --compute-us 0 (a spin, not a sleep) the only sleep is
+/// the NCCL_ABI_DELAY inside ncclAllReduce.
+fn asleep_in_call(pid: u32) -> bool {
+    let sleeping = || matches!(in_syscall(pid), Some(230 | 35));
+    sleeping() && {
+        std::thread::sleep(Duration::from_millis(200));
+        sleeping()
+    }
+}
+
 #[test]
 fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     let build = workloads::build().expect("workloads build");
@@ -408,16 +419,14 @@ fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     let n = 4u32;
     // Rank 3 sleeps 60 s inside every collective (NCCL_ABI_DELAY_*: inside the call, before
     // it sends anything); the others wait for it inside the same all-reduce.
-    let env = [("NCCL_ABI_DELAY_RANK", "3".to_string()), ("NCCL_ABI_DELAY_US", "60000000".into()), ("NCCL_ABI_TIMEOUT_MS", "60000".into()), ("STEPS_COMPUTE", "sleep".into())];
+    let env = [("NCCL_ABI_DELAY_RANK", "3".to_string()), ("NCCL_ABI_DELAY_US", "60000000".into()), ("NCCL_ABI_TIMEOUT_MS", "60000".into())];
     let mut ranks = spawn_ranks(&ns, dir.path(), "kill", &build.join("nccl_steps"), n, &env, |r| {
         ["--rank", &r.to_string(), "--nranks", &n.to_string(), "--id-file", id.to_str().expect("utf8"), "--steps", "3", "--bytes", "4096", "--compute-us", "0"].map(String::from).to_vec()
     });
     let pids: Vec<u32> = ranks.iter().map(Proc::pid).collect();
     let victim = pids[3];
     wait_for(Duration::from_secs(30), "rank 3 initialised", || ranks[3].log_text().contains("init rank=3").then_some(())).expect("rank 3 init");
-    // After init the only sleep rank 3's main thread does is the delay inside
-    // ncclAllReduce (clock_nanosleep = 230, nanosleep = 35).
-    wait_for(Duration::from_secs(10), "rank 3 asleep inside ncclAllReduce", || matches!(in_syscall(victim), Some(230 | 35)).then_some(())).expect("rank 3 in the call");
+    wait_for(Duration::from_secs(10), "rank 3 asleep inside ncclAllReduce", || asleep_in_call(victim).then_some(())).expect("rank 3 in the call");
     let aborted0 = metric(&agent, "stepwise_collective_aborted_calls_total", &[("library", "nccl")]);
     let killed_at = Instant::now();
     ranks[3].child.kill().expect("SIGKILL rank 3");
@@ -485,7 +494,7 @@ fn rank_killed_and_not_yet_reaped_still_leaves_an_aborted_call() {
     });
     let victim = ranks[1].pid();
     wait_for(Duration::from_secs(30), "rank 1 initialised", || ranks[1].log_text().contains("init rank=1").then_some(())).expect("rank 1 init");
-    wait_for(Duration::from_secs(10), "rank 1 asleep inside ncclAllReduce", || matches!(in_syscall(victim), Some(230 | 35)).then_some(())).expect("rank 1 in the call");
+    wait_for(Duration::from_secs(10), "rank 1 asleep inside ncclAllReduce", || asleep_in_call(victim).then_some(())).expect("rank 1 in the call");
     // SIGKILL without reaping (a launcher busy elsewhere, or a container's PID 1 that never
     // reaps): the process is a zombie from now on.
     // SAFETY: kill(2) on our own child's pid.
