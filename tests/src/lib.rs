@@ -1,7 +1,9 @@
 //! Test support: the sysfs scenario writer (a fake of the kernel's files, not of our code)
 //! and helpers for the privileged integration tests.
 
+pub mod faults;
 pub mod harness;
 pub mod netns;
 pub mod scenario;
+pub mod scenarios;
 pub mod workloads;
