@@ -16,6 +16,30 @@ use aya::{
     Ebpf,
 };
 
+/// Links handed to the detacher and not closed yet.
+static DETACHING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Links being detached in the background right now (see [`Probes::detach`]).
+pub fn detaching() -> usize {
+    DETACHING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The thread that drops (and so detaches) links handed over by [`Probes::detach`].
+fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<aya::programs::uprobe::UProbeLink>>> {
+    static TX: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<aya::programs::uprobe::UProbeLink>>>> = std::sync::OnceLock::new();
+    TX.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<aya::programs::uprobe::UProbeLink>();
+        let run = move || {
+            for link in rx {
+                drop(link);
+                DETACHING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        std::thread::Builder::new().name("stepwise-detach".into()).spawn(run).ok().map(|_| std::sync::Mutex::new(tx))
+    })
+    .as_ref()
+}
+
 /// One attached program (entry or return) at one location.
 #[derive(Debug)]
 pub struct AttachedLink {
@@ -124,12 +148,26 @@ impl Probes {
         Ok(links)
     }
 
-    /// Detaches one link (errors are ignored: the target may be gone already).
+    /// Detaches one link (errors are ignored: the target may be gone already). The link is
+    /// closed on a background thread: unregistering a uprobe waits for RCU grace periods,
+    /// seconds for a library's links on a loaded host, and the caller (the probe thread)
+    /// must keep draining events meanwhile.
     pub fn detach(&mut self, link: AttachedLink) {
         if let Some(p) = self.ebpf.program_mut(link.program) {
             let p: Result<&mut UProbe, _> = p.try_into();
             if let Ok(p) = p {
-                let _ = p.detach(link.id);
+                match (p.take_link(link.id), detacher()) {
+                    (Ok(owned), Some(tx)) => {
+                        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
+                        DETACHING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if let Err(std::sync::mpsc::SendError(owned)) = tx.send(owned) {
+                            drop(owned); // the detacher is gone: detach here
+                            DETACHING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    (Ok(owned), None) => drop(owned),
+                    (Err(_), _) => {}
+                }
             }
         }
     }

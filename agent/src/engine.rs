@@ -116,6 +116,9 @@ impl Metrics {
 
 /// Most markers kept.
 const MAX_MARKERS: usize = 200_000;
+/// How far before the tick that saw new probe drops they may have happened (the probe
+/// thread drains every 20 ms, later when starved of CPU).
+const DROP_MARGIN_SECONDS: f64 = 1.0;
 /// Drop intervals kept (one per tick with new drops; a tick is one counter interval).
 const MAX_DROP_SPANS: usize = 100_000;
 /// Ranks with their own label value; the rest share `other`.
@@ -285,11 +288,13 @@ impl Engine {
                 steps.extend(steps_from_period(&cs).into_iter().map(|s| (comm.to_string(), s)));
             }
         }
-        // Events dropped since the last tick were lost somewhere in (last tick, now]: every
-        // step overlapping that span is incomplete — also one attributed a few ticks later,
-        // after its grace period (the steps attributed *now* ended before the drops).
+        // Events dropped since the last tick were lost in (last tick, now] — or up to a
+        // second earlier when the probe thread drained late (a loaded host): every step
+        // overlapping that span is incomplete, also one attributed ticks later, after its
+        // grace period (the steps attributed *now* ended before the drops). Erring early
+        // marks a neighbour incomplete; never marking an affected step complete is the point.
         if dropped_events > self.drops_seen {
-            let from = if self.last_tick > 0.0 { self.last_tick } else { now - 1.0 };
+            let from = if self.last_tick > 0.0 { self.last_tick.min(now - DROP_MARGIN_SECONDS) } else { now - DROP_MARGIN_SECONDS };
             match self.drop_spans.back_mut() {
                 // Drops on consecutive ticks: one span.
                 Some(last) if last.1 >= from => last.1 = now,

@@ -3,7 +3,10 @@
 //! Hardware counters come in three kinds and each needs its own rule:
 //! - **wrapping** fixed-width counters (mlx5 Q counters in `hw_counters/` are read as 32-bit,
 //!   netdev/qdisc 32-bit fields): a decrease means the counter passed 2^w − 1, so the delta is
-//!   `(cur + 2^w) − prev`;
+//!   `(cur + 2^w) − prev` — unless that is more than half the range: no counter advances by
+//!   2^(w−1) between two readings (2^31 events is 3.5 s of 600 Mpps), so such a decrease is a
+//!   reset (driver reload, port reset) and the delta is `cur`. A reset within 2^(w−1) of the
+//!   wrap point still reads as a wrap (the two look the same), inventing less than that;
 //! - **saturating** IBA PMA counters (`counters/`, platform-facts.md §1): they stop at all-ones
 //!   and are cleared by a reset. A reading at all-ones is stuck: no delta beyond it can be known;
 //!   a decrease is a reset, and the delta is `cur` (what was counted since the reset);
@@ -56,7 +59,7 @@ impl Semantics {
             Semantics::Wrapping { bits } => {
                 if cur >= prev {
                     Delta::Normal(cur - prev)
-                } else if bits < 64 && prev <= max_for(bits) && cur <= max_for(bits) {
+                } else if bits < 64 && prev <= max_for(bits) && cur <= max_for(bits) && (max_for(bits) - prev) + cur < max_for(bits) / 2 {
                     Delta::Wrapped((max_for(bits) - prev) + cur + 1)
                 } else {
                     // A value wider than the declared width: treat as a reset, never invent bytes.
@@ -92,6 +95,16 @@ mod tests {
         assert_eq!(s.delta(u32::MAX as u64 - 9, 5), Delta::Wrapped(15));
         assert_eq!(s.delta(100, 150), Delta::Normal(50));
         assert_eq!(s.delta(7, 7), Delta::Normal(0));
+    }
+
+    #[test]
+    fn wrapping_counter_falling_by_more_than_half_its_range_was_reset() {
+        let s = Semantics::Wrapping { bits: 32 };
+        // A Q counter at 1000 cleared by a port reset: not 2^32 − 1000 new events.
+        assert_eq!(s.delta(1000, 0), Delta::Reset(0));
+        assert_eq!(s.delta(1 << 31, 10), Delta::Reset(10));
+        // Near the top it is a wrap (and a reset there cannot be told from one).
+        assert_eq!(s.delta(u32::MAX as u64 - 499, 500), Delta::Wrapped(1000));
     }
 
     #[test]

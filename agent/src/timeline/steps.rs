@@ -65,8 +65,10 @@ pub fn steps_from_markers(markers: &[Marker]) -> Vec<Step> {
                     out.push((b, e, rank));
                     end = None;
                     begin = Some(t);
-                } else if begin.is_none() {
-                    begin = Some(t); // a repeated begin keeps the earliest
+                } else {
+                    // A begin never ended (a job killed mid-step, restarted from a
+                    // checkpoint with the same ids) is superseded by the next one.
+                    begin = Some(t);
                 }
             } else if begin.is_some() {
                 end = Some(end.map_or(t, |x: f64| x.max(t)));
@@ -180,10 +182,10 @@ mod tests {
         let got: Vec<(u64, f64, f64, usize)> = s.iter().map(|s| (s.id, s.begin, s.end, s.ranks.len())).collect();
         assert_eq!(got, vec![(1, 11.0, 11.5, 2), (1, 21.001, 21.5, 2), (2, 12.0, 12.5, 2), (2, 22.001, 22.5, 2)]);
         // A rank's begin after its end of the same id starts a new incarnation even when the
-        // spans touch; a repeated begin keeps the earliest.
-        let ms = vec![m(0, 5, Phase::Begin, 1.0), m(0, 5, Phase::Begin, 1.1), m(0, 5, Phase::End, 2.0), m(0, 5, Phase::Begin, 2.0), m(0, 5, Phase::End, 3.0)];
+        // spans touch; a begin that never ended (a killed job) is superseded by the next.
+        let ms = vec![m(0, 5, Phase::Begin, 1.0), m(0, 5, Phase::Begin, 1.5), m(0, 5, Phase::End, 2.0), m(0, 5, Phase::Begin, 2.0), m(0, 5, Phase::End, 3.0)];
         let got: Vec<(f64, f64)> = steps_from_markers(&ms).iter().map(|s| (s.begin, s.end)).collect();
-        assert_eq!(got, vec![(1.0, 2.0), (2.0, 3.0)]);
+        assert_eq!(got, vec![(1.5, 2.0), (2.0, 3.0)]);
     }
 
     #[test]

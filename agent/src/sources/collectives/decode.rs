@@ -193,6 +193,13 @@ impl CallDecoder {
         self.probes.insert(probe_id, info);
     }
 
+    /// Forgets a probe whose links were detached: events still fired by a link being torn
+    /// down are then unknown (counted), never a second copy of a call the file's new
+    /// attachment also sees.
+    pub fn unregister(&mut self, probe_id: u32) {
+        self.probes.remove(&probe_id);
+    }
+
     pub fn tracked_comms(&self) -> usize {
         self.comms.len()
     }

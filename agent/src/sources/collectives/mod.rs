@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use self::{
-    decode::{CallDecoder, Decoded, ProbeInfo, ProcInfo},
+    decode::{CallDecoder, DecodeError, Decoded, ProbeInfo, ProcInfo},
     elf::SymbolTable,
     history::{ClockMap, History},
     metrics::CollectiveMetrics,
@@ -105,6 +105,8 @@ struct Attachment {
     symbols: SymbolTable,
     /// Attached at start-up from a library directory: kept while the file exists.
     pinned: bool,
+    /// Probe ids registered for this file (forgotten when it is detached).
+    probe_ids: Vec<u32>,
 }
 
 /// The running probe service (owned by one blocking thread).
@@ -257,12 +259,23 @@ impl Collectives {
         self.detach_sampled();
     }
 
+    /// Drains and handles what the ring holds now.
+    fn drain_now(&mut self) {
+        let mut buf: Vec<ProbeEvent> = Vec::new();
+        if let Err(e) = self.probes.drain(&mut buf) {
+            warn!("draining probe events: {e}");
+        }
+        self.handle(&buf);
+    }
+
     /// Processes a batch of events (also used by tests and benchmarks).
     pub fn handle(&mut self, events: &[ProbeEvent]) {
         if events.is_empty() {
             return;
         }
-        self.metrics.events.inc_by(events.len() as u64);
+        // Events of a probe already detached (its link still being torn down): not received
+        // events of the traced process, whose calls the file's current probes see.
+        let mut retired = 0u64;
         for ev in events {
             if !self.procs.contains_key(&ev.pid) {
                 self.admit(ev.pid);
@@ -287,9 +300,14 @@ impl Collectives {
                     hist.push_net(n);
                 }
                 Ok(Decoded::Nothing) => {}
+                Err(DecodeError::UnknownProbe) if ev.probe_id < self.next_probe_id => {
+                    retired += 1;
+                    self.metrics.decode_error("detached_probe");
+                }
                 Err(e) => self.metrics.decode_error(e.kind()),
             }
         }
+        self.metrics.events.inc_by(events.len() as u64 - retired);
         let drops = self.probes.drops();
         if drops > self.last_drops {
             self.metrics.drops.inc_by(drops - self.last_drops);
@@ -405,11 +423,21 @@ impl Collectives {
             }
         }
         self.rejected.retain(|p| procs::alive(&self.cfg.proc_root, *p));
+        self.repreload_replaced();
         // Detach libraries no process maps any more.
         let stale: Vec<FileKey> = self.attached.iter().filter(|(k, a)| !users.contains_key(k) && !a.pinned).map(|(k, _)| *k).collect();
+        if !stale.is_empty() {
+            // The file's last events first: its probe ids are forgotten below, and links are
+            // torn down in the background (seconds), while a new attachment of the same file
+            // may already fire.
+            self.drain_now();
+        }
         for k in stale {
             if let Some(a) = self.attached.remove(&k) {
                 info!(library = %a.path.display(), "last user exited; detaching");
+                for id in &a.probe_ids {
+                    self.decoder.unregister(*id);
+                }
                 for l in a.links.into_iter().chain(a.sampled_links) {
                     self.probes.detach(l);
                 }
@@ -430,6 +458,26 @@ impl Collectives {
         }
     }
 
+    /// A library preloaded from `library_dirs` and then replaced on disk (a package upgrade:
+    /// a new inode at the same path) is unpinned — its probes go once no process maps the old
+    /// file — and the directories are preloaded again, so a job started from now on is seen
+    /// from its first call, as before the upgrade.
+    fn repreload_replaced(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let same = |p: &Path, k: &FileKey| std::fs::metadata(p).is_ok_and(|m| m.dev() == k.dev && m.ino() == k.inode);
+        let mut replaced = false;
+        for (k, a) in self.attached.iter_mut() {
+            if a.pinned && !same(&a.path, k) {
+                info!(library = %a.path.display(), "preloaded library replaced on disk; probing the new file");
+                a.pinned = false;
+                replaced = true;
+            }
+        }
+        if replaced {
+            self.preload();
+        }
+    }
+
     fn attach_library(&mut self, ti: usize, path: &Path, key: FileKey) {
         let target = self.targets[ti].clone();
         let mut wanted: Vec<&str> = target.probes.iter().flat_map(|p| p.symbols.iter().map(String::as_str)).collect();
@@ -447,6 +495,7 @@ impl Collectives {
         };
         let mut links = Vec::new();
         let mut sampled = Vec::new();
+        let mut probe_ids = Vec::new();
         let mut seen_offsets: HashSet<u64> = HashSet::new();
         let mut missing = Vec::new();
         for spec in &target.probes {
@@ -461,6 +510,7 @@ impl Collectives {
             }
             let id = self.next_probe_id;
             self.next_probe_id += 1;
+            probe_ids.push(id);
             self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
             let cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
             if spec.sampled {
@@ -480,10 +530,15 @@ impl Collectives {
         }
         info!(library = %path.display(), family = target.family.as_str(), probes = links.len() / 2, sampled = sampled.len(), "attached");
         debug!(?key, "attachment key");
-        self.attached.insert(key, Attachment { target: ti, path: path.to_path_buf(), links, sampled, sampled_links: Vec::new(), users: HashSet::new(), symbols, pinned: false });
+        self.attached.insert(key, Attachment { target: ti, path: path.to_path_buf(), links, sampled, sampled_links: Vec::new(), users: HashSet::new(), symbols, pinned: false, probe_ids });
     }
 
     fn attach_sampled(&mut self) {
+        // The last window's links still being torn down would fire alongside new ones (same
+        // probe ids): this window is skipped.
+        if crate::ebpf::detaching() > 0 {
+            return;
+        }
         let keys: Vec<FileKey> = self.attached.keys().copied().collect();
         for k in keys {
             let (path, sampled) = match self.attached.get(&k) {
