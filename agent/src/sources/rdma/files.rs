@@ -122,14 +122,17 @@ impl Budget {
         if r.rlim_max <= r.rlim_cur {
             return false;
         }
-        let new = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+        // An unlimited hard limit cannot be the soft one (the kernel caps it at fs.nr_open,
+        // 1 Mi by default).
+        let soft = if r.rlim_max == libc::RLIM_INFINITY { 1 << 20 } else { r.rlim_max };
+        let new = libc::rlimit { rlim_cur: soft, rlim_max: r.rlim_max };
         // SAFETY: `new` is a valid rlimit; raising the soft limit up to the hard one is allowed.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
             warn!(soft = r.rlim_cur, hard = r.rlim_max, err = %io::Error::last_os_error(), "rdma: cannot raise RLIMIT_NOFILE");
             return false;
         }
-        info!(from = r.rlim_cur, to = r.rlim_max, "rdma: raised the soft RLIMIT_NOFILE to the hard limit to keep counter files open");
-        s.limit.store(usable(r.rlim_max), Ordering::Relaxed);
+        info!(from = r.rlim_cur, to = soft, "rdma: raised the soft RLIMIT_NOFILE to the hard limit to keep counter files open");
+        s.limit.store(usable(soft), Ordering::Relaxed);
         s.held.load(Ordering::Relaxed) < s.limit.load(Ordering::Relaxed)
     }
 

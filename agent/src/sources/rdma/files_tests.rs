@@ -73,3 +73,21 @@ fn relisting_keeps_descriptors_of_unchanged_files_and_reopens_replaced_ones() {
     files[0].read(dir, &mut buf, &budget).expect("read");
     assert_eq!(buf, b"9");
 }
+
+#[test]
+fn the_budget_leaves_a_quarter_of_the_soft_limit_and_falls_back_when_used_up() {
+    assert_eq!(usable(1024), 768);
+    assert_eq!(usable(20_000), 15_000);
+    assert_eq!(usable(100), 0);
+    let b = Budget::with_limit(1);
+    assert!(b.try_take());
+    assert!(!b.try_take(), "a fixed budget is not raised");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::write(tmp.path().join("a"), "1\n").expect("write");
+    let d = Dir::open_path(tmp.path(), &b).expect("dirs are held whatever the budget");
+    let mut f = File::named("a");
+    let mut buf = Vec::new();
+    f.read(&d, &mut buf, &b).expect("read");
+    assert!(f.fd.is_none(), "over budget: opened for the read and closed");
+    assert_eq!(buf, b"1\n");
+}
