@@ -26,7 +26,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::{
     harness::{agent_bin, http_get, sample, workspace_root, HttpResponse, Proc},
-    netns::{ip, run_tool, Netns},
+    netns::{ip, Netns},
     workloads::{parse_steps, StepLine},
 };
 
@@ -419,9 +419,4 @@ pub fn wait_steps(s: &Servers, i: usize, n: usize, t: Duration) -> Result<Vec<se
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// `tc` present (used through [`Netns::tc`]); kept so a missing `tc` fails early and by name.
-pub fn check_tc() -> Result<()> {
-    run_tool("tc", &["-V"]).map(drop)
 }

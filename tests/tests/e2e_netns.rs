@@ -39,7 +39,7 @@ fn verbose() -> bool {
 }
 
 fn setup() -> tempfile::TempDir {
-    scenarios::require_tools(&["ip", "tc"]).expect("tools");
+    scenarios::require_tools(&["ip", "tc", "nice", "env"]).expect("tools");
     workloads::build().expect("workloads build");
     tempfile::Builder::new().prefix("stepwise-e2e-netns-").tempdir().expect("tmp")
 }
