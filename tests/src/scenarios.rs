@@ -210,14 +210,6 @@ impl Servers {
     pub fn rail_tx(&self, s: usize) -> Result<Vec<f64>> {
         (0..self.rails).map(|i| self.link_bytes(s, &rail_dev(i)).map(|b| b.0)).collect()
     }
-
-    /// The root qdisc's statistics on `dev` of server `s` (tc -s -j): (bytes, drops, overlimits).
-    pub fn qdisc_stats(&self, s: usize, dev: &str) -> Result<(f64, f64, f64)> {
-        let out = self.servers[s].tc(&["-s", "-j", "qdisc", "show", "dev", dev])?;
-        let v: serde_json::Value = serde_json::from_str(&out).with_context(|| format!("tc -s -j qdisc: {out}"))?;
-        let q = v.as_array().and_then(|a| a.iter().find(|q| q["root"] == true)).ok_or_else(|| anyhow!("no root qdisc on {dev}: {out}"))?;
-        Ok((q["bytes"].as_f64().unwrap_or(0.0), q["drops"].as_f64().unwrap_or(0.0), q["overlimits"].as_f64().unwrap_or(0.0)))
-    }
 }
 
 /// An agent running inside a server's namespace.
@@ -312,15 +304,10 @@ impl JobOutput {
     pub fn rank(&self, r: u32) -> Vec<&StepLine> {
         self.lines.iter().filter(|l| l.rank == r).collect()
     }
-    /// Mean all-reduce seconds over the given ranks and steps `from..`.
-    pub fn mean_allreduce(&self, ranks: &[u32], from: u64) -> f64 {
-        let v: Vec<f64> = self.lines.iter().filter(|l| ranks.contains(&l.rank) && l.step >= from).map(|l| l.allreduce_us * 1e-6).collect();
-        v.iter().sum::<f64>() / v.len().max(1) as f64
-    }
 }
 
 impl Job {
-    /// Pid of every rank (`ip netns exec` and `env` exec into `nccl_steps`: one pid).
+    /// Pid of every rank (`ip netns exec`, `nice` and `env` exec into `nccl_steps`: one pid).
     pub fn pids(&self) -> BTreeMap<u32, u32> {
         self.ranks.iter().map(|(r, p)| (*r, p.pid())).collect()
     }
@@ -404,19 +391,4 @@ pub fn diagnose(s: &Servers, args: &[&str]) -> Result<(i32, String, String)> {
     c.args(["netns", "exec", s.mgmt.name()]).arg(agent_bin()).arg("diagnose").args(args);
     let out = c.output().with_context(|| format!("cannot run {c:?}"))?;
     Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
-}
-
-/// Waits until agent `i` has attributed at least `n` steps (or `t` passes) and returns them.
-pub fn wait_steps(s: &Servers, i: usize, n: usize, t: Duration) -> Result<Vec<serde_json::Value>> {
-    let end = Instant::now() + t;
-    loop {
-        let v = s.steps(i)?;
-        if v.len() >= n {
-            return Ok(v);
-        }
-        if Instant::now() > end {
-            bail!("agent {i}: {} steps attributed after {t:?}, wanted {n}:\n{}\nlog:\n{}", v.len(), summarize(&v), s.agents[i].proc.log_text());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }

@@ -6,9 +6,23 @@
 //! `ip -s link` counters and the TBF rate — and checks that the agent attributes those
 //! seconds to the right cause (±15 %) and nothing else above a stated threshold.
 //!
+//! - rails: flat ring over 4 rails → `rail_imbalance` (counters' busiest − balanced rail
+//!   time), balanced time in the evidence, `agent diagnose --peers` joins both servers'
+//!   8 ranks; hierarchical → no rail imbalance;
+//! - congestion: two jobs' bursts on one uplink in phase → `congestion` (their transfer in
+//!   phase − out of phase) with qdisc backlog and the other job's bytes as evidence; out of
+//!   phase → none;
+//! - in-flight: window 1 vs 16 over a modelled round trip → `in_flight_limit` (all-reduce at
+//!   window 1 − at 16) with N ≈ 1, m = the chunk, N·m/T = the workload's rate; none at 16;
+//! - healthy: hierarchical, nothing injected → compute and ideal communication only.
+//!
+//! Causes that were not injected must stay under MEDIAN_FALSE (5 %) of the median step and
+//! STEP_FALSE (25 %, at least 25 ms) of any single step.
+//!
 //! The scenarios time things on a 2-core machine, so they run one at a time (a lock), each
-//! in its own namespaces (unique names; everything removed on Drop, also on failure).
-//! `STEPWISE_E2E_VERBOSE=1` prints every step's breakdown.
+//! in its own namespaces (unique names; everything removed on Drop, also on failure), the
+//! ranks and agents at a raised priority. `STEPWISE_E2E_VERBOSE=1` prints every step's
+//! breakdown; each scenario prints a one-line summary of its numbers.
 
 use std::{
     collections::BTreeMap,
@@ -22,6 +36,16 @@ use stepwise_tests::{
     scenarios::{self, agent_config, cause, cause_seconds, rail_addr, rail_dev, start_job, summarize, top_problem, JobOutput, RankSpec, Servers, Shape},
     workloads,
 };
+
+/// Thresholds for causes that were not injected: at most this fraction of the median step
+/// (median over steps) …
+const MEDIAN_FALSE: f64 = 0.05;
+/// … and of any single step, or STEP_FALSE_FLOOR seconds if that is more: a gross error in
+/// one step fails, a one-off scheduler stall of a rank on a shared 2-core machine (which
+/// shows as `unexplained`, or as `in_flight_limit` when it delays reaping completions) does
+/// not.
+const STEP_FALSE: f64 = 0.25;
+const STEP_FALSE_FLOOR: f64 = 0.025;
 
 /// One scenario at a time: they measure time on a 2-core machine.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -122,15 +146,6 @@ const RAIL_MBIT: u32 = 10;
 const RAIL_BYTES: u64 = 256 * 1024;
 const RAIL_STEPS: u64 = 8;
 const RAIL_COMPUTE_US: u64 = 50_000;
-/// Thresholds for causes that were not injected: at most this fraction of the median step
-/// (median over steps) …
-const MEDIAN_FALSE: f64 = 0.05;
-/// … and of any single step, or STEP_FALSE_FLOOR seconds if that is more: a gross error in
-/// one step fails, a one-off scheduler stall of a rank on a shared 2-core machine (which
-/// shows as `unexplained`, or as `in_flight_limit` when it delays reaping completions) does
-/// not.
-const STEP_FALSE: f64 = 0.25;
-const STEP_FALSE_FLOOR: f64 = 0.025;
 
 fn marker_sock(dir: &Path, server: usize) -> PathBuf {
     dir.join(format!("markers-{server}.sock"))
