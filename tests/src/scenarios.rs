@@ -250,7 +250,7 @@ pub fn agent_config(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, ni
 /// Niceness of the workload ranks and of the agents: ahead of unrelated work on the machine
 /// (builds), so the injected problem, not CPU starvation, shapes the step times.
 pub const JOB_NICE: &str = "-10";
-pub const AGENT_NICE: &str = "-10";
+pub const AGENT_NICE: &str = "-5";
 
 /// One rank of a `nccl_steps` job, to be started in a namespace.
 #[derive(Clone, Debug)]

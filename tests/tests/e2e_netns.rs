@@ -103,27 +103,52 @@ fn steps_between(s: &Servers, i: usize, t0: f64, t1: f64, n: usize) -> Vec<Value
     }
 }
 
-/// Problem causes other than `except`: (kind, seconds) above `frac` of their step, per step.
-fn false_causes(steps: &[Value], except: &[&str], frac: f64) -> Vec<String> {
+/// How much longer than usual each step's all-reduce took on the given ranks, by the
+/// workload's own clock: its excess over the run's median (0 when not longer). A one-off
+/// disturbance (a rank descheduled on a shared 2-core machine) is real time the agent must
+/// put somewhere; it is not a false cause up to that much.
+fn disturbance(o: &JobOutput, ranks: &[u32]) -> BTreeMap<u64, f64> {
+    let mut per: BTreeMap<u64, f64> = BTreeMap::new();
+    for &r in ranks {
+        let lines = o.rank(r);
+        if lines.is_empty() {
+            continue;
+        }
+        let med = median(lines.iter().map(|l| l.allreduce_us * 1e-6).collect());
+        for l in lines {
+            let e = per.entry(l.step).or_default();
+            *e = e.max(l.allreduce_us * 1e-6 - med);
+        }
+    }
+    per
+}
+
+/// Causes other than compute, ideal communication and `except` above their allowance in a
+/// step: `frac` of the step, STEP_FALSE_FLOOR, or the step's own disturbance, whichever is
+/// largest.
+fn false_causes(steps: &[Value], except: &[&str], frac: f64, disturbed: &BTreeMap<u64, f64>) -> Vec<String> {
     let mut bad = Vec::new();
     for st in steps {
+        let extra = st["step"].as_u64().and_then(|id| disturbed.get(&id)).copied().unwrap_or(0.0);
         for c in st["causes"].as_array().expect("causes") {
             let k = c["kind"].as_str().unwrap_or("");
             if ["compute", "ideal_comm"].contains(&k) || except.contains(&k) {
                 continue;
             }
             let x = c["seconds"].as_f64().unwrap_or(0.0);
-            if x.abs() > (frac * secs(st)).max(STEP_FALSE_FLOOR) {
-                bad.push(format!("step {} ({:.1} ms): {k} = {:.1} ms", st["step"], secs(st) * 1e3, x * 1e3));
+            if x.abs() > (frac * secs(st)).max(STEP_FALSE_FLOOR).max(extra) {
+                bad.push(format!("step {} ({:.1} ms, the workload's own excess {:.1} ms): {k} = {:.1} ms", st["step"], secs(st) * 1e3, extra * 1e3, x * 1e3));
             }
         }
     }
     bad
 }
 
-/// No cause but compute, ideal communication and `except` above the thresholds: each
-/// at most MEDIAN_FALSE of the median step (median over steps) and STEP_FALSE of any step.
-fn assert_no_false_causes(steps: &[Value], except: &[&str], what: &str) {
+/// No cause but compute, ideal communication and `except` above the thresholds: each at most
+/// MEDIAN_FALSE of the median step (median over steps), and in any single step at most
+/// STEP_FALSE of it (at least STEP_FALSE_FLOOR) or the extra time the workload itself saw in
+/// that step (`disturbed`).
+fn assert_no_false_causes(steps: &[Value], except: &[&str], what: &str, disturbed: &BTreeMap<u64, f64>) {
     let med_step = median(steps.iter().map(secs).collect());
     for kind in ["readiness_skew", "rail_imbalance", "in_flight_limit", "congestion", "unexplained"] {
         if except.contains(&kind) {
@@ -132,8 +157,8 @@ fn assert_no_false_causes(steps: &[Value], except: &[&str], what: &str) {
         let m = median(steps.iter().map(|st| cause_seconds(st, kind)).collect());
         assert!(m.abs() <= MEDIAN_FALSE * med_step, "{what}: {kind} {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(steps));
     }
-    let bad = false_causes(steps, except, STEP_FALSE);
-    assert!(bad.is_empty(), "{what}: causes other than {except:?}, compute and ideal communication above {} % of the step (at least {} ms):\n{}", STEP_FALSE * 100.0, STEP_FALSE_FLOOR * 1e3, bad.join("\n"));
+    let bad = false_causes(steps, except, STEP_FALSE, disturbed);
+    assert!(bad.is_empty(), "{what}: causes other than {except:?}, compute and ideal communication above {} % of the step (at least {} ms, or the workload's own excess in that step):\n{}", STEP_FALSE * 100.0, STEP_FALSE_FLOOR * 1e3, bad.join("\n"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -225,10 +250,10 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
     // Flat ring: every cross-server byte on rail 0.
     let (ring, t0, t1, tx) = run_rails_job(&s, dir.path(), "ring", "ring", RAIL_BYTES, RAIL_STEPS);
     let mut balanced_pred = Vec::new();
-    for k in 0..2 {
+    for (k, tx_k) in tx.iter().enumerate() {
         // Ground truth from `ip -s link` and the TBF rate: per step, the busiest rail's time
         // minus the same bytes balanced over the 4 rails.
-        let per: Vec<f64> = tx[k].iter().map(|b| b / RAIL_STEPS as f64).collect();
+        let per: Vec<f64> = tx_k.iter().map(|b| b / RAIL_STEPS as f64).collect();
         let (sum, max) = (per.iter().sum::<f64>(), per.iter().cloned().fold(0.0, f64::max));
         let (busiest_s, balanced_s) = (max / rate, sum / 4.0 / rate);
         let excess = busiest_s - balanced_s;
@@ -273,7 +298,7 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
             median(steps.iter().filter_map(|st| cause(st, "rail_imbalance")["evidence"]["balanced_transfer_seconds"].as_f64()).collect()) * 1e3,
             measured * 1e3
         );
-        assert_no_false_causes(&steps, &["rail_imbalance", "readiness_skew"], &format!("ring server {k}"));
+        assert_no_false_causes(&steps, &["rail_imbalance", "readiness_skew"], &format!("ring server {k}"), &disturbance(&ring, &ranks));
     }
 
     // agent diagnose --peers joins both agents' ranks (8) and NICs.
@@ -303,8 +328,8 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
     let hier_ar = median(hier.lines.iter().map(|l| l.allreduce_us * 1e-6).collect());
     let predicted = median(balanced_pred);
     assert!(hier_ar <= predicted * 1.15, "hierarchical all-reduce {:.1} ms vs the predicted balanced transfer {:.1} ms", hier_ar * 1e3, predicted * 1e3);
-    for k in 0..2 {
-        let per: Vec<f64> = tx[k].iter().map(|b| b / RAIL_STEPS as f64).collect();
+    for (k, tx_k) in tx.iter().enumerate() {
+        let per: Vec<f64> = tx_k.iter().map(|b| b / RAIL_STEPS as f64).collect();
         let mean = per.iter().sum::<f64>() / 4.0;
         assert!(per.iter().all(|b| within(*b, mean, 0.1)), "server {k}: hierarchical spreads the bytes over the 4 rails: {per:?}");
         let steps = steps_between(&s, k, t0, t1, RAIL_STEPS as usize);
@@ -446,9 +471,11 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
                     assert!(x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR), "{what} step {}: unexplained beyond the peer's lateness {:.1} ms", st["step"], x * 1e3);
                 }
                 if phase == "in" {
-                    for st in steps {
-                        let (top, _) = top_problem(st);
-                        assert_eq!(top, "congestion", "{what} step {}: top cause\n{}", st["step"], summarize(std::slice::from_ref(st)));
+                    for (st, x) in steps.iter().zip(&resid) {
+                        // Top cause, with `unexplained` counted beyond the peer's lateness.
+                        let c = cause_seconds(st, "congestion");
+                        let rival = ["readiness_skew", "rail_imbalance", "in_flight_limit"].iter().map(|k| cause_seconds(st, k)).fold(x.abs(), f64::max);
+                        assert!(c > rival, "{what} step {}: congestion {:.1} ms is not the top cause (largest other {:.1} ms; peer lateness taken out of unexplained)\n{}", st["step"], c * 1e3, rival * 1e3, summarize(std::slice::from_ref(st)));
                         let ev = &cause(st, "congestion")["evidence"];
                         assert!(ev["max_queue_backlog_bytes"].as_f64().is_some_and(|b| b > 0.0), "{what}: qdisc backlog in the evidence: {ev}");
                         assert!(ev["drops"].as_f64().is_some(), "{what}: drops in the evidence: {ev}");
@@ -460,14 +487,14 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
                     let got = median(steps.iter().map(|st| cause_seconds(st, "congestion")).collect());
                     eprintln!("congestion/{what}: congestion {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} − out of phase {:.1}); other traffic {other:.0} B", got * 1e3, excess * 1e3, x_in * 1e3, x_out * 1e3);
                     assert!(within(got, excess, 0.15), "{what}: congestion {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms)", got * 1e3, excess * 1e3, x_in * 1e3, x_out * 1e3);
-                    assert_no_false_causes(steps, &["congestion", "unexplained"], &what);
+                    assert_no_false_causes(steps, &["congestion", "unexplained"], &what, &disturbance(&run.jobs[j].0, &[r]));
                 } else {
                     eprintln!("congestion/{what}: congestion max {:.1} ms", steps.iter().map(|st| cause_seconds(st, "congestion")).fold(0.0, f64::max) * 1e3);
                     for st in steps {
                         let c = cause_seconds(st, "congestion");
                         assert!(c <= 0.02 * secs(st), "{what} step {}: congestion {:.1} ms (threshold 2 % of the step)", st["step"], c * 1e3);
                     }
-                    assert_no_false_causes(steps, &["unexplained"], &what);
+                    assert_no_false_causes(steps, &["unexplained"], &what, &disturbance(&run.jobs[j].0, &[r]));
                 }
             }
         }
@@ -554,11 +581,11 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
         let ev = &cause(&steps[steps.len() / 2], "in_flight_limit")["evidence"];
         eprintln!("in-flight server {k}: in_flight_limit {:.1} ms (median step) vs injected excess {:.1} ms (all-reduce window 1 {:.1} − window 16 {:.1}); N {:.2}, m {} B, T {:.2} ms", got * 1e3, excess * 1e3, a1 * 1e3, a16 * 1e3, ev["in_flight_requests"].as_f64().unwrap_or(0.0), ev["request_bytes"], ev["slot_occupancy_seconds"].as_f64().unwrap_or(0.0) * 1e3);
         assert!(within(got, excess, 0.15), "window 1 server {k}: in_flight_limit {:.1} ms (median step) vs injected excess {:.1} ms (all-reduce at window 1 {:.1} ms − at 16 {:.1} ms)", got * 1e3, excess * 1e3, a1 * 1e3, a16 * 1e3);
-        assert_no_false_causes(steps, &["in_flight_limit"], &format!("window 1 server {k}"));
+        assert_no_false_causes(steps, &["in_flight_limit"], &format!("window 1 server {k}"), &disturbance(&runs[&1].0, &[k as u32]));
 
         let steps = &runs[&16].1[k];
         assert_eq!(steps.len(), IF_STEPS as usize - 1, "window 16 server {k}:\n{}", summarize(steps));
-        assert_no_false_causes(steps, &[], &format!("window 16 server {k}"));
+        assert_no_false_causes(steps, &[], &format!("window 16 server {k}"), &disturbance(&runs[&16].0, &[k as u32]));
     }
 }
 
@@ -594,7 +621,7 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
             median(steps.iter().map(|st| cause_seconds(st, "congestion")).collect()) * 1e3,
             median(steps.iter().map(|st| cause_seconds(st, "unexplained")).collect()) * 1e3
         );
-        assert_no_false_causes(&steps, &[], &format!("healthy server {k}"));
+        assert_no_false_causes(&steps, &[], &format!("healthy server {k}"), &disturbance(&out, &(4 * k as u32..4 * k as u32 + 4).collect::<Vec<_>>()));
         // Compute and ideal communication are what the workload and the counters say.
         let want = median(out.lines.iter().filter(|l| l.rank / 4 == k as u32 && l.step > 0).map(|l| l.compute_us * 1e-6).collect());
         let got = median(steps.iter().map(|st| cause_seconds(st, "compute")).collect());
