@@ -48,7 +48,7 @@ fn build_agent(release: bool) -> Result<PathBuf> {
 
 /// Test tiers. With no argument every tier runs, in this order.
 pub fn test(args: &[String]) -> Result<()> {
-    let all = ["lint", "unit", "integration", "ecosystem"];
+    let all = ["lint", "unit", "integration", "ecosystem", "fuzz", "soak"];
     let tiers: Vec<&str> = if args.is_empty() { all.to_vec() } else { args.iter().map(String::as_str).collect() };
     for t in &tiers {
         if !all.contains(t) {
@@ -71,6 +71,11 @@ pub fn test(args: &[String]) -> Result<()> {
             }
             // Dashboards, deployment and least privilege, checked by the real tools (issue 6).
             "ecosystem" => ecosystem::run(&build_agent(false)?, !(args.is_empty() || args.iter().any(|a| a == "integration")))?,
+            // Every parser of outside input under libFuzzer + ASan for a few seconds each (issue 7).
+            "fuzz" => crate::fuzz::brief()?,
+            // The agent under jobs, storms and counter faults for 10 minutes
+            // ($STEPWISE_SOAK_MINUTES overrides), every bound asserted (issue 7).
+            "soak" => crate::soak::soak(&[])?,
             _ => unreachable!(),
         }
     }
@@ -165,7 +170,16 @@ fn bench_counters() -> Result<()> {
     setup()?;
     let bin = build_agent(true)?;
     std::env::set_var("STEPWISE_AGENT_BIN", &bin);
-    let dir = tempdir("bench-counters")?;
+    // The fixture lives on tmpfs when available: sysfs (kernfs) is memory-backed, so an ext4
+    // tree would add journal/atime work that no real sweep pays — to both sides alike.
+    let dir = if Path::new("/dev/shm").is_dir() {
+        let d = Path::new("/dev/shm").join(format!("stepwise-bench-counters-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d)?;
+        d
+    } else {
+        tempdir("bench-counters")?
+    };
     let sys = dir.join("sys");
     stepwise_tests::scenario::run_cli(&["dgx16".into(), "--root".into(), sys.display().to_string(), "--duration".into(), "0s".into()])?;
     let ports = std::fs::read_dir(sys.join("class/infiniband"))?.count();
@@ -226,6 +240,7 @@ fn bench_counters() -> Result<()> {
     println!("  node_exporter infiniband collector   {:>9.1} µs CPU/scrape ({n_scrapes} scrapes, {:.0?} wall, {ne_series} node_infiniband_ samples)", ne_sweep * 1e6, ne_wall);
     println!("  ratio node_exporter / agent sweep            {:>6.1}x  (target >= 5x)", ne_sweep / agent_sweep.max(1e-9));
     println!("  ratio node_exporter / agent sweep+scrape     {:>6.1}x", ne_sweep / (agent_sweep + agent_scrape).max(1e-9));
+    let _ = std::fs::remove_dir_all(&dir);
     println!("  agent peak RSS (VmHWM)               {:>9.1} MiB (target <= 64 MiB)", rss as f64 / 1024.0);
     Ok(())
 }
