@@ -518,12 +518,12 @@ fn truth_2rank(o: &JobOutput, r: u32) -> BTreeMap<u64, (f64, f64)> {
 
 // ---------------------------------------------------------------------------------------
 // In-flight limit: one link shaped to 200 Mbit/s (25 MB/s, MTU 9000, 64 KiB burst, 4 MiB
-// queue), modelled round trip NCCL_ABI_RTT_US=2000, 16 KiB chunks, 1 MiB all-reduce (each
-// rank sends 1 MiB: 42 ms at the link's rate). Window 1: one chunk per ≈ 2 ms round trip
-// ≈ 8 MB/s (≈ 130 ms); window 16: 16 chunks per round trip, the link's 25 MB/s.
+// queue), modelled round trip NCCL_ABI_RTT_US=2000, 16 KiB chunks, 2 MiB all-reduce (each
+// rank sends 2 MiB: 84 ms at the link's rate). Window 1: one chunk per ≈ 2 ms round trip
+// ≈ 8 MB/s (≈ 270 ms); window 16: 16 chunks per round trip, the link's 25 MB/s.
 
 const IF_MBIT: u32 = 200;
-const IF_BYTES: u64 = 1024 * 1024;
+const IF_BYTES: u64 = 2 * 1024 * 1024;
 const IF_STEPS: u64 = 8;
 const IF_CHUNK: u64 = 16 * 1024;
 const IF_RTT_US: u64 = 2000;
