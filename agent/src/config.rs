@@ -51,6 +51,107 @@ pub struct Config {
     pub store: StoreConfig,
     /// OpenTelemetry export (`[otlp]`): off by default.
     pub otlp: crate::export::otlp::OtlpConfig,
+    /// What the TCP listener accepts beyond the read-only endpoints (`[api]`).
+    pub api: ApiConfig,
+}
+
+/// `[api]`: the TCP API is read-only unless this enables `POST /api/v1/markers` on it, and
+/// then only with a bearer token. Markers normally go to the Unix socket (mode 0660).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Accept `POST /api/v1/markers` on the TCP listener (`Authorization: Bearer <token>`).
+    /// Default `false`: a POST over TCP is refused with 403. Needs `token` or `token_file`.
+    pub markers_over_tcp: bool,
+    /// The bearer token, at least 16 characters. Prefer `token_file`: the config file then
+    /// holds no secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// File whose first line is the token (a Kubernetes Secret volume); read at start-up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// The token read from `token_file` by [`Config::load`].
+    #[serde(skip)]
+    pub file_token: Option<Secret>,
+}
+
+/// Shortest bearer token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+impl ApiConfig {
+    /// The token POSTs over TCP must carry; `None` when they are refused.
+    pub fn markers_token(&self) -> Option<&Secret> {
+        if !self.markers_over_tcp {
+            return None;
+        }
+        self.token.as_ref().or(self.file_token.as_ref())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: &str, reason: &str| ConfigError::Invalid { field, value: value.to_string(), reason: reason.to_string() };
+        if self.token.is_some() && self.token_file.is_some() {
+            return Err(invalid("api.token", "<redacted>", "set api.token or api.token_file, not both"));
+        }
+        if self.markers_over_tcp && self.token.is_none() && self.token_file.is_none() {
+            return Err(invalid("api.markers_over_tcp", "true", "needs api.token or api.token_file (POST /api/v1/markers over TCP is token-protected)"));
+        }
+        if let Some(t) = &self.token {
+            t.check("api.token")?;
+        }
+        Ok(())
+    }
+
+    /// Reads `token_file` (first line, trimmed) into `file_token`.
+    fn read_token_file(&mut self) -> Result<(), ConfigError> {
+        let Some(path) = &self.token_file else { return Ok(()) };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+        let t = Secret(text.lines().next().unwrap_or("").trim().to_string());
+        t.check("api.token_file")?;
+        self.file_token = Some(t);
+        Ok(())
+    }
+}
+
+/// A credential: never printed (`Debug` and serialization redact it), compared in constant
+/// time.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// Whether `given` is this secret; the time taken depends only on the lengths.
+    pub fn matches(&self, given: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), given.as_bytes());
+        a.len() == b.len() && std::hint::black_box(a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y))) == 0
+    }
+
+    fn check(&self, field: &'static str) -> Result<(), ConfigError> {
+        let n = self.0.chars().count();
+        if n < MIN_TOKEN_CHARS || self.0.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConfigError::Invalid {
+                field,
+                value: "<redacted>".into(),
+                reason: format!("a token has at least {MIN_TOKEN_CHARS} characters and no spaces ({n} given); e.g. `openssl rand -hex 32`"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
 }
 
 /// `[store]`: the local SQLite history of attributed steps.
@@ -66,8 +167,8 @@ pub struct StoreConfig {
     pub max_age: Duration,
     /// The file is kept under this size by deleting the oldest steps. Default 1 GiB.
     pub max_bytes: u64,
-    /// How often retention (by age, then by size) runs; the file may exceed `max_bytes` by
-    /// what is written in between. Default `10m`.
+    /// How often retention (by age, then by size) runs. It also runs as soon as the file
+    /// passes `max_bytes` (at most once a second), deleting down to 90 % of it. Default `10m`.
     #[serde(with = "duration_str")]
     pub retention_interval: Duration,
 }
@@ -122,6 +223,7 @@ impl Default for Config {
             steps: Default::default(),
             store: Default::default(),
             otlp: Default::default(),
+            api: Default::default(),
         }
     }
 }
@@ -190,6 +292,7 @@ impl Config {
             cfg.steps.marker_socket = v.clone();
         }
         cfg.validate()?;
+        cfg.api.read_token_file()?;
         Ok(cfg)
     }
 
@@ -230,6 +333,7 @@ impl Config {
             crate::units::parse_rate_pos(rate).map_err(|e| ConfigError::Invalid { field: "steps.nic_rates", value: format!("{nic} = {rate}"), reason: e.to_string() })?;
         }
         self.otlp.validate()?;
+        self.api.validate()?;
         Ok(())
     }
 
@@ -301,5 +405,31 @@ mod tests {
         assert!(matches!(c.validate(), Err(ConfigError::Pattern(_))));
         let missing = Config::load(Some(Path::new("/nonexistent/stepwise.toml")), &Overrides::default());
         assert!(matches!(missing, Err(ConfigError::Read { .. })));
+    }
+
+    #[test]
+    fn markers_over_tcp_needs_a_real_token_that_is_never_printed() {
+        let c = Config::from_toml("[api]\nmarkers_over_tcp = true\n").expect("parse");
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { field: "api.markers_over_tcp", .. })));
+        let c = Config::from_toml("[api]\nmarkers_over_tcp = true\ntoken = \"short\"\n").expect("parse");
+        let e = c.validate().expect_err("short token");
+        assert!(!e.to_string().contains("short"), "the token is never echoed: {e}");
+        let tok = "0123456789abcdef-tok";
+        let c = Config::from_toml(&format!("[api]\nmarkers_over_tcp = true\ntoken = \"{tok}\"\n")).expect("parse");
+        c.validate().expect("valid");
+        assert!(c.api.markers_token().is_some_and(|t| t.matches(tok) && !t.matches("0123456789abcdef-tox") && !t.matches("")));
+        assert!(!format!("{c:?}").contains(tok) && !toml::to_string(&c).expect("toml").contains(tok), "Debug and serialization redact it");
+        assert_eq!(Config::default().api.markers_token(), None, "read-only by default");
+
+        let dir = tempfile::tempdir().expect("tmp");
+        let (cfg, tf) = (dir.path().join("a.toml"), dir.path().join("token"));
+        std::fs::write(&tf, format!("{tok}\n")).expect("token");
+        std::fs::write(&cfg, format!("[api]\nmarkers_over_tcp = true\ntoken_file = \"{}\"\n", tf.display())).expect("cfg");
+        let c = Config::load(Some(&cfg), &Overrides::default()).expect("load");
+        assert!(c.api.markers_token().is_some_and(|t| t.matches(tok)));
+        std::fs::write(&cfg, format!("[api]\nmarkers_over_tcp = true\ntoken = \"{tok}\"\ntoken_file = \"{}\"\n", tf.display())).expect("cfg");
+        assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Invalid { field: "api.token", .. })));
+        std::fs::write(&cfg, "[api]\nmarkers_over_tcp = true\ntoken_file = \"/nonexistent/token\"\n").expect("cfg");
+        assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Read { .. })));
     }
 }

@@ -9,6 +9,8 @@ pub mod config;
 pub mod ebpf;
 pub mod engine;
 pub mod export;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod model;
 pub mod report;
 pub mod sources;

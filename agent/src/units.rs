@@ -317,6 +317,8 @@ pub enum UnitError {
     NotFinite { input: String },
     #[error("'{input}': the repeat count after '*' must be a whole number ≥ 1")]
     BadRepeat { input: String },
+    #[error("'{input}': a list has at most {max} items")]
+    TooMany { input: String, max: usize },
 }
 
 #[derive(Clone, Copy)]
@@ -497,6 +499,11 @@ pub fn parse_metres(s: &str) -> Result<Metres, UnitError> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct List<T>(pub Vec<T>);
 
+/// Most items a list may expand to: far beyond any cluster the models describe, and small
+/// enough that `1ms*18446744073709551615` is an error rather than an out-of-memory abort
+/// (found writing the `units` fuzz target).
+pub const MAX_LIST_ITEMS: usize = 1 << 20;
+
 fn parse_list<T: Copy>(s: &str, item: fn(&str) -> Result<T, UnitError>) -> Result<List<T>, UnitError> {
     let mut out = Vec::new();
     for part in s.split(',') {
@@ -513,6 +520,9 @@ fn parse_list<T: Copy>(s: &str, item: fn(&str) -> Result<T, UnitError>) -> Resul
             None => (part, 1),
         };
         let x = item(value)?;
+        if count > MAX_LIST_ITEMS - out.len() {
+            return Err(UnitError::TooMany { input: s.to_string(), max: MAX_LIST_ITEMS });
+        }
         out.extend(std::iter::repeat_n(x, count));
     }
     Ok(List(out))
@@ -567,6 +577,16 @@ mod tests {
         let l = parse_seconds_list("0.4ms*98,2.4ms").unwrap();
         assert_eq!(l.0.len(), 99);
         assert!(matches!(parse_seconds_list("1us*0"), Err(UnitError::BadRepeat { .. })));
+    }
+
+    /// Regression (fuzz target `units`): a huge repeat count aborted the process trying to
+    /// allocate it; now it is a typed error, and the cap holds across items.
+    #[test]
+    fn huge_repeat_counts_are_errors_not_allocations() {
+        assert!(matches!(parse_seconds_list("1ms*18446744073709551615"), Err(UnitError::TooMany { .. })));
+        assert!(matches!(parse_bytes_list("1B*1048576,1B"), Err(UnitError::TooMany { .. })));
+        assert_eq!(parse_rate_list("1GB/s*1048576").map(|l| l.0.len()), Ok(MAX_LIST_ITEMS));
+        assert_eq!(parse_seconds_list("0.4ms*2,2.4ms").map(|l| l.0.len()), Ok(3));
     }
 
     #[test]

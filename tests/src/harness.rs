@@ -47,10 +47,16 @@ pub struct HttpResponse {
 
 /// Sends one HTTP/1.1 request to a loopback address and reads the whole response.
 pub fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> Result<HttpResponse> {
+    http_request_with(addr, method, path, &[], body)
+}
+
+/// [`http_request`] with extra header lines (`("Authorization", "Bearer …")`).
+pub fn http_request_with(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Result<HttpResponse> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let body = body.unwrap_or("");
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())?;
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}", body.len())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let raw = String::from_utf8_lossy(&raw).into_owned();

@@ -1,9 +1,17 @@
-//! Step markers reach the agent three ways (Unix socket, `agent mark`, HTTP POST); malformed
-//! markers are refused with a clear error and counted.
+//! Step markers reach the agent three ways (Unix socket, `agent mark`, HTTP POST — enabled
+//! explicitly, with a token); malformed markers are refused with a clear error and counted.
 
 use std::{path::Path, process::Command, time::Duration};
 
-use stepwise_tests::harness::{agent_bin, http_request, sample, Agent};
+use stepwise_tests::harness::{agent_bin, http_request_with, sample, Agent};
+
+/// The `[api] token` of this test's agent.
+const TOKEN: &str = "markers-test-token-0123456789";
+const AUTH: [(&str, &str); 1] = [("Authorization", "Bearer markers-test-token-0123456789")];
+
+fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<stepwise_tests::harness::HttpResponse> {
+    http_request_with(addr, method, path, &AUTH, body)
+}
 
 fn markers(agent: &Agent) -> Vec<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/markers").expect("markers").body).expect("json");
@@ -12,7 +20,7 @@ fn markers(agent: &Agent) -> Vec<serde_json::Value> {
 
 fn config(dir: &Path) -> String {
     let p = dir.join("agent.toml");
-    std::fs::write(&p, "[sources]\nrdma = false\nethtool = false\n[collectives]\nenabled = false\n").expect("config");
+    std::fs::write(&p, format!("[sources]\nrdma = false\nethtool = false\n[collectives]\nenabled = false\n[api]\nmarkers_over_tcp = true\ntoken = \"{TOKEN}\"\n")).expect("config");
     p.display().to_string()
 }
 
@@ -29,7 +37,7 @@ fn markers_arrive_by_socket_by_agent_mark_and_by_http() {
     // 2. agent mark over the socket and over HTTP.
     let st = Command::new(agent_bin()).args(["mark", "--rank", "1", "--step", "1", "--phase", "begin", "--socket", sock.to_str().expect("utf8")]).status().expect("mark");
     assert!(st.success());
-    let st = Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "end", "--agent", &agent.addr]).status().expect("mark http");
+    let st = Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "end", "--agent", &agent.addr]).env("STEPWISE_TOKEN", TOKEN).status().expect("mark http");
     assert!(st.success());
     // 3. HTTP POST of an array.
     let r = http_request(&agent.addr, "POST", "/api/v1/markers", Some(r#"[{"rank":1,"step":1,"phase":"end","time":1764500000.5}]"#)).expect("post");

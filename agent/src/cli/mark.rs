@@ -27,9 +27,14 @@ pub struct MarkArgs {
     /// The agent's marker socket [default: /run/stepwise/markers.sock].
     #[arg(long, env = "STEPWISE_MARKER_SOCKET", conflicts_with = "agent")]
     pub socket: Option<PathBuf>,
-    /// Send to an agent's HTTP API instead (host:port; POST /api/v1/markers).
+    /// Send to an agent's HTTP API instead (host:port; POST /api/v1/markers, which the agent
+    /// accepts only with [api] markers_over_tcp = true and its token).
     #[arg(long)]
     pub agent: Option<String>,
+    /// Bearer token for --agent (the agent's [api] token). Prefer the environment variable:
+    /// a flag is visible to every user in `ps`.
+    #[arg(long, env = "STEPWISE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 pub fn main(a: MarkArgs) -> ExitCode {
@@ -54,7 +59,11 @@ pub fn main(a: MarkArgs) -> ExitCode {
         Some(addr) => {
             let url = if addr.contains("://") { format!("{addr}/api/v1/markers") } else { format!("http://{addr}/api/v1/markers") };
             let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).http_status_as_error(false).build().new_agent();
-            match agent.post(&url).header("content-type", "application/json").send(line.as_bytes()) {
+            let mut req = agent.post(&url).header("content-type", "application/json");
+            if let Some(t) = &a.token {
+                req = req.header("authorization", format!("Bearer {}", t.trim()));
+            }
+            match req.send(line.as_bytes()) {
                 Ok(resp) if resp.status().is_success() => Ok(()),
                 Ok(mut resp) => Err(format!("{url}: HTTP {}: {}", resp.status(), resp.body_mut().read_to_string().unwrap_or_default().trim())),
                 Err(e) => Err(format!("{url}: {e}")),

@@ -54,6 +54,10 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
+    if let Err(msg) = refuse_set_id() {
+        eprintln!("agent: {msg}");
+        return ExitCode::FAILURE;
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -70,4 +74,21 @@ pub fn main() -> ExitCode {
         Command::Mark(a) => mark::main(a),
         Command::Completions(a) => completions::main(a),
     }
+}
+
+/// The agent never runs set-user-ID or set-group-ID: the s-bit would hand whoever can execute
+/// it the owner's privileges (eBPF, every process's maps, the store). Capabilities go to the
+/// service (systemd unit, DaemonSet) or the file (setcap), which leave real and effective ids
+/// equal (docs/security.md).
+fn refuse_set_id() -> Result<(), String> {
+    // SAFETY: getuid(2) and friends take no arguments and always succeed.
+    let (ruid, euid, rgid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getgid(), libc::getegid()) };
+    let fix = "remove the bit (chmod u-s,g-s) and grant the capabilities to the service instead (docs/security.md)";
+    if ruid != euid {
+        return Err(format!("refusing to run set-user-ID (real uid {ruid}, effective uid {euid}): {fix}"));
+    }
+    if rgid != egid {
+        return Err(format!("refusing to run set-group-ID (real gid {rgid}, effective gid {egid}): {fix}"));
+    }
+    Ok(())
 }

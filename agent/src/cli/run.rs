@@ -242,6 +242,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let engine = Arc::new(Mutex::new(engine));
     let mut state = api::AppState::new(registry);
     state.engine = Some(engine.clone());
+    state.markers_token = cfg.api.markers_token().cloned();
     // Before the state is shared: the exporter registers its counters in the registry.
     let _otlp = crate::export::otlp::start(&cfg, &mut state, &engine);
     let drops = coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.drops_handle()).unwrap_or_default();

@@ -1,6 +1,7 @@
 //! HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/api/v1/topology`, `/api/v1/status`.
 //! Everything here is read-only; handlers only read shared state, so a slow client never
-//! blocks sampling.
+//! blocks sampling. The one write, `POST /api/v1/markers`, is refused on this (TCP) listener
+//! unless `[api] markers_over_tcp` is on, and then needs the bearer token (docs/security.md).
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
@@ -10,8 +11,9 @@ use std::sync::{
 use axum::{
     extract::{Query, State},
     http::{header, StatusCode},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
     Json, Router,
 };
 use prometheus_client::registry::Registry;
@@ -27,6 +29,8 @@ pub struct AppState {
     pub collectives: Arc<RwLock<Option<crate::sources::collectives::SharedHistory>>>,
     /// Steps, markers and counter windows.
     pub engine: Option<Arc<std::sync::Mutex<crate::engine::Engine>>>,
+    /// The token `POST /api/v1/markers` must carry; `None` (the default) refuses it.
+    pub markers_token: Option<crate::config::Secret>,
 }
 
 impl AppState {
@@ -38,6 +42,7 @@ impl AppState {
             topology: Arc::new(RwLock::new(serde_json::json!({}))),
             collectives: Arc::new(RwLock::new(None)),
             engine: None,
+            markers_token: None,
         }
     }
 }
@@ -54,7 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/collectives", get(collectives))
         .route("/api/v1/steps", get(steps))
-        .route("/api/v1/markers", get(markers_get).post(markers_post))
+        .route("/api/v1/markers", get(markers_get).merge(post(markers_post).route_layer(middleware::from_fn_with_state(state.clone(), require_token))))
         .route("/api/v1/windows", get(windows))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; see /api/v1/status\n") })
@@ -131,7 +136,6 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: tok
 async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|v| *v).await;
 }
-
 
 /// Prometheus text exposition format 0.0.4, for clients that do not ask for OpenMetrics
 /// (promtool, curl, older scrapers).
@@ -314,6 +318,28 @@ async fn markers_get(State(s): State<AppState>, q: Result<Query<SinceQuery>, axu
         Err(r) => return r,
     };
     Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "markers": e.markers_since(q.since.unwrap_or(0.0))})).into_response()
+}
+
+/// Guards the writes on the TCP listener, before their body is read: 403 while
+/// `[api] markers_over_tcp` is off, 401 without the right `Authorization: Bearer` token.
+async fn require_token(State(s): State<AppState>, req: axum::extract::Request, next: Next) -> Response {
+    let Some(token) = &s.markers_token else {
+        return (
+            StatusCode::FORBIDDEN,
+            "markers over TCP are disabled: send them to the agent's Unix socket ([steps] marker_socket, default /run/stepwise/markers.sock; `agent mark --socket`), or set [api] markers_over_tcp = true with a token\n",
+        )
+            .into_response();
+    };
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
+    match given {
+        Some((_, t)) if token.matches(t.trim()) => next.run(req).await,
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "missing or wrong bearer token: send `Authorization: Bearer <[api] token>` (agent mark --token or STEPWISE_TOKEN)\n",
+        )
+            .into_response(),
+    }
 }
 
 /// `POST /api/v1/markers`: one marker object or an array of them (the Unix socket is the

@@ -109,6 +109,13 @@ impl Store {
         Ok(Store { conn, path, skipped: Cell::new(0) })
     }
 
+    /// The connection itself, for the `store_rows` fuzz target, which corrupts rows inside a
+    /// transaction it then rolls back. Not an API.
+    #[doc(hidden)]
+    pub fn fuzzing_connection(&self) -> &Connection {
+        &self.conn
+    }
+
     /// The file this store lives in (`:memory:` for an in-memory store).
     pub fn path(&self) -> &Path {
         &self.path

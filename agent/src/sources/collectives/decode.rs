@@ -205,18 +205,24 @@ impl CallDecoder {
     }
 
     /// Forgets a process (after it exited): returns its calls still in flight as aborted.
+    /// A tid reused by another process keeps that process's calls (fuzz target
+    /// `probe_events`: they were reported as this one's, aborted, and lost).
     pub fn process_exited(&mut self, pid: u32, now_ns: u64) -> Vec<Call> {
         let tids: Vec<u32> = self.pending.iter().filter(|(_, v)| v.iter().any(|p| p.ev.pid == pid)).map(|(t, _)| *t).collect();
         let mut out = Vec::new();
         for tid in tids {
-            if let Some(stack) = self.pending.remove(&tid) {
-                for p in stack {
-                    if let Some(info) = self.probes.get(&p.probe_id) {
-                        if info.op.is_collective() || matches!(info.op, Op::Send | Op::Recv) {
-                            out.push(self.make_call(info, &p, None, now_ns, true));
-                        }
+            let Some(stack) = self.pending.remove(&tid) else { continue };
+            let (gone, kept): (Vec<Pending>, Vec<Pending>) = stack.into_iter().partition(|p| p.ev.pid == pid);
+            for p in gone {
+                if let Some(info) = self.probes.get(&p.probe_id) {
+                    if info.op.is_collective() || matches!(info.op, Op::Send | Op::Recv) {
+                        out.push(self.make_call(info, &p, None, now_ns, true));
                     }
                 }
+            }
+            if !kept.is_empty() {
+                self.pending.insert(tid, kept);
+                continue;
             }
             self.group_depth.remove(&tid);
             self.net_posting.remove(&tid);
@@ -294,8 +300,9 @@ impl CallDecoder {
             return Err(DecodeError::UnknownProbe);
         }
         let stack = self.pending.get_mut(&ev.tid).ok_or(DecodeError::UnpairedExit)?;
-        // Return probes fire in LIFO order per thread; find the newest entry of this probe.
-        let pos = stack.iter().rposition(|p| p.probe_id == ev.probe_id).ok_or(DecodeError::UnpairedExit)?;
+        // Return probes fire in LIFO order per thread; find the newest entry of this probe by
+        // this process (a tid may be reused by another process before the first is reaped).
+        let pos = stack.iter().rposition(|p| p.probe_id == ev.probe_id && p.ev.pid == ev.pid).ok_or(DecodeError::UnpairedExit)?;
         let p = stack.remove(pos);
         if stack.is_empty() {
             self.pending.remove(&ev.tid);

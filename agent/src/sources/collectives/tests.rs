@@ -167,3 +167,30 @@ fn family_labels_are_stable() {
     assert_eq!(Family::Nccl.as_str(), "nccl");
     assert!(Op::AllReduce.is_collective() && !Op::Send.is_collective());
 }
+
+/// Regression (fuzz target `probe_events`): a tid reused by another process before the first
+/// one is reaped. The exit of the second pairs with its own entry, and the first process's
+/// exit reports only its own call as aborted, leaving the other's in flight.
+#[test]
+fn a_tid_reused_by_another_process_keeps_each_process_calls_apart() {
+    let (mut d, id) = nccl_decoder();
+    let ar = id(Op::AllReduce);
+    let p = ProcInfo::default();
+    let a = ProbeEvent { pid: 100, ..ev(KIND_ENTER, ar, 7, 10, [0, 0, 16, 7, 0, 0x1000]) };
+    let b = ProbeEvent { pid: 200, ..ev(KIND_ENTER, ar, 7, 20, [0, 0, 32, 7, 0, 0x2000]) };
+    assert_eq!(d.feed(&b, &p), Ok(Decoded::Nothing));
+    assert_eq!(d.feed(&a, &p), Ok(Decoded::Nothing));
+    // pid 200 returns: its own call (32 elements), not pid 100's newer entry.
+    match d.feed(&ProbeEvent { pid: 200, ..ev(KIND_EXIT, ar, 7, 30, [0; 6]) }, &p) {
+        Ok(Decoded::Call(c)) => assert_eq!((c.pid, c.bytes, c.aborted), (200, Some(32 * 4), false)),
+        other => panic!("{other:?}"),
+    }
+    let c = ProbeEvent { pid: 200, ..ev(KIND_ENTER, ar, 7, 40, [0, 0, 64, 7, 0, 0x2000]) };
+    assert_eq!(d.feed(&c, &p), Ok(Decoded::Nothing));
+    let gone = d.process_exited(100, 50);
+    assert_eq!(gone.iter().map(|c| (c.pid, c.aborted)).collect::<Vec<_>>(), vec![(100, true)]);
+    match d.feed(&ProbeEvent { pid: 200, ..ev(KIND_EXIT, ar, 7, 60, [0; 6]) }, &p) {
+        Ok(Decoded::Call(c)) => assert_eq!((c.pid, c.bytes, c.enter_ns, c.aborted), (200, Some(64 * 4), 40, false)),
+        other => panic!("pid 200's call must survive pid 100's exit: {other:?}"),
+    }
+}

@@ -1,0 +1,197 @@
+//! SQLite rows read back: the history file is on a host volume that anything with write
+//! access (a bug, a second agent of another version, a person with `sqlite3`) may change.
+//! Each input overwrites columns of real-shaped rows with any value — NULL, any integer, any
+//! float bit pattern, text that is not UTF-8, blobs, or the stored JSON with a piece spliced
+//! in — with the constraints the agent relies on switched off, and every query of the store
+//! must then return rows that validate, skip the bad ones, or return a typed error. Never a
+//! panic. The corruption is rolled back after each input (a savepoint), or, when the input
+//! asks for a retention pass, committed and the rows written again.
+#![no_main]
+
+use std::{cell::RefCell, collections::BTreeMap, time::Duration};
+
+use libfuzzer_sys::fuzz_target;
+use rusqlite::{params, types::Value};
+use stepwise::{
+    attribution::{attribute, Attribution, Params, StepData},
+    store::{StepQuery, Store},
+    timeline::{windows::NicInfo, Arrival, Collective, NicWindow, Step, StepSource},
+};
+
+/// (table, column, key column): every column of schema v1.
+const COLUMNS: &[(&str, &str, &str)] = &[
+    ("steps", "job_key", "id"), ("steps", "step_id", "id"), ("steps", "begin", "id"), ("steps", "end", "id"),
+    ("steps", "seconds", "id"), ("steps", "source", "id"), ("steps", "incomplete", "id"), ("steps", "collectives", "id"),
+    ("steps", "attribution", "id"), ("steps", "stored_at", "id"), ("steps", "id", "id"),
+    ("causes", "step_ref", "idx"), ("causes", "idx", "idx"), ("causes", "kind", "idx"), ("causes", "seconds", "idx"),
+    ("causes", "share", "idx"), ("causes", "rank", "idx"), ("causes", "evidence", "idx"), ("causes", "fix", "idx"),
+    ("collectives", "id", "id"), ("collectives", "step_ref", "id"), ("collectives", "comm", "id"), ("collectives", "seq", "id"),
+    ("collectives", "op", "id"), ("collectives", "library", "id"), ("collectives", "bytes", "id"), ("collectives", "nranks", "id"),
+    ("collectives", "first_arrival", "id"), ("collectives", "last_arrival", "id"), ("collectives", "last_exit", "id"),
+    ("collectives", "skew", "id"), ("collectives", "late_rank", "id"),
+    ("arrivals", "comm", "rank"), ("arrivals", "seq", "rank"), ("arrivals", "rank", "rank"), ("arrivals", "host", "rank"),
+    ("arrivals", "pid", "rank"), ("arrivals", "enter", "rank"), ("arrivals", "exit", "rank"), ("arrivals", "aborted", "rank"),
+    ("windows", "step_ref", "idx"), ("windows", "idx", "idx"), ("windows", "nic", "idx"), ("windows", "host", "idx"),
+    ("windows", "rail", "idx"), ("windows", "rate_bytes_per_second", "idx"), ("windows", "tx_bytes", "idx"),
+    ("windows", "rx_bytes", "idx"), ("windows", "pause_seconds", "idx"), ("windows", "pause_frames", "idx"),
+    ("windows", "ecn_marked", "idx"), ("windows", "cnp_sent", "idx"), ("windows", "cnp_handled", "idx"),
+    ("windows", "xmit_wait_ticks", "idx"), ("windows", "retransmits", "idx"), ("windows", "drops", "idx"),
+    ("windows", "max_backlog_bytes", "idx"),
+];
+
+/// A step as the store tests make it: 4 ranks on two hosts, the last one late, 4 NICs.
+fn sample(step: u64, begin: f64, ncoll: usize) -> (Attribution, Vec<Collective>, Vec<NicWindow>) {
+    let mut colls = Vec::new();
+    let mut t = begin + 0.020;
+    for i in 0..ncoll {
+        let late = if i == 0 { 0.03 } else { 0.0 };
+        let arrivals = (0..4u32)
+            .map(|r| Arrival { rank: r, host: format!("host{}", r % 2), pid: 1000 + r, enter: if r == 3 { t + late } else { t }, exit: t + late + 0.002, aborted: false })
+            .collect();
+        colls.push(Collective { comm: "comm-a".into(), seq: step * 1000 + i as u64, op: "all_reduce".into(), library: "nccl".into(), bytes: Some(64 << 20), nranks: Some(4), arrivals });
+        t += late + 0.003;
+    }
+    let windows: Vec<NicWindow> = (0..4u32)
+        .map(|n| NicWindow {
+            nic: NicInfo { name: format!("mlx5_{n}"), host: Some("host0".into()), rail: Some(n), rate_bytes_per_second: Some(50e9) },
+            tx_bytes: 16e6 * f64::from(n + 1),
+            rx_bytes: 16e6,
+            pause_seconds: 1e-4 * f64::from(n),
+            pause_frames: 3.0,
+            ecn_marked: 7.0,
+            cnp_sent: 2.0,
+            cnp_handled: 1.0,
+            xmit_wait_ticks: 1234.0,
+            retransmits: 1.0,
+            drops: 0.0,
+            max_backlog_bytes: 4096.0,
+        })
+        .collect();
+    let s = Step { id: step, begin, end: t + 0.005, source: StepSource::Markers, ranks: BTreeMap::new() };
+    let refs: Vec<&Collective> = colls.iter().collect();
+    let per: Vec<Vec<NicWindow>> = colls.iter().map(|_| windows.clone()).collect();
+    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per, net: &[], dropped_events: false }, &Params::default());
+    (att, colls, windows)
+}
+
+struct Db {
+    _dir: tempfile::TempDir,
+    store: Store,
+    steps: Vec<(Attribution, Vec<Collective>, Vec<NicWindow>)>,
+    json: Vec<String>,
+}
+
+impl Db {
+    fn new() -> Db {
+        let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
+        let dir = tempfile::Builder::new().prefix("stepwise-fuzz-store-").tempdir_in(base).expect("tmp");
+        let store = Store::open(dir.path().join("agent.db")).expect("store");
+        let steps = vec![sample(1, 1.7e9, 2), sample(2, 1.7e9 + 1.0, 1)];
+        let json = steps.iter().map(|(a, ..)| serde_json::to_string(a).expect("json")).collect();
+        let mut db = Db { _dir: dir, store, steps, json };
+        db.rewrite();
+        db
+    }
+
+    /// Deletes every row and writes the steps again (after a committed corruption).
+    fn rewrite(&mut self) {
+        let c = self.store.fuzzing_connection();
+        c.execute_batch("PRAGMA foreign_keys = OFF; DELETE FROM arrivals; DELETE FROM windows; DELETE FROM causes; DELETE FROM collectives; DELETE FROM steps; PRAGMA foreign_keys = ON;").expect("clear");
+        for (a, col, w) in &self.steps {
+            self.store.put_step("job", a, col, w).expect("put_step");
+        }
+    }
+}
+
+thread_local! {
+    static DB: RefCell<Option<Db>> = const { RefCell::new(None) };
+}
+
+fn splice(orig: &str, at: usize, cut: usize, with: &[u8]) -> Vec<u8> {
+    let b = orig.as_bytes();
+    let at = at % (b.len() + 1);
+    let end = (at + cut).min(b.len());
+    [&b[..at], with, &b[end..]].concat()
+}
+
+fn check(a: &Attribution) {
+    assert!(a.begin.is_finite() && a.end.is_finite() && a.seconds.is_finite(), "{a:?}");
+    assert!(a.causes.iter().all(|c| c.seconds.is_finite() && c.share.is_finite()), "{a:?}");
+    assert!(a.ranks.iter().all(|r| r.late_seconds.is_finite() && r.wait_seconds.is_finite() && r.inside_seconds.is_finite()), "{a:?}");
+}
+
+fuzz_target!(|data: &[u8]| {
+    DB.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let db = slot.get_or_insert_with(Db::new);
+        let retention = data.chunks(4).any(|c| c.first() == Some(&0xff));
+        let conn = db.store.fuzzing_connection();
+        // A writer that ignores the constraints (foreign_keys only changes outside a transaction).
+        conn.execute_batch("PRAGMA foreign_keys = OFF").expect("fk off");
+        if !retention {
+            conn.execute_batch("SAVEPOINT fuzz").expect("savepoint");
+        }
+        let mut rest = data;
+        while let [sel, kind, key, len, tail @ ..] = rest {
+            let n = usize::from(*len).min(tail.len());
+            let (bytes, next) = tail.split_at(n);
+            rest = next;
+            if *sel == 0xff {
+                continue;
+            }
+            let (table, column, key_col) = COLUMNS[usize::from(*sel) % COLUMNS.len()];
+            let mut word = [0u8; 8];
+            word[..n.min(8)].copy_from_slice(&bytes[..n.min(8)]);
+            let value = match kind % 7 {
+                0 => Value::Null,
+                1 => Value::Integer(i64::from_le_bytes(word)),
+                2 => Value::Real(f64::from_bits(u64::from_le_bytes(word))),
+                3 | 4 => Value::Blob(bytes.to_vec()),
+                // The stored JSON with a piece replaced: nearly valid, so validation runs deep.
+                _ => {
+                    let j = &db.json[usize::from(*key) % db.json.len()];
+                    Value::Blob(splice(j, usize::from(u16::from_le_bytes([word[0], word[1]])), usize::from(word[2] % 16), bytes.get(3..).unwrap_or_default()))
+                }
+            };
+            // Text that is not UTF-8: SQLite keeps the bytes of a blob cast to TEXT.
+            let expr = if matches!(kind % 7, 3 | 5 | 6) { "CAST(?1 AS TEXT)" } else { "?1" };
+            let column = match (kind % 7 >= 5, table) {
+                (true, "steps") => "attribution",
+                (true, "causes") => "evidence",
+                _ => column,
+            };
+            let _ = conn.execute(&format!("UPDATE {table} SET {column} = {expr} WHERE {key_col} = ?2"), params![value, i64::from(*key % 8)]);
+        }
+
+        let queries = [
+            StepQuery::default(),
+            StepQuery { slowest: Some(3), ..Default::default() },
+            StepQuery { limit: Some(1), job_key: Some("job".into()), ..Default::default() },
+            StepQuery { step: Some(1), since: Some(0.0), ..Default::default() },
+        ];
+        for q in &queries {
+            if let Ok(steps) = db.store.steps(q) {
+                for a in &steps {
+                    check(a);
+                    let _ = db.store.collectives_of_step(a);
+                }
+            }
+        }
+        for step in [1, 2, u64::MAX] {
+            if let Ok(cs) = db.store.collectives_of("job", step) {
+                for c in &cs {
+                    let _ = (c.skew(), c.late_rank(), c.transfer(), c.complete());
+                }
+            }
+            let _ = db.store.windows_of("job", step);
+        }
+        let _ = (db.store.count_steps(), db.store.last_step_time("job"), db.store.size_bytes());
+        if retention {
+            conn.execute_batch("PRAGMA foreign_keys = ON").expect("fk on");
+            let _ = db.store.retention_at(1.7e9 + 10.0, Duration::from_secs(5), 1 << 30);
+            db.rewrite();
+        } else {
+            conn.execute_batch("ROLLBACK TO fuzz; RELEASE fuzz; PRAGMA foreign_keys = ON").expect("rollback");
+        }
+    });
+});

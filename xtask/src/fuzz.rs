@@ -1,0 +1,214 @@
+//! `cargo xtask fuzz [--seconds N | --runs N] [--fork J] [target…]`: builds the cargo-fuzz
+//! targets of `fuzz/` (nightly, AddressSanitizer, debug assertions and overflow checks) and
+//! runs each on its committed corpus (`fuzz/corpus/<target>/`, read only; what the run finds
+//! goes to `fuzz/target/corpus/<target>/`). A crash, a timeout (one input over 10 s: a hang)
+//! or an allocation over 2 GiB fails the task; libFuzzer leaves the input in
+//! `fuzz/artifacts/<target>/` — turn it into a regression test next to the parser, then fix.
+//!
+//! Without a limit each target runs 10 M inputs, the bar of issue 7; `cargo xtask test fuzz`
+//! runs each for [`BRIEF_SECONDS`].
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::tasks::{root, sh};
+
+/// One target per parser family of outside input (docs/security.md, "Fuzzing").
+pub const TARGETS: [&str; 8] = ["sysfs", "ethtool_strings", "proc_maps_environ", "probe_events", "config_toml", "api_query_marker", "store_rows", "units"];
+
+/// Seconds per target in the `fuzz` test tier.
+pub const BRIEF_SECONDS: u64 = 20;
+
+/// Inputs per target when no limit is given.
+pub const LONG_RUNS: u64 = 10_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limit {
+    Seconds(u64),
+    Runs(u64),
+}
+
+/// What one target's run did (libFuzzer's final stats).
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub execs: u64,
+    pub seconds: f64,
+    pub corpus: u64,
+    pub coverage: u64,
+}
+
+pub fn fuzz(args: &[String]) -> Result<()> {
+    let mut limit = Limit::Runs(LONG_RUNS);
+    let mut fork = 0u32;
+    let mut targets = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut num = |what: &str| -> Result<u64> {
+            let v = it.next().with_context(|| format!("{what} needs a number"))?;
+            v.parse().with_context(|| format!("{what} {v:?}: not a whole number"))
+        };
+        match a.as_str() {
+            "--seconds" => limit = Limit::Seconds(num("--seconds")?),
+            "--runs" => limit = Limit::Runs(num("--runs")?),
+            "--fork" => fork = u32::try_from(num("--fork")?).context("--fork: too many")?,
+            "-h" | "--help" => {
+                eprintln!("usage: cargo xtask fuzz [--seconds N | --runs N] [--fork J] [target…]\n\ntargets: {}\ndefault: --runs {LONG_RUNS} for every target", TARGETS.join(", "));
+                return Ok(());
+            }
+            t if TARGETS.contains(&t) => targets.push(t.to_string()),
+            other => bail!("unknown fuzz target or flag {other:?} (targets: {})", TARGETS.join(", ")),
+        }
+    }
+    if targets.is_empty() {
+        targets = TARGETS.iter().map(|t| t.to_string()).collect();
+    }
+    run(&targets, limit, fork)
+}
+
+/// The `fuzz` test tier: every target for [`BRIEF_SECONDS`].
+pub fn brief() -> Result<()> {
+    let all: Vec<String> = TARGETS.iter().map(|t| t.to_string()).collect();
+    run(&all, Limit::Seconds(BRIEF_SECONDS), 0)
+}
+
+fn fuzz_dir() -> PathBuf {
+    root().join("fuzz")
+}
+
+/// `cargo +nightly …` in `fuzz/`, without the variables of the `cargo xtask` that runs it.
+fn nightly_cargo() -> Command {
+    let mut c = Command::new("cargo");
+    c.arg("+nightly").current_dir(fuzz_dir());
+    for v in ["RUSTUP_TOOLCHAIN", "CARGO", "CARGO_TARGET_DIR", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC", "RUSTC_WRAPPER"] {
+        c.env_remove(v);
+    }
+    // The targets never load eBPF: skip building the object (agent/build.rs writes a stub).
+    c.env("AYA_BUILD_SKIP", "1");
+    c
+}
+
+fn ensure_cargo_fuzz() -> Result<()> {
+    let have = nightly_cargo().args(["fuzz", "--version"]).output().is_ok_and(|o| o.status.success());
+    if !have {
+        eprintln!("cargo-fuzz is missing: installing it");
+        sh(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    Ok(())
+}
+
+fn max_len(target: &str) -> u32 {
+    match target {
+        // 224-byte records: room for a few dozen.
+        "probe_events" => 16384,
+        _ => 4096,
+    }
+}
+
+pub fn run(targets: &[String], limit: Limit, fork: u32) -> Result<()> {
+    ensure_cargo_fuzz()?;
+    let started = Instant::now();
+    eprintln!("=== building {} fuzz target(s) (nightly, AddressSanitizer, debug assertions) ===", targets.len());
+    let mut build = nightly_cargo();
+    build.args(["fuzz", "build"]).args(targets);
+    sh(&mut build)?;
+    let built = started.elapsed();
+    let logs = fuzz_dir().join("target/logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut rows = Vec::new();
+    for t in targets {
+        let work = fuzz_dir().join("target/corpus").join(t);
+        std::fs::create_dir_all(&work)?;
+        let seeds = fuzz_dir().join("corpus").join(t);
+        let log = logs.join(format!("{t}.log"));
+        let mut c = nightly_cargo();
+        c.args(["fuzz", "run", t]).arg(&work).arg(&seeds).arg("--");
+        match limit {
+            Limit::Seconds(s) => c.arg(format!("-max_total_time={s}")),
+            Limit::Runs(n) => c.arg(format!("-runs={n}")),
+        };
+        c.args([format!("-max_len={}", max_len(t)), "-timeout=10".into(), "-rss_limit_mb=2048".into(), "-print_final_stats=1".into()]);
+        if fork > 0 {
+            c.arg(format!("-fork={fork}"));
+        }
+        eprintln!("--- {t} ({limit:?}; log {})", log.display());
+        let t0 = Instant::now();
+        let out = c.output().with_context(|| format!("cannot run cargo fuzz run {t}"))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        std::fs::write(&log, &text)?;
+        if !out.status.success() {
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "fuzz target {t} failed ({}): a crash, hang or out-of-memory; the input is in {}\n{}",
+                out.status,
+                fuzz_dir().join("artifacts").join(t).display(),
+                tail.join("\n")
+            );
+        }
+        let mut o = outcome(&text);
+        if o.seconds <= 0.0 {
+            o.seconds = t0.elapsed().as_secs_f64();
+        }
+        eprintln!("    {t}: {} executions in {:.0} s ({:.0}/s), corpus {}, coverage {}", o.execs, o.seconds, o.execs as f64 / o.seconds.max(1.0), o.corpus, o.coverage);
+        rows.push((t.clone(), o, t0.elapsed()));
+    }
+    eprintln!("\nfuzz: build {:.0?}; per target (0 crashes, 0 hangs):", built);
+    for (t, o, wall) in &rows {
+        eprintln!("  {t:<18} {:>12} execs  {:>6.0} s  {:>9.0} execs/s  (wall {:.0?})", o.execs, o.seconds, o.execs as f64 / o.seconds.max(1.0), wall);
+    }
+    eprintln!("fuzz: total {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// Parses libFuzzer's `-print_final_stats=1` lines and its last status line.
+pub fn outcome(log: &str) -> Outcome {
+    let stat = |key: &str| log.lines().filter_map(|l| l.trim().strip_prefix(key)?.trim().parse::<u64>().ok()).last();
+    let mut o = Outcome { execs: stat("stat::number_of_executed_units:").unwrap_or(0), ..Default::default() };
+    // "Done 123 runs in 20 second(s)" (or the final stats' exec rate) gives the time.
+    if let Some(secs) = log.lines().filter_map(|l| l.strip_prefix("Done ")?.split(" runs in ").nth(1)?.split_whitespace().next()?.parse::<f64>().ok()).last() {
+        o.seconds = secs;
+    } else if let Some(rate) = stat("stat::average_exec_per_sec:").filter(|r| *r > 0) {
+        o.seconds = o.execs as f64 / rate as f64;
+    }
+    // "#123 DONE cov: 456 ft: 789 corp: 12/3456b …"
+    let last = log.lines().rev().find(|l| l.starts_with('#') && l.contains(" cov: ")).unwrap_or("");
+    let field = |name: &str| last.split_whitespace().skip_while(|w| *w != name).nth(1).and_then(|v| v.split('/').next()?.parse().ok());
+    o.coverage = field("cov:").unwrap_or(0);
+    o.corpus = field("corp:").unwrap_or(0);
+    o
+}
+
+/// Whether `fuzz/corpus` has a seed directory for every target (checked by the unit tests).
+pub fn corpus_dirs(root: &Path) -> Vec<(String, usize)> {
+    TARGETS.iter().map(|t| (t.to_string(), std::fs::read_dir(root.join("fuzz/corpus").join(t)).map(|d| d.count()).unwrap_or(0))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libfuzzer_stats_are_read() {
+        let log = "#2\tINITED cov: 10 ft: 11 corp: 2/30b exec/s: 0 rss: 30Mb\n#4096\tpulse  cov: 12 ft: 20 corp: 3/40b lim: 4096 exec/s: 2048 rss: 31Mb\n#81920\tDONE   cov: 14 ft: 25 corp: 5/60b lim: 4096 exec/s: 4096 rss: 40Mb\nDone 81920 runs in 20 second(s)\nstat::number_of_executed_units: 81920\nstat::average_exec_per_sec:     4096\n";
+        let o = outcome(log);
+        assert_eq!((o.execs, o.seconds, o.coverage, o.corpus), (81920, 20.0, 14, 5));
+    }
+
+    #[test]
+    fn every_target_has_a_committed_seed_corpus_and_a_source() {
+        let root = root();
+        for (t, n) in corpus_dirs(&root) {
+            assert!(n > 0, "fuzz/corpus/{t} has no seeds");
+            assert!(root.join(format!("fuzz/fuzz_targets/{t}.rs")).is_file(), "no fuzz/fuzz_targets/{t}.rs");
+        }
+        let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).expect("fuzz/Cargo.toml");
+        for t in TARGETS {
+            assert!(manifest.contains(&format!("name = \"{t}\"")), "{t} is not a [[bin]] of fuzz/Cargo.toml");
+        }
+    }
+}
