@@ -28,6 +28,20 @@ mod programs {
     #[map(name = "OUTPTR")]
     static OUTPTR: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
+    /// Submit flags: hot probes (COOKIE_LAZY_WAKE) do not wake the agent while the ring is less
+    /// than a quarter full (it drains on a short timer anyway, and a wakeup per event costs the
+    /// traced thread more than the probe itself), and force a wakeup beyond that.
+    #[inline(always)]
+    fn wake_flags(cookie: u64) -> u64 {
+        const BPF_RB_AVAIL_DATA: u64 = 0;
+        const BPF_RB_NO_WAKEUP: u64 = 1;
+        const BPF_RB_FORCE_WAKEUP: u64 = 2;
+        if cookie & agent_common::COOKIE_LAZY_WAKE == 0 {
+            return 0; // default: wake the consumer when it waits
+        }
+        if EVENTS.query(BPF_RB_AVAIL_DATA) >= (EVENTS_RING_BYTES / 4) as u64 { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+    }
+
     #[inline(always)]
     fn count_drop() {
         if let Some(p) = DROPS.get_ptr_mut(0) {
@@ -85,7 +99,7 @@ mod programs {
             let ptr = if idx < 6 { ev.args[idx] } else if idx == 6 { ev.stack[0] } else { ev.stack[1] };
             let _ = OUTPTR.insert(&ev.tid, &ptr, 0);
         }
-        entry.submit(0);
+        entry.submit(wake_flags(cookie));
         0
     }
 
@@ -113,7 +127,7 @@ mod programs {
             }
             let _ = OUTPTR.remove(&ev.tid);
         }
-        entry.submit(0);
+        entry.submit(wake_flags(cookie));
         0
     }
 

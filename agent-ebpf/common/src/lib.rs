@@ -40,6 +40,10 @@ pub const KIND_EXIT: u32 = 2;
 ///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`);
 ///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments.
 pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
+/// Bit 33: a hot probe (called per network chunk): its events do not wake the agent until the
+/// ring is a quarter full. Other probes wake it at once, so a short-lived process is seen
+/// while its `/proc` entry still exists.
+pub const COOKIE_LAZY_WAKE: u64 = 1 << 33;
 pub const COOKIE_DEREF_SHIFT: u32 = 40;
 
 /// Builds a cookie.

@@ -242,6 +242,10 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let engine = Arc::new(Mutex::new(engine));
     let mut state = api::AppState::new(registry);
     state.engine = Some(engine.clone());
+    if let Some(Ok(c)) = &coll {
+        state.probes_ready = Some(c.ready_handle());
+        state.probes_detail = Some(c.status_handle());
+    }
     state.markers_token = cfg.api.markers_token().cloned();
     // Before the state is shared: the exporter registers its counters in the registry.
     let _otlp = crate::export::otlp::start(&cfg, &mut state, &engine);
@@ -328,9 +332,14 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                             warn!("history store: {e}");
                         }
                     }
-                    if last_retention.is_none_or(|t| t.elapsed() >= store_cfg.retention_interval) {
+                    // Periodically (age and size), and as soon as the file passes max_bytes (at
+                    // most once a second); down to 90 % so the next pass is not at once.
+                    let over_budget = !pending.is_empty()
+                        && last_retention.is_some_and(|t| t.elapsed() >= Duration::from_secs(1))
+                        && st.size_bytes().is_ok_and(|b| b > store_cfg.max_bytes);
+                    if over_budget || last_retention.is_none_or(|t| t.elapsed() >= store_cfg.retention_interval) {
                         last_retention = Some(Instant::now());
-                        if let Err(e) = st.retention(store_cfg.max_age, store_cfg.max_bytes) {
+                        if let Err(e) = st.retention(store_cfg.max_age, store_cfg.max_bytes - store_cfg.max_bytes / 10) {
                             warn!("history store retention: {e}");
                         }
                     }

@@ -31,6 +31,10 @@ pub struct AppState {
     pub engine: Option<Arc<std::sync::Mutex<crate::engine::Engine>>>,
     /// The token `POST /api/v1/markers` must carry; `None` (the default) refuses it.
     pub markers_token: Option<crate::config::Secret>,
+    /// Collective probes: start-up probing done (readiness waits for it when they run).
+    pub probes_ready: Option<Arc<AtomicBool>>,
+    /// Collective probes: attached libraries and traced processes.
+    pub probes_detail: Option<Arc<std::sync::Mutex<serde_json::Value>>>,
 }
 
 impl AppState {
@@ -43,6 +47,8 @@ impl AppState {
             collectives: Arc::new(RwLock::new(None)),
             engine: None,
             markers_token: None,
+            probes_ready: None,
+            probes_detail: None,
         }
     }
 }
@@ -205,10 +211,12 @@ mod tests {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    if s.ready.load(Ordering::Relaxed) {
-        "ready\n".into_response()
-    } else {
+    if !s.ready.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: first sweep not finished\n").into_response()
+    } else if s.probes_ready.as_ref().is_some_and(|r| !r.load(Ordering::Acquire)) {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: collective probes are still attaching\n").into_response()
+    } else {
+        "ready\n".into_response()
     }
 }
 
@@ -221,7 +229,12 @@ async fn topology(State(s): State<AppState>) -> Json<serde_json::Value> {
 }
 
 async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
-    Json(snapshot(&s.status))
+    let mut v = snapshot(&s.status);
+    if let (Some(d), Some(obj)) = (&s.probes_detail, v.as_object_mut()) {
+        let detail = d.lock().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone());
+        obj.insert("collectives_detail".into(), detail);
+    }
+    Json(v)
 }
 
 /// Query of `/api/v1/collectives`.

@@ -131,6 +131,8 @@ struct Pending {
     bytes: Option<u64>,
     /// (pid, communicator handle) of the call.
     comm_key: Option<(u32, u64)>,
+    /// ncclCommSplit: which split of the parent this is.
+    split_index: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -140,6 +142,9 @@ struct CommState {
     rank: Option<u32>,
     nranks: Option<u32>,
     next_seq: u64,
+    /// ncclCommSplit calls issued on this communicator so far (every rank of the parent
+    /// issues them in the same order, so the n-th split is the same on every rank).
+    splits: u64,
 }
 
 /// Decode errors (counted, never fatal).
@@ -254,6 +259,7 @@ impl CallDecoder {
             rank: if world { proc.world_rank() } else { None },
             nranks: if world { proc.world_size() } else { None },
             next_seq: 0,
+            splits: 0,
         };
         let out = (st.id, st.global, st.rank, st.nranks);
         self.comms.insert(key, st);
@@ -320,7 +326,8 @@ impl CallDecoder {
                 Ok(Decoded::Nothing)
             }
             Op::CommInit | Op::CommSplit => {
-                if ev.has_deref == 1 && ret == 0 {
+                // A split with NCCL_SPLIT_NOCOLOR returns no communicator (NULL): nothing to track.
+                if ev.has_deref == 1 && ret == 0 && ev.args[1] != 0 {
                     let handle = ev.args[1];
                     let (id, global, rank, nranks) = match info.decoder {
                         Decoder::NcclInit { nranks, rank } => {
@@ -328,13 +335,15 @@ impl CallDecoder {
                             (id, p.ev.has_blob == 1, Some(arg(&p.ev, rank) as u32), Some(arg(&p.ev, nranks) as u32))
                         }
                         _ => {
-                            // ncclCommSplit: children of the same parent, color and key.
+                            // ncclCommSplit: the n-th split of a parent with a given color is the
+                            // same communicator on every member rank.
                             let parent = p.comm.map(|c| c.0 .0).unwrap_or(0);
+                            let nth = p.split_index.unwrap_or(0);
                             let color = p.ev.args[1] as u32;
-                            (CommId(fnv1a(&[b"split", &parent.to_le_bytes(), &color.to_le_bytes()])), p.comm.is_some_and(|c| c.1), None, None)
+                            (CommId(fnv1a(&[b"split", &parent.to_le_bytes(), &nth.to_le_bytes(), &color.to_le_bytes()])), p.comm.is_some_and(|c| c.1), None, None)
                         }
                     };
-                    self.comms.insert((ev.pid, handle), CommState { id, global, rank, nranks, next_seq: 0 });
+                    self.comms.insert((ev.pid, handle), CommState { id, global, rank, nranks, next_seq: 0, splits: 0 });
                     let mut c = self.make_call(&info, &p, Some(ret), ev.ts_ns, false);
                     c.comm = Some(id);
                     c.comm_global = global;
@@ -342,7 +351,14 @@ impl CallDecoder {
                     c.nranks = nranks;
                     return Ok(Decoded::Call(c));
                 }
-                Ok(Decoded::Call(self.make_call(&info, &p, Some(ret), ev.ts_ns, false)))
+                let mut c = self.make_call(&info, &p, Some(ret), ev.ts_ns, false);
+                if info.op == Op::CommSplit {
+                    // No communicator came back (NCCL_SPLIT_NOCOLOR or an error): the call
+                    // belongs to no child, and must not carry the parent's identity.
+                    c.comm = None;
+                    c.comm_global = false;
+                }
+                Ok(Decoded::Call(c))
             }
             Op::CommRank | Op::CommSize => {
                 if let (Some(Arg::Reg(_)), 1) = (Self::comm_arg(&info), ev.has_deref) {
@@ -386,14 +402,19 @@ impl CallDecoder {
 
     fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> Result<(), DecodeError> {
         let grouped = self.group_depth.get(&ev.tid).copied().unwrap_or(0) > 0;
-        let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None };
+        let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None, split_index: None };
         let mut result = Ok(());
         if let Some(a) = Self::comm_arg(info) {
             let handle = arg(ev, a);
             let c = self.comm_for(info, ev, handle, proc);
             pend.comm = Some(c);
             pend.comm_key = Some((ev.pid, handle));
-            if info.op.is_collective() {
+            if info.op == Op::CommSplit {
+                if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
+                    pend.split_index = Some(st.splits);
+                    st.splits += 1;
+                }
+            } else if info.op.is_collective() {
                 if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
                     pend.seq = Some(st.next_seq);
                     st.next_seq += 1;

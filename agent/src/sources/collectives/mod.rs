@@ -128,6 +128,11 @@ pub struct Collectives {
     self_pid: u32,
     /// Kernel-side drops so far, shared with the engine (steps get "incomplete data").
     drops_total: Arc<std::sync::atomic::AtomicU64>,
+    /// Set once the start-up preload has attached the libraries found on disk: `/readyz`
+    /// waits for it, so a job started right after readiness is seen from its first call.
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    /// [`Collectives::status`] after every rescan, for `/api/v1/status`.
+    status_shared: Arc<Mutex<serde_json::Value>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +181,8 @@ impl Collectives {
             last_drops: 0,
             self_pid: std::process::id(),
             drops_total: Arc::default(),
+            ready: Arc::default(),
+            status_shared: Arc::new(Mutex::new(serde_json::json!({}))),
             cfg,
         })
     }
@@ -187,6 +194,16 @@ impl Collectives {
     /// Kernel-side event drops so far.
     pub fn drops_handle(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.drops_total.clone()
+    }
+
+    /// True once start-up probing is done.
+    pub fn ready_handle(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.ready.clone()
+    }
+
+    /// Attached libraries and traced processes, refreshed after every rescan.
+    pub fn status_handle(&self) -> Arc<Mutex<serde_json::Value>> {
+        self.status_shared.clone()
     }
 
     /// Probes target libraries found in `library_dirs` before any process maps them.
@@ -219,15 +236,28 @@ impl Collectives {
     /// Runs until `stop` returns true: drains events continuously, rescans periodically.
     pub fn run(mut self, stop: impl Fn() -> bool) {
         self.preload();
-        let mut last_scan = Instant::now() - self.cfg.rescan;
+        // The first rescan attaches libraries already mapped by running processes.
+        self.rescan();
+        self.ready.store(true, std::sync::atomic::Ordering::Release);
+        let mut last_scan = Instant::now();
         let mut window_start: Option<Instant> = None;
         let mut last_window = Instant::now();
         let mut buf: Vec<ProbeEvent> = Vec::with_capacity(4096);
         let fd = self.probes.ring_fd();
         while !stop() {
             if last_scan.elapsed() >= self.cfg.rescan {
+                // Decode what is queued first: a process the rescan finds gone must not lose
+                // its last events (they would no longer pass the /proc-based selection).
+                buf.clear();
+                if self.probes.drain(&mut buf).is_ok() {
+                    self.handle(&buf);
+                }
                 self.rescan();
                 last_scan = Instant::now();
+                let st = self.status();
+                if let Ok(mut g) = self.status_shared.lock() {
+                    *g = st;
+                }
             }
             // Sampled windows for hot internal functions.
             match window_start {
@@ -512,7 +542,10 @@ impl Collectives {
             self.next_probe_id += 1;
             probe_ids.push(id);
             self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
-            let cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+            let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+            if spec.sampled {
+                cookie |= agent_common::COOKIE_LAZY_WAKE;
+            }
             if spec.sampled {
                 sampled.push((off, cookie, sym));
                 continue;

@@ -201,8 +201,14 @@ pub fn scan(proc_root: &Path, globs: &[glob::Pattern], sel: &Selector, self_pid:
 }
 
 /// Whether a pid still exists.
+/// Whether a pid is still a running process. A zombie (killed, not yet reaped by its parent
+/// — `mpirun` may take its time) has exited: its calls in flight are aborted now.
 pub fn alive(proc_root: &Path, pid: u32) -> bool {
-    proc_root.join(pid.to_string()).exists()
+    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
+        // "pid (comm) S …": the state follows the last ')' (comm may contain parentheses).
+        Ok(s) => s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()).is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]

@@ -215,12 +215,14 @@ pub fn nccl() -> Target {
     // ncclIbIrecv(recvComm, n, data**, sizes*, tags*, mhandles**, phandles**, void** request)
     let mut irecv = spec(f, &["_Z11ncclIbIrecvPviPS_PmPiS0_S0_S0_"], Op::NetIrecv, Decoder::NetPost { size: None });
     irecv.deref = Some(Stack(1));
-    // ncclIbTest(request, int* done, int* sizes): polled continuously → sampled windows only.
+    // ncclIbTest(request, int* done, int* sizes): polled continuously. All three run per
+    // chunk (≈ 100 times per MiB), so they are attached only in short sampled windows; the
+    // window sees posts and completions together.
     let mut test = spec(f, &["_Z10ncclIbTestPvPiS0_"], Op::NetTest, Decoder::NetTest);
     test.deref = Some(Reg(1));
-    test.sampled = true;
     for mut s in [isend, irecv, test] {
         s.optional = true;
+        s.sampled = true;
         probes.push(s);
     }
     Target { family: f, library: "libnccl.so*".into(), probes }
