@@ -3,6 +3,6 @@
 //! code the agent runs, without widening the crate's public surface elsewhere.
 
 pub use crate::sources::rdma::{
-    parse::{parse_counter, parse_link_layer, parse_state, PortState, ValueError},
+    parse::{parse_counter, parse_counter_bytes, parse_link_layer, parse_state, PortState, ValueError},
     spec::{spec, Group, Spec},
 };

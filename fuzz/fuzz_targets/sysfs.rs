@@ -8,13 +8,17 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use stepwise::{
-    fuzzing::{parse_counter, parse_link_layer, parse_state, spec, Group, ValueError},
+    fuzzing::{parse_counter, parse_counter_bytes, parse_link_layer, parse_state, spec, Group, ValueError},
     sources::{counter::Semantics, rdma::hw_every},
     topology::parse_ib_rate,
 };
 
 fuzz_target!(|data: &[u8]| {
-    // Files are read as bytes and converted lossily, as `read_file` does.
+    // The counter reader parses a file's raw bytes; the text path must agree with it.
+    for raw in data.split(|b| *b == 0).take(3) {
+        assert_eq!(parse_counter_bytes(raw), parse_counter(&String::from_utf8_lossy(raw)));
+    }
+    // Other files are read as text, converted lossily.
     let text = String::from_utf8_lossy(data);
     let mut parts = text.splitn(4, '\0');
     let name = parts.next().unwrap_or("");

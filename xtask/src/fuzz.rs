@@ -8,11 +8,7 @@
 //! Without a limit each target runs 10 M inputs, the bar of issue 7; `cargo xtask test fuzz`
 //! runs each for [`BRIEF_SECONDS`].
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Instant,
-};
+use std::{path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -113,9 +109,13 @@ pub fn run(targets: &[String], limit: Limit, fork: u32) -> Result<()> {
     ensure_cargo_fuzz()?;
     let started = Instant::now();
     eprintln!("=== building {} fuzz target(s) (nightly, AddressSanitizer, debug assertions) ===", targets.len());
-    let mut build = nightly_cargo();
-    build.args(["fuzz", "build"]).args(targets);
-    sh(&mut build)?;
+    // `cargo fuzz build` takes one target or none (all of them).
+    let builds: Vec<Option<&String>> = if targets.len() == TARGETS.len() { vec![None] } else { targets.iter().map(Some).collect() };
+    for t in builds {
+        let mut build = nightly_cargo();
+        build.args(["fuzz", "build", "--target", "x86_64-unknown-linux-gnu"]).args(t);
+        sh(&mut build)?;
+    }
     let built = started.elapsed();
     let logs = fuzz_dir().join("target/logs");
     std::fs::create_dir_all(&logs)?;
@@ -125,8 +125,12 @@ pub fn run(targets: &[String], limit: Limit, fork: u32) -> Result<()> {
         std::fs::create_dir_all(&work)?;
         let seeds = fuzz_dir().join("corpus").join(t);
         let log = logs.join(format!("{t}.log"));
-        let mut c = nightly_cargo();
-        c.args(["fuzz", "run", t]).arg(&work).arg(&seeds).arg("--");
+        let artifacts = fuzz_dir().join("artifacts").join(t);
+        std::fs::create_dir_all(&artifacts)?;
+        // The binary cargo-fuzz built above: `cargo fuzz run` would rebuild first whenever
+        // the agent's sources changed since, and every target must test the same build.
+        let mut c = Command::new(fuzz_dir().join("target/x86_64-unknown-linux-gnu/release").join(t));
+        c.current_dir(fuzz_dir()).arg(&work).arg(&seeds).arg(format!("-artifact_prefix={}/", artifacts.display()));
         match limit {
             Limit::Seconds(s) => c.arg(format!("-max_total_time={s}")),
             Limit::Runs(n) => c.arg(format!("-runs={n}")),
@@ -137,7 +141,7 @@ pub fn run(targets: &[String], limit: Limit, fork: u32) -> Result<()> {
         }
         eprintln!("--- {t} ({limit:?}; log {})", log.display());
         let t0 = Instant::now();
-        let out = c.output().with_context(|| format!("cannot run cargo fuzz run {t}"))?;
+        let out = c.output().with_context(|| format!("cannot run fuzz target {t} (built by `cargo fuzz build`)"))?;
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         std::fs::write(&log, &text)?;
         if !out.status.success() {
@@ -167,10 +171,10 @@ pub fn run(targets: &[String], limit: Limit, fork: u32) -> Result<()> {
 
 /// Parses libFuzzer's `-print_final_stats=1` lines and its last status line.
 pub fn outcome(log: &str) -> Outcome {
-    let stat = |key: &str| log.lines().filter_map(|l| l.trim().strip_prefix(key)?.trim().parse::<u64>().ok()).last();
+    let stat = |key: &str| log.lines().rev().find_map(|l| l.trim().strip_prefix(key)?.trim().parse::<u64>().ok());
     let mut o = Outcome { execs: stat("stat::number_of_executed_units:").unwrap_or(0), ..Default::default() };
     // "Done 123 runs in 20 second(s)" (or the final stats' exec rate) gives the time.
-    if let Some(secs) = log.lines().filter_map(|l| l.strip_prefix("Done ")?.split(" runs in ").nth(1)?.split_whitespace().next()?.parse::<f64>().ok()).last() {
+    if let Some(secs) = log.lines().rev().find_map(|l| l.strip_prefix("Done ")?.split(" runs in ").nth(1)?.split_whitespace().next()?.parse::<f64>().ok()) {
         o.seconds = secs;
     } else if let Some(rate) = stat("stat::average_exec_per_sec:").filter(|r| *r > 0) {
         o.seconds = o.execs as f64 / rate as f64;
@@ -181,11 +185,6 @@ pub fn outcome(log: &str) -> Outcome {
     o.coverage = field("cov:").unwrap_or(0);
     o.corpus = field("corp:").unwrap_or(0);
     o
-}
-
-/// Whether `fuzz/corpus` has a seed directory for every target (checked by the unit tests).
-pub fn corpus_dirs(root: &Path) -> Vec<(String, usize)> {
-    TARGETS.iter().map(|t| (t.to_string(), std::fs::read_dir(root.join("fuzz/corpus").join(t)).map(|d| d.count()).unwrap_or(0))).collect()
 }
 
 #[cfg(test)]
@@ -202,7 +201,8 @@ mod tests {
     #[test]
     fn every_target_has_a_committed_seed_corpus_and_a_source() {
         let root = root();
-        for (t, n) in corpus_dirs(&root) {
+        for t in TARGETS {
+            let n = std::fs::read_dir(root.join("fuzz/corpus").join(t)).map(|d| d.count()).unwrap_or(0);
             assert!(n > 0, "fuzz/corpus/{t} has no seeds");
             assert!(root.join(format!("fuzz/fuzz_targets/{t}.rs")).is_file(), "no fuzz/fuzz_targets/{t}.rs");
         }

@@ -71,6 +71,8 @@ impl Store {
         create_parent(&path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&path, flags).map_err(|source| StoreError::Open { path: path.clone(), source })?;
+        // Before WAL mode: SQLite gives `-wal` and `-shm` the database file's mode.
+        restrict_mode(&path);
         Store::setup(conn, path, true)
     }
 
@@ -174,6 +176,18 @@ fn create_parent(path: &Path) -> Result<(), StoreError> {
     std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(err)?;
     // The umask may have removed bits; the leaf gets exactly 0750.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(err)
+}
+
+/// Takes every permission away from other users (the history names hosts, jobs and ranks;
+/// docs/security.md): at most 0640 whatever the umask or an existing file said. Best effort:
+/// a file this user does not own keeps its mode.
+fn restrict_mode(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(m) = std::fs::metadata(path) else { return };
+    let mode = m.permissions().mode();
+    if m.is_file() && mode & 0o137 != 0 {
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o640));
+    }
 }
 
 /// Wall-clock seconds since the epoch.

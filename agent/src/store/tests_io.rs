@@ -51,6 +51,24 @@ fn open_creates_directory_0750_wal_and_schema() {
     assert_eq!(DEFAULT_DB_PATH, "/var/lib/stepwise/agent.db");
 }
 
+/// The history is not for every local user: an existing world-readable file is narrowed to
+/// 0640 on open, and the WAL and shared-memory files SQLite creates follow it.
+#[test]
+fn the_database_and_its_wal_are_not_readable_by_others() {
+    let d = tmp();
+    let path = d.path().join("agent.db");
+    std::fs::write(&path, b"").expect("empty file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let mut st = Store::open(&path).expect("open");
+    let (a, c, w) = sample(1, 1.7e9, 0.0, 2, 1);
+    st.put_step("job", &a, &c, &w).expect("put");
+    for suffix in ["", "-wal", "-shm"] {
+        let p = d.path().join(format!("agent.db{suffix}"));
+        let mode = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777;
+        assert_eq!(mode & 0o137, 0, "{} is {mode:o}", p.display());
+    }
+}
+
 #[test]
 fn restart_keeps_everything_and_knows_the_last_step() {
     let d = tmp();

@@ -79,10 +79,9 @@ pub fn nvidia_gpus(sysfs_root: &Path) -> Vec<PciDevice> {
 pub fn parse_ib_rate(s: &str) -> Option<f64> {
     let num = s.split_whitespace().next()?;
     let gbps: f64 = num.parse().ok()?;
-    if !gbps.is_finite() || gbps < 0.0 {
-        return None;
-    }
-    Some(gbps * 125_000_000.0)
+    // The product can overflow where the number did not (`1e301 Gb/sec`): check both.
+    let bytes = gbps * 125_000_000.0;
+    (gbps >= 0.0 && bytes.is_finite()).then_some(bytes)
 }
 
 #[cfg(test)]
@@ -94,6 +93,11 @@ mod tests {
         assert_eq!(parse_ib_rate("400 Gb/sec (4X NDR)\n"), Some(50e9));
         assert_eq!(parse_ib_rate("2.5 Gb/sec (1X SDR)"), Some(312_500_000.0));
         assert_eq!(parse_ib_rate("garbage"), None);
+        // Regression (fuzz target `sysfs` asserts finite rates): the number fits an f64, the
+        // rate in bytes/s does not.
+        assert_eq!(parse_ib_rate("1e301 Gb/sec (4X NDR)"), None);
+        assert_eq!(parse_ib_rate("-1 Gb/sec"), None);
+        assert_eq!(parse_ib_rate("inf Gb/sec"), None);
         assert_eq!(parse_ib_rate(""), None);
     }
 
