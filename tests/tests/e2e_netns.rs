@@ -540,6 +540,21 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
         let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, true);
         s.start_agent(k, dir.path(), &cfg).expect("agent");
     }
+    // The sampled transport probes are attached once, shortly after start: attaching a uprobe
+    // can block the agent's probe thread in the kernel for seconds (perf_uprobe_init, seen in
+    // D state for ~2 s while the other agent attached), and events of a job that exits
+    // meanwhile are lost. A short warm-up job until both agents report sampled requests keeps
+    // that out of the measured runs.
+    let warm = args(&[("--steps", "3".into()), ("--bytes", "262144".into()), ("--compute-us", "10000".into())]);
+    let end = Instant::now() + Duration::from_secs(30);
+    for n in 0.. {
+        two_rank_job(&s, dir.path(), &format!("warm{n}"), &[], &warm).wait(Duration::from_secs(30)).expect("warm-up job");
+        let sampled = |k: usize| s.get(&s.agents[k].addr, "/metrics").ok().and_then(|r| stepwise_tests::harness::sample(&r.body, "stepwise_net_requests_total", &[])).unwrap_or(0.0);
+        if sampled(0) > 0.0 && sampled(1) > 0.0 {
+            break;
+        }
+        assert!(Instant::now() < end, "the agents never reported sampled transport requests (stepwise_net_requests_total):\n{}\n{}", s.agents[0].proc.log_text(), s.agents[1].proc.log_text());
+    }
     let a = args(&[("--steps", IF_STEPS.to_string()), ("--bytes", IF_BYTES.to_string()), ("--compute-us", "50000".into())]);
     let mut runs = BTreeMap::new();
     for window in [1u32, 16] {
