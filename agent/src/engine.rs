@@ -116,6 +116,10 @@ impl Metrics {
 
 /// Most markers kept.
 const MAX_MARKERS: usize = 200_000;
+/// Markers older than this are dropped: steps are formed from the last ~11 minutes
+/// (attribution lookback) and `diagnose` asks for 10 by default; without an age bound the
+/// deque would grow for hours of steps up to `MAX_MARKERS`.
+const MARKER_KEEP_SECONDS: f64 = 900.0;
 /// How far before the tick that saw new probe drops they may have happened (the probe
 /// thread drains every 20 ms, later when starved of CPU).
 const DROP_MARGIN_SECONDS: f64 = 1.0;
@@ -257,6 +261,9 @@ impl Engine {
 
     /// Attributes every step that ended at least `grace` ago and was not attributed yet.
     pub fn tick(&mut self, now: f64, dropped_events: u64) {
+        while self.markers.front().is_some_and(|m| m.time.unwrap_or(now) < now - MARKER_KEEP_SECONDS) {
+            self.markers.pop_front();
+        }
         let Some(calls) = self.calls.clone() else { return };
         let horizon = now - self.cfg.grace.as_secs_f64();
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;

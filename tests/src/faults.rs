@@ -194,6 +194,8 @@ pub fn signal(pid: u32, sig: i32) {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ProcStats {
     pub rss_kib: u64,
+    /// Of the RSS: heap and other anonymous memory (the rest is mapped files, mostly code).
+    pub anon_kib: u64,
     pub hwm_kib: u64,
     pub cpu_seconds: f64,
     pub fds: usize,
@@ -203,6 +205,7 @@ impl ProcStats {
     pub fn of(pid: u32) -> ProcStats {
         ProcStats {
             rss_kib: crate::harness::status_kib(pid, "VmRSS").unwrap_or(0),
+            anon_kib: crate::harness::status_kib(pid, "RssAnon").unwrap_or(0),
             hwm_kib: crate::harness::status_kib(pid, "VmHWM").unwrap_or(0),
             cpu_seconds: crate::harness::cpu_seconds(pid).unwrap_or(0.0),
             fds: std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0),

@@ -4,6 +4,7 @@
 
 mod fuzz;
 mod man;
+mod soak;
 mod tasks;
 
 fn main() -> anyhow::Result<()> {
@@ -18,11 +19,12 @@ fn main() -> anyhow::Result<()> {
         "test" => tasks::test(rest),
         "bench" => tasks::bench(rest),
         "fuzz" => fuzz::fuzz(rest),
+        "soak" => soak::soak(rest),
         "scenario" => stepwise_tests::scenario::run_cli(rest),
         "man" => man::man(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models\n  fuzz [--seconds N | --runs N] [target…]  cargo-fuzz targets (default 10 M inputs each)\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
+                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models\n  fuzz [--seconds N | --runs N] [target…]  cargo-fuzz targets (default 10 M inputs each)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
             );
             if task == "help" { Ok(()) } else { anyhow::bail!("unknown task {task:?}") }
         }

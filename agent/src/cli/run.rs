@@ -81,6 +81,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     init_logging(&cfg.log);
+    limit_malloc_arenas();
     if let Err(msg) = probe_privileges(&cfg) {
         eprintln!("agent: {msg}");
         return ExitCode::FAILURE;
@@ -140,6 +141,28 @@ fn probe_privileges(cfg: &Config) -> Result<(), String> {
         warn!("no CAP_SYS_PTRACE: collective probes see only processes of this uid that hold no capability the agent lacks");
     }
     Ok(())
+}
+
+/// glibc gives each thread that allocates its own malloc arena (up to 8 × cores) and keeps
+/// freed memory in it: the runtime workers, the sampler and the probe thread then hold several
+/// times the live heap (measured in the soak: 77 MiB anonymous after 1000 steps, 46 MiB with
+/// one arena). Two arenas, and free pages handed back every 10 s ([`trim_heap`]), keep the
+/// resident size near the live data.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tunables; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// Returns free heap pages to the kernel (glibc keeps them otherwise).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 type LogFilterHandle = tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
@@ -286,6 +309,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
             let mut next = Instant::now();
             let mut sweeps: u64 = 0;
             let mut last_retention: Option<Instant> = None;
+            let mut last_trim = Instant::now();
             loop {
                 let mut reports = serde_json::Map::new();
                 for s in srcs.iter_mut() {
@@ -343,6 +367,10 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                             warn!("history store retention: {e}");
                         }
                     }
+                }
+                if last_trim.elapsed() >= Duration::from_secs(10) {
+                    last_trim = Instant::now();
+                    trim_heap();
                 }
                 if let Ok(mut st) = state.status.write() {
                     *st = serde_json::json!({
