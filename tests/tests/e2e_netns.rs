@@ -17,8 +17,8 @@
 //! - healthy: hierarchical, nothing injected → compute and ideal communication only.
 //!
 //! Causes that were not injected must stay under MEDIAN_FALSE (7.5 %) of the median step
-//! and, in any single step, under STEP_FALSE (25 %, at least 25 ms) of it or the extra time
-//! the workload itself saw in that step.
+//! and, in any single step, under STEP_FALSE (25 %, at least 25 ms) of it plus the extra
+//! time the workload itself saw in that step (a rank descheduled by unrelated work).
 //!
 //! The scenarios time things on a 2-core machine, so they run one at a time (a lock), each
 //! in its own namespaces (unique names; everything removed on Drop, also on failure), the
@@ -125,8 +125,7 @@ fn disturbance(o: &JobOutput, ranks: &[u32]) -> BTreeMap<u64, f64> {
 }
 
 /// Causes other than compute, ideal communication and `except` above their allowance in a
-/// step: `frac` of the step, STEP_FALSE_FLOOR, or the step's own disturbance, whichever is
-/// largest.
+/// step: `frac` of the step (at least STEP_FALSE_FLOOR) plus the step's own disturbance.
 fn false_causes(steps: &[Value], except: &[&str], frac: f64, disturbed: &BTreeMap<u64, f64>) -> Vec<String> {
     let mut bad = Vec::new();
     for st in steps {
@@ -137,7 +136,7 @@ fn false_causes(steps: &[Value], except: &[&str], frac: f64, disturbed: &BTreeMa
                 continue;
             }
             let x = c["seconds"].as_f64().unwrap_or(0.0);
-            if x.abs() > (frac * secs(st)).max(STEP_FALSE_FLOOR).max(extra) {
+            if x.abs() > (frac * secs(st)).max(STEP_FALSE_FLOOR) + extra {
                 bad.push(format!("step {} ({:.1} ms, the workload's own excess {:.1} ms): {k} = {:.1} ms", st["step"], secs(st) * 1e3, extra * 1e3, x * 1e3));
             }
         }
@@ -147,8 +146,8 @@ fn false_causes(steps: &[Value], except: &[&str], frac: f64, disturbed: &BTreeMa
 
 /// No cause but compute, ideal communication and `except` above the thresholds: each at most
 /// MEDIAN_FALSE of the median step (median over steps), and in any single step at most
-/// STEP_FALSE of it (at least STEP_FALSE_FLOOR) or the extra time the workload itself saw in
-/// that step (`disturbed`).
+/// STEP_FALSE of it (at least STEP_FALSE_FLOOR) plus the extra time the workload itself saw
+/// in that step (`disturbed`).
 fn assert_no_false_causes(steps: &[Value], except: &[&str], what: &str, disturbed: &BTreeMap<u64, f64>) {
     let med_step = median(steps.iter().map(secs).collect());
     for kind in ["readiness_skew", "rail_imbalance", "in_flight_limit", "congestion", "unexplained"] {
@@ -159,7 +158,7 @@ fn assert_no_false_causes(steps: &[Value], except: &[&str], what: &str, disturbe
         assert!(m.abs() <= MEDIAN_FALSE * med_step, "{what}: {kind} {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(steps));
     }
     let bad = false_causes(steps, except, STEP_FALSE, disturbed);
-    assert!(bad.is_empty(), "{what}: causes other than {except:?}, compute and ideal communication above {} % of the step (at least {} ms, or the workload's own excess in that step):\n{}", STEP_FALSE * 100.0, STEP_FALSE_FLOOR * 1e3, bad.join("\n"));
+    assert!(bad.is_empty(), "{what}: causes other than {except:?}, compute and ideal communication above {} % of the step (at least {} ms) plus the workload's own excess in that step:\n{}", STEP_FALSE * 100.0, STEP_FALSE_FLOOR * 1e3, bad.join("\n"));
 }
 
 // ---------------------------------------------------------------------------------------
