@@ -841,15 +841,14 @@ fn slowloris_oversized_requests_and_200_concurrent_scrapes_cost_bounded_memory_a
     let t0 = Instant::now();
 
     // 150 slowloris connections, one header byte per second each.
-    let mut slow: Vec<TcpStream> = (0..150).map(|_| TcpStream::connect(&agent.addr).expect("connect")).collect();
+    let slow: Vec<TcpStream> = (0..150).map(|_| TcpStream::connect(&agent.addr).expect("connect")).collect();
     let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     let drip = {
         let stop = Arc::new(AtomicBool::new(false));
         let closed = Arc::new(AtomicU64::new(0));
         let (s2, c2) = (stop.clone(), closed.clone());
-        let socks: Vec<TcpStream> = slow.drain(..).collect();
         let h = std::thread::spawn(move || {
-            let mut alive: Vec<Option<TcpStream>> = socks.into_iter().map(Some).collect();
+            let mut alive: Vec<Option<TcpStream>> = slow.into_iter().map(Some).collect();
             for i in 0..head.len() {
                 if s2.load(Ordering::Relaxed) {
                     break;
@@ -973,9 +972,11 @@ fn fake_peer(respond: fn(&mut TcpStream)) -> String {
 /// Runs `agent diagnose ARGS`; returns (exit code, stdout, stderr, wall time, peak RSS KiB).
 fn diagnose_measured(args: &[&str]) -> (i32, String, String, Duration, u64) {
     let t = Instant::now();
-    let child = Command::new(agent_bin()).arg("diagnose").args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("diagnose");
+    // Reaped below with wait4(2), which also reports the peak RSS (Child::wait does not).
+    #[allow(clippy::zombie_processes)]
+    let mut child = Command::new(agent_bin()).arg("diagnose").args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("diagnose");
     let pid = child.id() as i32;
-    let (mut so, mut se) = (child.stdout.expect("stdout"), child.stderr.expect("stderr"));
+    let (mut so, mut se) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
     let out_t = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = so.read_to_string(&mut s);
