@@ -14,7 +14,9 @@
 //!   phase → none;
 //! - in-flight: window 1 vs 16 over a modelled round trip → `in_flight_limit` (all-reduce at
 //!   window 1 − at 16) with N ≈ 1, m = the chunk, N·m/T = the workload's rate; none at 16;
-//! - healthy: hierarchical, nothing injected → compute and ideal communication only.
+//! - healthy: hierarchical, nothing injected → compute and ideal communication only (what is
+//!   unexplained is exactly what the workload itself lost beyond the ideal: the intra-server
+//!   phases and CPU contention from unrelated work).
 //!
 //! Causes that were not injected must stay under MEDIAN_FALSE (7.5 %) of the median step
 //! and, in any single step, under STEP_FALSE (25 %, at least 25 ms) of it plus the extra
@@ -468,11 +470,16 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
                 // agent cannot see (it has one rank of the job): it is in `unexplained`, and
                 // nothing else is.
                 let resid: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "unexplained") - truth.get(&st["step"].as_u64().expect("id")).map(|v| v.1).unwrap_or(0.0)).collect();
-                let med_step = median(steps.iter().map(secs).collect());
-                let m = median(resid.iter().map(|x| x.abs()).collect());
-                assert!(m <= MEDIAN_FALSE * med_step, "{what}: unexplained beyond the peer's lateness {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(steps));
-                for (st, x) in steps.iter().zip(&resid) {
-                    assert!(x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR), "{what} step {}: unexplained beyond the peer's lateness {:.1} ms", st["step"], x * 1e3);
+                if phase == "out" {
+                    // Nothing was injected: nothing beyond the peer's lateness is unexplained.
+                    let med_step = median(steps.iter().map(secs).collect());
+                    let m = median(resid.iter().map(|x| x.abs()).collect());
+                    assert!(m <= MEDIAN_FALSE * med_step, "{what}: unexplained beyond the peer's lateness {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(steps));
+                    let dist = disturbance(&run.jobs[j].0, &[r]);
+                    for (st, x) in steps.iter().zip(&resid) {
+                        let extra = st["step"].as_u64().and_then(|id| dist.get(&id)).copied().unwrap_or(0.0);
+                        assert!(x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR) + extra, "{what} step {}: unexplained beyond the peer's lateness {:.1} ms", st["step"], x * 1e3);
+                    }
                 }
                 if phase == "in" {
                     for (st, x) in steps.iter().zip(&resid) {
@@ -643,7 +650,8 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
     let dir = setup();
     let s = rails_servers(dir.path());
     let steps_n = 6;
-    let (out, t0, t1, _) = run_rails_job(&s, dir.path(), "hierarchical", "healthy", 4 * RAIL_BYTES, steps_n);
+    let (out, t0, t1, tx) = run_rails_job(&s, dir.path(), "hierarchical", "healthy", 4 * RAIL_BYTES, steps_n);
+    let rate = s.shape.as_ref().expect("shape").bytes_per_second;
     for k in 0..2 {
         let all = steps_between(&s, k, t0, t1, steps_n as usize);
         if verbose() {
@@ -665,7 +673,31 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
             median(steps.iter().map(|st| cause_seconds(st, "congestion")).collect()) * 1e3,
             median(steps.iter().map(|st| cause_seconds(st, "unexplained")).collect()) * 1e3
         );
-        assert_no_false_causes(&steps, &[], &format!("healthy server {k}"), &disturbance(&out, &(4 * k as u32..4 * k as u32 + 4).collect::<Vec<_>>()));
+        let ranks: Vec<u32> = (4 * k as u32..4 * k as u32 + 4).collect();
+        assert_no_false_causes(&steps, &["unexplained"], &format!("healthy server {k}"), &disturbance(&out, &ranks));
+        // What stays unexplained is the time the workload itself lost beyond the ideal (the
+        // intra-server phases, and CPU contention from unrelated work on this machine): per
+        // step, its transfer from the last local arrival to the last local exit minus the
+        // rails' bytes (ip -s link) balanced at the TBF rate.
+        let ideal_c = tx[k].iter().sum::<f64>() / steps_n as f64 / 4.0 / rate;
+        let loss: BTreeMap<u64, f64> = (1..steps_n)
+            .filter_map(|id| {
+                let ls: Vec<_> = out.lines.iter().filter(|l| ranks.contains(&l.rank) && l.step == id).collect();
+                let arrive = ls.iter().map(|l| l.arrive_us).fold(f64::NEG_INFINITY, f64::max);
+                let exit = ls.iter().map(|l| l.arrive_us + l.allreduce_us).fold(f64::NEG_INFINITY, f64::max);
+                (!ls.is_empty()).then(|| (id, (exit - arrive) * 1e-6 - ideal_c))
+            })
+            .collect();
+        let ideal = median(steps.iter().map(|st| cause_seconds(st, "ideal_comm")).collect());
+        assert!(within(ideal, ideal_c, 0.15), "healthy server {k}: ideal_comm {:.1} ms vs the rails' bytes balanced at the TBF rate {:.1} ms", ideal * 1e3, ideal_c * 1e3);
+        let diff: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "unexplained") - loss.get(&st["step"].as_u64().expect("id")).copied().unwrap_or(0.0)).collect();
+        let med_step = median(steps.iter().map(secs).collect());
+        let m = median(diff.iter().map(|x| x.abs()).collect());
+        eprintln!("healthy server {k}: unexplained vs the workload's own loss beyond the ideal: {:.1} ms in the median step (loss {:?} ms)", m * 1e3, loss.values().map(|x| (x * 1e4).round() / 10.0).collect::<Vec<_>>());
+        assert!(m <= MEDIAN_FALSE * med_step, "healthy server {k}: unexplained differs from the workload's own loss beyond the ideal by {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(&steps));
+        for (st, x) in steps.iter().zip(&diff) {
+            assert!(x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR), "healthy server {k} step {}: unexplained differs from the workload's own loss by {:.1} ms", st["step"], x * 1e3);
+        }
         // Compute and ideal communication are what the workload and the counters say.
         let want = median(out.lines.iter().filter(|l| l.rank / 4 == k as u32 && l.step > 0).map(|l| l.compute_us * 1e-6).collect());
         let got = median(steps.iter().map(|st| cause_seconds(st, "compute")).collect());
