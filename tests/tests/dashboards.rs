@@ -45,7 +45,7 @@ const RANGE: &str = "1h";
 const ETHTOOL_NICS: usize = 4;
 
 fn tmp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("stepwise-dash-{tag}-")).tempdir().expect("tempdir")
+    tempfile::Builder::new().prefix(&format!("stepwise-dash-{tag}-")).tempdir_in(stepwise_tests::scenario::memory_dir()).expect("tempdir")
 }
 
 /// Builds the ethtool fixture shim with the system C compiler.

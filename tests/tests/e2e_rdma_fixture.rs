@@ -23,6 +23,13 @@ use stepwise_tests::{
 
 const PAUSED: f64 = 0.9;
 
+#[derive(Clone, Copy)]
+struct Seen {
+    visible_from: f64,
+    until: f64,
+    max_lag: f64,
+}
+
 fn now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64()
 }
@@ -30,7 +37,7 @@ fn now() -> f64 {
 #[test]
 fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
     workloads::build().expect("workloads");
-    let dir = tempfile::Builder::new().prefix("stepwise-rdma-").tempdir().expect("tmp");
+    let dir = tempfile::Builder::new().prefix("stepwise-rdma-").tempdir_in(stepwise_tests::scenario::memory_dir()).expect("tmp");
     let sys = dir.path().join("sys");
     let mut sc = Scenario::new(&sys).host_dgx(8);
     sc.write().expect("write fixture");
@@ -51,10 +58,20 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
     // is paused 90 % of the time and the fabric marks ECN.
     let storm = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
-    let window: Arc<Mutex<(f64, f64)>> = Arc::new(Mutex::new((f64::INFINITY, 0.0)));
+    // What the writer made visible: (time the first storm tick was on disk, end of the last
+    // storm tick's simulated time, largest write latency in seconds).
+    let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new(Seen { visible_from: f64::INFINITY, until: 0.0, max_lag: 0.0 }));
     let writer = {
-        let (storm, stop) = (storm.clone(), stop.clone());
+        let (storm, stop, seen) = (storm.clone(), stop.clone(), seen.clone());
         std::thread::spawn(move || {
+            // The writer plays the NIC hardware, whose counters move with no delay: it runs
+            // ahead of the job and the agent for the CPU (nice -10; best effort) so a
+            // 2-core machine under load does not turn into counters arriving late.
+            // SAFETY: setpriority on this thread's own id changes nothing else.
+            unsafe {
+                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                libc::setpriority(libc::PRIO_PROCESS, tid, -10);
+            }
             // Simulated time follows the wall clock: each step covers the real time since the
             // last one, however long writing the tree took.
             let mut last = std::time::Instant::now();
@@ -62,6 +79,7 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
                 std::thread::sleep(Duration::from_millis(5));
                 let dt = last.elapsed();
                 last = std::time::Instant::now();
+                let tick_end = now();
                 let on = storm.load(Ordering::Relaxed);
                 sc.step(dt, |n| {
                     let r = n.line_rate();
@@ -72,20 +90,25 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
                     }
                 })
                 .expect("scenario step");
+                let written = now();
+                let mut g = seen.lock().expect("lock");
+                g.max_lag = g.max_lag.max(written - tick_end);
+                if on {
+                    g.visible_from = g.visible_from.min(written);
+                    g.until = tick_end;
+                }
             }
         })
     };
     let storm_thread = {
-        let (storm, window) = (storm.clone(), window.clone());
+        let storm = storm.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(1000));
-            let t0 = now();
             storm.store(true, Ordering::Relaxed);
             // Long enough that a few steps fall entirely inside even when a loaded machine
             // stretches them.
             std::thread::sleep(Duration::from_millis(3000));
             storm.store(false, Ordering::Relaxed);
-            *window.lock().expect("lock") = (t0, now());
         })
     };
     let out = workloads::run_ok(&mut workloads::mpi_steps(
@@ -99,7 +122,9 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
     std::thread::sleep(Duration::from_millis(2500));
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
-    let (b0, b1) = *window.lock().expect("lock");
+    // The storm as the agent could see it: from its first tick on disk to the end of the
+    // simulated time of its last tick.
+    let Seen { visible_from: b0, until: b1, max_lag } = *seen.lock().expect("lock");
 
     let calls: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/collectives?limit=100000").expect("collectives").body).expect("json");
     let views: Vec<CallView> = serde_json::from_value(calls["calls"].clone()).expect("views");
@@ -122,18 +147,19 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
         if cs.iter().all(|c| c.last_arrival() > b0 + 0.03 && c.last_exit() < b1 - 0.03) {
             inside += 1;
             let injected = PAUSED * transfer;
-            assert!((secs - injected).abs() <= 0.15 * injected, "step {}: congestion {:.2} ms vs injected pause {:.2} ms\n{:#}\nwindows: {}", s["step"], secs * 1e3, injected * 1e3, s["causes"], summarize(&agent.get(&format!("/api/v1/windows?since={}&until={}", begin - 0.1, end + 0.1)).map(|r| r.body).unwrap_or_default()));
+            assert!((secs - injected).abs() <= 0.15 * injected, "step {}: congestion {:.2} ms vs injected pause {:.2} ms (largest fixture write latency {:.1} ms)\n{:#}\nwindows: {}", s["step"], secs * 1e3, injected * 1e3, max_lag * 1e3, s["causes"], summarize(&agent.get(&format!("/api/v1/windows?since={}&until={}", begin - 0.1, end + 0.1)).map(|r| r.body).unwrap_or_default()));
             let ev = &cong["evidence"];
             assert!(ev["transmit_wait_seconds"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
             assert!(ev["ecn_marked_packets"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
             assert_eq!(ev["nic"], sc_nic_name(&sys, 3), "{ev}");
             let top = s["causes"].as_array().expect("c").iter().filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or(""))).max_by(|a, b| a["seconds"].as_f64().unwrap_or(0.0).total_cmp(&b["seconds"].as_f64().unwrap_or(0.0))).expect("top");
             assert_eq!(top["kind"], "congestion", "step {}", s["step"]);
-        } else if cs.iter().all(|c| c.last_exit() < b0 - 0.05 || c.last_arrival() > b1 + 0.05) {
+        } else if cs.iter().all(|c| c.last_exit() < b0 - 0.05 || c.last_arrival() > b1 + 0.05 + max_lag) {
             outside += 1;
             assert!(secs < 0.05 * transfer.max(1e-3), "step {}: congestion {:.3} ms outside the storm", s["step"], secs * 1e3);
         }
     }
+    eprintln!("steps inside the storm {inside}, outside {outside}; largest fixture write latency {:.1} ms", max_lag * 1e3);
     assert!(inside >= 2 && outside >= 5, "steps inside the storm {inside}, outside {outside}");
 }
 

@@ -40,7 +40,7 @@ use stepwise_tests::{
 };
 
 fn tempdir(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("stepwise-faults-{tag}-")).tempdir().expect("tmp")
+    tempfile::Builder::new().prefix(&format!("stepwise-faults-{tag}-")).tempdir_in(stepwise_tests::scenario::memory_dir()).expect("tmp")
 }
 
 /// Config text: sampling every `interval`, only the `sources` named, probes on processes of

@@ -367,7 +367,7 @@ impl Drop for TempDir {
 }
 
 fn tempfile_dir() -> Result<TempDir> {
-    let d = std::env::temp_dir().join(format!("stepwise-soak-{}", std::process::id()));
+    let d = stepwise_tests::scenario::memory_dir().join(format!("stepwise-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d)?;
     Ok(TempDir(d))

@@ -312,6 +312,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
             let mut last_trim = Instant::now();
             loop {
                 let mut reports = serde_json::Map::new();
+                let round_start = crate::engine::wall_now();
                 for s in srcs.iter_mut() {
                     let t0 = Instant::now();
                     let r = s.sweep();
@@ -343,7 +344,9 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                 let pending = match engine.lock() {
                     Ok(mut e) => {
                         let now = crate::engine::wall_now();
-                        e.push_samples(now, parts);
+                        // Counters were read during the round: stamped at its middle, so a
+                        // round stretched by a busy CPU shifts them by half as much.
+                        e.push_samples(round_start + (now - round_start) / 2.0, parts);
                         e.tick(now, drops.load(Ordering::Relaxed));
                         std::mem::take(&mut e.pending_store)
                     }
