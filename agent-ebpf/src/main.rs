@@ -7,11 +7,11 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
+    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
         macros::{map, tracepoint, uprobe, uretprobe},
-        maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+        maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
         programs::{ProbeContext, RetProbeContext, TracePointContext},
         EbpfContext,
     };
@@ -28,16 +28,28 @@ mod programs {
     #[map(name = "OUTPTR")]
     static OUTPTR: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
-    /// Submit flags: hot probes (COOKIE_LAZY_WAKE) do not wake the agent while the ring is less
-    /// than a quarter full (it drains on a short timer anyway, and a wakeup per event costs the
-    /// traced thread more than the probe itself), and force a wakeup beyond that.
+    /// Processes (tgid) whose first event already woke the agent; the agent forgets a
+    /// process when it exits (a reused pid wakes it again).
+    #[map(name = "KNOWN")]
+    static KNOWN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(KNOWN_ENTRIES, 0);
+
+    /// Submit flags. The first event of a process wakes the agent (default flags: a wakeup
+    /// when it waits in poll), so it reads the process's /proc entry while it exists. After
+    /// that, and always for hot probes (COOKIE_LAZY_WAKE), events do not wake it while the
+    /// ring is less than a quarter full — it drains on a 20 ms timer anyway, and a wakeup
+    /// per event costs the traced thread more than the probe itself — and force a wakeup
+    /// beyond that.
     #[inline(always)]
-    fn wake_flags(cookie: u64) -> u64 {
+    fn wake_flags(cookie: u64, tgid: u32) -> u64 {
         const BPF_RB_AVAIL_DATA: u64 = 0;
         const BPF_RB_NO_WAKEUP: u64 = 1;
         const BPF_RB_FORCE_WAKEUP: u64 = 2;
         if cookie & agent_common::COOKIE_LAZY_WAKE == 0 {
-            return 0; // default: wake the consumer when it waits
+            // SAFETY: map lookup by value; only presence is used.
+            if unsafe { KNOWN.get(&tgid) }.is_none() {
+                let _ = KNOWN.insert(&tgid, &1, 0);
+                return 0;
+            }
         }
         if EVENTS.query(BPF_RB_AVAIL_DATA) >= (EVENTS_RING_BYTES / 4) as u64 { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
     }
@@ -99,7 +111,8 @@ mod programs {
             let ptr = if idx < 6 { ev.args[idx] } else if idx == 6 { ev.stack[0] } else { ev.stack[1] };
             let _ = OUTPTR.insert(&ev.tid, &ptr, 0);
         }
-        entry.submit(wake_flags(cookie));
+        let pid = ev.pid;
+        entry.submit(wake_flags(cookie, pid));
         0
     }
 
@@ -127,7 +140,8 @@ mod programs {
             }
             let _ = OUTPTR.remove(&ev.tid);
         }
-        entry.submit(wake_flags(cookie));
+        let pid = ev.pid;
+        entry.submit(wake_flags(cookie, pid));
         0
     }
 

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{ProbeEvent, DROPS_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, PROG_CALL_ENTER, PROG_CALL_EXIT};
+use agent_common::{ProbeEvent, DROPS_MAP, EVENTS_MAP, KNOWN_MAP, KIND_ENTER, KIND_EXIT, PROG_CALL_ENTER, PROG_CALL_EXIT};
 use aya::{
     maps::{PerCpuArray, RingBuf},
     programs::{
@@ -177,6 +177,16 @@ impl Probes {
         let Some(map) = self.ebpf.map(DROPS_MAP) else { return 0 };
         let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return 0 };
         arr.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Forgets an exited process in the programs' table of processes already announced
+    /// (`KNOWN`): a later process with the same pid wakes the agent with its first event again.
+    pub fn forget_process(&mut self, pid: u32) {
+        if let Some(map) = self.ebpf.map_mut(KNOWN_MAP) {
+            if let Ok(mut known) = aya::maps::HashMap::<_, u32, u8>::try_from(map) {
+                let _ = known.remove(&pid);
+            }
+        }
     }
 
     /// Raw fd of the RingBuf, for poll(2).

@@ -9,6 +9,11 @@ pub const DROPS_MAP: &str = "DROPS";
 /// Size of the RingBuf in bytes (a power of two multiple of the page size).
 pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 
+/// Name of the LRU hash map of processes (tgid) whose first event already woke the agent.
+pub const KNOWN_MAP: &str = "KNOWN";
+/// Entries of [`KNOWN_MAP`] (processes on one host using probed libraries at once).
+pub const KNOWN_ENTRIES: u32 = 8192;
+
 /// Name of the hash map (tid → pointer argument) used to dereference an out-pointer at return.
 pub const OUTPTR_MAP: &str = "OUTPTR";
 
@@ -40,9 +45,11 @@ pub const KIND_EXIT: u32 = 2;
 ///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`);
 ///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments.
 pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
-/// Bit 33: a hot probe (called per network chunk): its events do not wake the agent until the
-/// ring is a quarter full. Other probes wake it at once, so a short-lived process is seen
-/// while its `/proc` entry still exists.
+/// Bit 33: a hot probe (called per network chunk): its events never wake the agent before the
+/// ring is a quarter full. Other probes wake it for the *first* event of each process (so a
+/// short-lived process is seen while its `/proc` entry still exists — [`KNOWN_MAP`]) and are
+/// lazy like hot probes after that: the agent drains on a 20 ms timer anyway, and a wakeup
+/// per event would cost the traced thread more than the probe itself.
 pub const COOKIE_LAZY_WAKE: u64 = 1 << 33;
 pub const COOKIE_DEREF_SHIFT: u32 = 40;
 

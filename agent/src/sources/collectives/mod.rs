@@ -450,9 +450,15 @@ impl Collectives {
                     hist.push_call(c);
                 }
                 self.procs.remove(&pid);
+                self.probes.forget_process(pid);
             }
         }
-        self.rejected.retain(|p| procs::alive(&self.cfg.proc_root, *p));
+        let proc_root = self.cfg.proc_root.clone();
+        let dead: Vec<u32> = self.rejected.iter().copied().filter(|p| !procs::alive(&proc_root, *p)).collect();
+        for pid in dead {
+            self.rejected.remove(&pid);
+            self.probes.forget_process(pid);
+        }
         self.repreload_replaced();
         // Detach libraries no process maps any more.
         let stale: Vec<FileKey> = self.attached.iter().filter(|(k, a)| !users.contains_key(k) && !a.pinned).map(|(k, _)| *k).collect();
