@@ -189,6 +189,13 @@ impl Probes {
         }
     }
 
+    /// Takes the RingBuf out, for a thread of its own ([`RingReader`]): attaching a probe
+    /// can take seconds on a busy host (the kernel registers it in every process mapping the
+    /// file), and events must keep flowing meanwhile. [`Probes::drain`] finds nothing after.
+    pub fn take_ring(&mut self) -> Option<RingReader> {
+        self.ring.take().map(|ring| RingReader { ring })
+    }
+
     /// Raw fd of the RingBuf, for poll(2).
     pub fn ring_fd(&self) -> Option<i32> {
         use std::os::fd::AsRawFd;
@@ -206,6 +213,32 @@ impl Probes {
             }
         }
         Ok(n)
+    }
+}
+
+/// The consumer side of the events RingBuf, movable to another thread.
+pub struct RingReader {
+    ring: RingBuf<aya::maps::MapData>,
+}
+
+impl RingReader {
+    /// Raw fd of the RingBuf, for poll(2).
+    pub fn fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.ring.as_raw_fd()
+    }
+
+    /// Appends up to `max` events currently in the RingBuf to `out`; returns how many.
+    pub fn drain(&mut self, out: &mut Vec<ProbeEvent>, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(item) = self.ring.next() else { break };
+            if let Some(ev) = event_from_record(&item) {
+                out.push(ev);
+                n += 1;
+            }
+        }
+        n
     }
 }
 

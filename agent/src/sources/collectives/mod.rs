@@ -7,6 +7,7 @@
 //! entry/exit per thread and assigns `(CommId, seq)` → [`history::History`] and metrics.
 
 pub mod decode;
+mod drain;
 pub mod elf;
 pub mod history;
 mod metrics;
@@ -133,6 +134,9 @@ pub struct Collectives {
     ready: Arc<std::sync::atomic::AtomicBool>,
     /// [`Collectives::status`] after every rescan, for `/api/v1/status`.
     status_shared: Arc<Mutex<serde_json::Value>>,
+    /// The thread emptying the RingBuf while this one decodes and attaches (see [`drain`]);
+    /// `None` before [`Collectives::run`] (tests feed [`Collectives::handle`] directly).
+    drainer: Option<drain::Drainer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +187,7 @@ impl Collectives {
             drops_total: Arc::default(),
             ready: Arc::default(),
             status_shared: Arc::new(Mutex::new(serde_json::json!({}))),
+            drainer: None,
             cfg,
         })
     }
@@ -235,6 +240,15 @@ impl Collectives {
 
     /// Runs until `stop` returns true: drains events continuously, rescans periodically.
     pub fn run(mut self, stop: impl Fn() -> bool) {
+        // The ring drains on its own thread from the start: the preload and every later
+        // attachment may block this thread for seconds.
+        self.drainer = self.probes.take_ring().and_then(|r| match drain::Drainer::start(r) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                warn!("cannot start the RingBuf drain thread ({e}); draining between attachments");
+                None
+            }
+        });
         self.preload();
         // The first rescan attaches libraries already mapped by running processes.
         self.rescan();
@@ -243,15 +257,11 @@ impl Collectives {
         let mut window_start: Option<Instant> = None;
         let mut last_window = Instant::now();
         let mut buf: Vec<ProbeEvent> = Vec::with_capacity(4096);
-        let fd = self.probes.ring_fd();
         while !stop() {
             if last_scan.elapsed() >= self.cfg.rescan {
                 // Decode what is queued first: a process the rescan finds gone must not lose
                 // its last events (they would no longer pass the /proc-based selection).
-                buf.clear();
-                if self.probes.drain(&mut buf).is_ok() {
-                    self.handle(&buf);
-                }
+                self.drain_now();
                 self.rescan();
                 last_scan = Instant::now();
                 let st = self.status();
@@ -259,40 +269,52 @@ impl Collectives {
                     *g = st;
                 }
             }
-            // Sampled windows for hot internal functions.
+            // Sampled windows for hot internal functions, one every `sample_every` (a period:
+            // counted from one window's start to the next).
             match window_start {
                 None if last_window.elapsed() >= self.cfg.sample_every => {
+                    last_window = Instant::now();
                     self.attach_sampled();
                     window_start = Some(Instant::now());
                 }
                 Some(t) if t.elapsed() >= self.cfg.sample_window => {
                     self.detach_sampled();
                     window_start = None;
-                    last_window = Instant::now();
                 }
                 _ => {}
             }
-            if let Some(fd) = fd {
-                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd; a timeout bounds the wait so stop() is honoured.
-                unsafe { libc::poll(&mut pfd, 1, 20) };
-            } else {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            buf.clear();
-            match self.probes.drain(&mut buf) {
-                Ok(_) => {}
-                Err(e) => warn!("draining probe events: {e}"),
-            }
+            self.next_batch(&mut buf, Duration::from_millis(20));
             self.handle(&buf);
         }
         self.detach_sampled();
+        self.drainer = None;
     }
 
-    /// Drains and handles what the ring holds now.
+    /// The next events: from the drain thread (waiting up to `wait` for some), or read here.
+    fn next_batch(&mut self, buf: &mut Vec<ProbeEvent>, wait: Duration) {
+        buf.clear();
+        if let Some(d) = &self.drainer {
+            d.take(buf, wait);
+            return;
+        }
+        if let Some(fd) = self.probes.ring_fd() {
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; a timeout bounds the wait so stop() is honoured.
+            unsafe { libc::poll(&mut pfd, 1, wait.as_millis().min(1000) as i32) };
+        } else {
+            std::thread::sleep(wait);
+        }
+        if let Err(e) = self.probes.drain(buf) {
+            warn!("draining probe events: {e}");
+        }
+    }
+
+    /// Drains and handles everything the ring holds now.
     fn drain_now(&mut self) {
         let mut buf: Vec<ProbeEvent> = Vec::new();
-        if let Err(e) = self.probes.drain(&mut buf) {
+        if let Some(d) = &self.drainer {
+            d.flush(&mut buf, Duration::from_millis(200));
+        } else if let Err(e) = self.probes.drain(&mut buf) {
             warn!("draining probe events: {e}");
         }
         self.handle(&buf);
