@@ -102,9 +102,32 @@ fn straggler_is_readiness_skew_on_exactly_the_delayed_steps() {
     }
     // Metrics: the straggler found by PromQL-able series without a join.
     let m = agent.metrics().expect("metrics");
-    let late2 = stepwise_tests::harness::sample(&m, "stepwise_rank_late_seconds_total", &[("rank", "2")]).unwrap_or(0.0);
-    let late0 = stepwise_tests::harness::sample(&m, "stepwise_rank_late_seconds_total", &[("rank", "0")]).unwrap_or(0.0);
-    assert!(late2 > 0.075 && late2 > 3.0 * late0, "rank 2 late {late2} s vs rank 0 {late0} s");
+    // Per rank, the seconds it arrived after the first rank, summed over the attributed steps,
+    // must match the workload's own clock (rank 0 collects a few ms of scheduler noise per
+    // step on a loaded machine, so it is compared with its truth, not with a ratio).
+    let attributed: std::collections::BTreeSet<u64> = steps_v.iter().filter_map(|s| s["step"].as_u64()).collect();
+    let lines = workloads::parse_steps(&stdout);
+    let mut late = [0.0f64; 4];
+    let mut truth_late = [0.0f64; 4];
+    for r in 0..4u32 {
+        late[r as usize] = stepwise_tests::harness::sample(&m, "stepwise_rank_late_seconds_total", &[("rank", &r.to_string())]).unwrap_or(0.0);
+    }
+    for k in &attributed {
+        let first = lines.iter().filter(|l| l.step == *k).map(|l| l.arrive_us).fold(f64::INFINITY, f64::min);
+        for l in lines.iter().filter(|l| l.step == *k && l.rank < 4) {
+            truth_late[l.rank as usize] += (l.arrive_us - first) * 1e-6;
+        }
+    }
+    for r in 0..4 {
+        assert!((late[r] - truth_late[r]).abs() <= 0.1 * truth_late[r] + 1e-3 * attributed.len() as f64, "rank {r}: late {:.1} ms in the metric vs {:.1} ms by the workload's clock (all ranks: {late:?} vs {truth_late:?})", late[r] * 1e3, truth_late[r] * 1e3);
+    }
+    assert!(late[2] > 0.075, "rank 2 late {} s: the three injected 30 ms delays", late[2]);
+    let argmax = |v: &[f64; 4]| (0..4).max_by(|a, b| v[*a].total_cmp(&v[*b])).unwrap_or(0);
+    let mut sorted = truth_late;
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    if sorted[0] - sorted[1] > 0.2 * sorted[0] + 2e-3 * attributed.len() as f64 {
+        assert_eq!(argmax(&late), argmax(&truth_late), "the latest rank by the metric is the latest by the workload's clock: {late:?} vs {truth_late:?}");
+    }
     assert!(stepwise_tests::harness::sample(&m, "stepwise_step_attributed_seconds_total", &[("cause", "readiness_skew")]).unwrap_or(0.0) > 0.08);
     let _ = agent_bin();
 }
