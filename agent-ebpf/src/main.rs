@@ -7,7 +7,7 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
+    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
         macros::{map, tracepoint, uprobe, uretprobe},
@@ -96,9 +96,13 @@ mod programs {
         // SysV x86-64: at entry [rsp] is the return address, stack arguments start at rsp+8.
         // SAFETY: regs points at the probed thread's saved registers.
         let rsp = unsafe { (*ctx.regs).rsp };
-        // SAFETY: user memory reads through the helper; a fault yields an error, not a crash.
-        ev.stack[0] = unsafe { bpf_probe_read_user((rsp + 8) as *const u64) }.unwrap_or(0);
-        ev.stack[1] = unsafe { bpf_probe_read_user((rsp + 16) as *const u64) }.unwrap_or(0);
+        if cookie & COOKIE_STACK_ARGS != 0 {
+            // SAFETY: user memory reads through the helper; a fault yields an error, not a crash.
+            ev.stack[0] = unsafe { bpf_probe_read_user((rsp + 8) as *const u64) }.unwrap_or(0);
+            ev.stack[1] = unsafe { bpf_probe_read_user((rsp + 16) as *const u64) }.unwrap_or(0);
+        } else {
+            ev.stack = [0; 2];
+        }
         if cookie & COOKIE_STACK_BLOB != 0 {
             // SAFETY: as above; the destination is the record's own buffer.
             let ok = unsafe { bpf_probe_read_user_buf((rsp + 8) as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();

@@ -51,6 +51,10 @@ pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
 /// lazy like hot probes after that: the agent drains on a 20 ms timer anyway, and a wakeup
 /// per event would cost the traced thread more than the probe itself.
 pub const COOKIE_LAZY_WAKE: u64 = 1 << 33;
+/// Bit 34: read the first two stack argument words at entry into [`ProbeEvent::stack`]
+/// (arguments 7 and 8; most probed functions have six or fewer, and two user-memory reads
+/// are a measurable part of the probe's cost).
+pub const COOKIE_STACK_ARGS: u64 = 1 << 34;
 pub const COOKIE_DEREF_SHIFT: u32 = 40;
 
 /// Builds a cookie.

@@ -574,6 +574,9 @@ impl Collectives {
             if spec.sampled {
                 cookie |= agent_common::COOKIE_LAZY_WAKE;
             }
+            if spec.reads_stack_args() {
+                cookie |= agent_common::COOKIE_STACK_ARGS;
+            }
             if spec.sampled {
                 sampled.push((off, cookie, sym));
                 continue;

@@ -157,6 +157,28 @@ pub struct Target {
     pub probes: Vec<ProbeSpec>,
 }
 
+impl Decoder {
+    /// Whether an argument comes from the stack (the 7th or 8th).
+    pub fn uses_stack(&self) -> bool {
+        let st = |a: &Arg| matches!(a, Arg::Stack(_));
+        match self {
+            Decoder::Data { count, dtype, comm } => st(count) || st(dtype) || comm.as_ref().is_some_and(st),
+            Decoder::Fixed { count, comm, .. } => count.as_ref().is_some_and(st) || comm.as_ref().is_some_and(st),
+            Decoder::CommOnly { comm } | Decoder::NcclSplit { parent: comm } | Decoder::MpiCommQuery { comm } => st(comm),
+            Decoder::NcclInit { nranks, rank } => st(nranks) || st(rank),
+            Decoder::NetPost { size } => size.as_ref().is_some_and(st),
+            Decoder::Nothing | Decoder::NetTest => false,
+        }
+    }
+}
+
+impl ProbeSpec {
+    /// The eBPF cookie flags this probe needs besides its id (stack words, blob, out-pointer).
+    pub fn reads_stack_args(&self) -> bool {
+        self.decoder.uses_stack() || matches!(self.deref, Some(Arg::Stack(_)))
+    }
+}
+
 fn spec(family: Family, names: &[&str], op: Op, decoder: Decoder) -> ProbeSpec {
     ProbeSpec {
         family,
@@ -414,5 +436,23 @@ mod tests {
         let u = UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(7), elem_size: 4, comm_arg: Some(0), blocking: true };
         let t = u.target();
         assert_eq!(t.probes[0].decoder, Decoder::Fixed { count: Some(Stack(1)), elem_size: 4, comm: Some(Reg(0)) });
+        assert!(t.probes[0].reads_stack_args());
+    }
+
+    #[test]
+    fn only_probes_with_a_7th_or_8th_argument_read_the_stack() {
+        let n = nccl();
+        let by_op = |op: Op| n.probes.iter().find(|p| p.op == op).expect("op");
+        // ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream): comm is 7th.
+        assert!(by_op(Op::Reduce).reads_stack_args());
+        assert!(!by_op(Op::AllReduce).reads_stack_args());
+        assert!(!by_op(Op::GroupStart).reads_stack_args());
+        // ncclIbIsend's request out-pointer is its 7th argument.
+        assert!(by_op(Op::NetIsend).reads_stack_args());
+        let m = mpi();
+        assert!(m.probes.iter().find(|p| p.op == Op::AllGather).expect("allgather").reads_stack_args());
+        assert!(!m.probes.iter().find(|p| p.op == Op::AllReduce).expect("allreduce").reads_stack_args());
+        let u = UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(1), elem_size: 4, comm_arg: None, blocking: true };
+        assert!(!u.target().probes[0].reads_stack_args());
     }
 }
