@@ -70,3 +70,29 @@ fn markers_arrive_by_socket_by_agent_mark_and_by_http() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/m.sock"));
 }
+
+/// A marker's time is when the training process sent it (the kernel stamps the datagram), not
+/// when the agent got round to reading it: an agent stopped for half a second — a stand-in for
+/// one starved of CPU or busy attributing — still places the marker where it was sent.
+#[test]
+fn socket_markers_keep_their_send_time_when_the_agent_reads_them_late() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let sock = dir.path().join("m.sock");
+    let cfg = config(dir.path());
+    let agent = Agent::start(dir.path(), &["--config", &cfg, "--marker-socket", sock.to_str().expect("utf8")]).expect("agent");
+    let wall = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64();
+    let pid = agent.proc.pid() as libc::pid_t;
+    let s = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+    // SAFETY: signals to the test's own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let sent = wall();
+    s.send_to(br#"{"rank":0,"step":5,"phase":"begin"}"#, &sock).expect("send");
+    std::thread::sleep(Duration::from_millis(500));
+    let resumed = wall();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let ms = markers(&agent);
+    assert_eq!(ms.len(), 1, "{ms:?}");
+    let t = ms[0]["time"].as_f64().expect("time");
+    assert!(t >= sent - 0.01 && t < sent + 0.1 && t < resumed - 0.3, "stamped {t:.3}: sent {sent:.3}, read after {resumed:.3}");
+}
