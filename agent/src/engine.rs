@@ -272,11 +272,7 @@ impl Engine {
                 Ok(h) => h,
                 Err(p) => p.into_inner(),
             };
-            let views = h
-                .calls_since(lookback, 1_000_000)
-                .into_iter()
-                .filter_map(|c| serde_json::to_value(&c).ok().and_then(|v| serde_json::from_value::<CallView>(v).ok()))
-                .collect();
+            let views = h.calls_since(lookback, 1_000_000).iter().map(|c| c.view()).collect();
             let net = h.net_since(lookback, 1_000_000).into_iter().map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send }).collect();
             (views, net)
         };

@@ -310,6 +310,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
             let mut sweeps: u64 = 0;
             let mut last_retention: Option<Instant> = None;
             let mut last_trim = Instant::now();
+            let mut last_tick: Option<Instant> = None;
             loop {
                 let mut reports = serde_json::Map::new();
                 let round_start = crate::engine::wall_now();
@@ -347,7 +348,13 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                         // Counters were read during the round: stamped at its middle, so a
                         // round stretched by a busy CPU shifts them by half as much.
                         e.push_samples(round_start + (now - round_start) / 2.0, parts);
-                        e.tick(now, drops.load(Ordering::Relaxed));
+                        // Attribution looks at the last minute of calls: at most ten times a
+                        // second however fast the counters are sampled (steps wait a grace
+                        // period of a second anyway).
+                        if last_tick.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
+                            e.tick(now, drops.load(Ordering::Relaxed));
+                            last_tick = Some(Instant::now());
+                        }
                         std::mem::take(&mut e.pending_store)
                     }
                     Err(_) => Vec::new(),

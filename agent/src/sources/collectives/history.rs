@@ -61,6 +61,29 @@ pub struct CallRecord {
     pub duration: f64,
 }
 
+impl CallRecord {
+    /// The view the join and the attribution use — the same fields as this record's JSON
+    /// (a test holds the two equal), without a round trip through JSON.
+    pub fn view(&self) -> crate::timeline::join::CallView {
+        let c = &self.call;
+        crate::timeline::join::CallView {
+            comm: c.comm.map(|id| id.to_string()),
+            comm_global: c.comm_global,
+            seq: c.seq,
+            op: c.op.clone(),
+            library: c.library.as_str().to_string(),
+            bytes: c.bytes,
+            rank: c.rank,
+            nranks: c.nranks,
+            host: self.host.clone(),
+            pid: c.pid,
+            enter: self.enter,
+            exit: self.exit,
+            aborted: c.aborted,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct NetRecord {
     #[serde(flatten)]
@@ -162,5 +185,21 @@ mod tests {
         assert_eq!(v.len(), 3);
         assert_eq!(v[0].call.enter_ns, 10_000_000_000);
         assert!((v[0].duration - 1e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn view_equals_the_api_json_read_back() {
+        let mut h = History::new("host-a".into(), 16);
+        let mut c = call(5_000_000_000);
+        c.comm = Some(super::super::decode::CommId(0xabc));
+        c.comm_global = true;
+        c.aborted = true;
+        c.library = Family::Nccl;
+        h.push_call(c);
+        h.push_call(call(6_000_000_000));
+        for r in h.calls_since(0.0, 10) {
+            let via_json: crate::timeline::join::CallView = serde_json::from_value(serde_json::to_value(&r).expect("json")).expect("view");
+            assert_eq!(r.view(), via_json);
+        }
     }
 }
