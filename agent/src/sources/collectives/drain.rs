@@ -17,8 +17,11 @@ use agent_common::ProbeEvent;
 
 use crate::ebpf::RingReader;
 
-/// Events held between the two threads at most (224 bytes each: 14 MiB).
-pub const QUEUE_MAX: usize = 65_536;
+/// Events held between the two threads at most (224 bytes each: 1.75 MiB, twice what the
+/// 1 MiB ring holds). Real jobs produce hundreds to thousands of events per second, so this
+/// covers an attachment stall of seconds; a storm overflows it either way, and then the
+/// kernel drops and counts while the agent's memory stays bounded.
+pub const QUEUE_MAX: usize = 8192;
 /// How long the drain thread sleeps in poll(2) when no wakeup comes (lazy events).
 const POLL_MS: i32 = 20;
 
