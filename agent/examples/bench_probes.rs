@@ -740,7 +740,7 @@ fn main() -> Result<()> {
     for (offered, got, drops) in &paced {
         println!("    paced, {threads} threads, offered {offered:>10.0} events/s: drained {got:>10.0} events/s, {drops} dropped");
     }
-    println!("    sustained with zero drops, {threads} threads     {zero_drop_rate:>12.0} events/s = {events_ratio:.2}x the fastest single thread (target >= 3x; {cpus} CPUs shared by producers and the consumer)");
+    println!("    sustained with zero drops, {threads} threads     {zero_drop_rate:>12.0} events/s = {events_ratio:.2}x the fastest single thread (target >= 3x; {cpus} CPUs shared by producers and the consumer: {threads} producing threads make at most {cpus}x one thread's rate here, so the ceiling on this machine is below {cpus}x)");
     println!("    consumer capacity (pre-filled ring)       {capacity:>12.0} events/s = {:.1}x the fastest single-thread production", capacity / single_rate);
     for l in links {
         c.probes.detach(l);
