@@ -70,9 +70,9 @@ fn the_deployed_capability_set_passes_the_straggler_scenario() {
     assert!(status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")), "uid 0:\n{status}");
     eprintln!("agent pid {pid}: CapEff {:016x} = {caps:?}, uid 0", cap_eff(pid));
 
-    let truth = straggler::run_job(&ns, &sock);
+    let job = straggler::run_job(&ns, &sock);
     straggler::settle();
-    straggler::check(&agent, &truth);
+    straggler::check(&agent, &job);
     // The history store was written with these privileges too.
     let st = agent.status().expect("status");
     assert_eq!(st["collectives"]["up"], true, "{st}");

@@ -276,7 +276,7 @@ fn every_panel_query_returns_series_from_real_agents() {
     });
     // 60 steps (~3 s): a counter series is born with its first value, which rate() and
     // increase() cannot see, so the job must outlast a few scrapes for its increments to show.
-    let truth = straggler::run_steps(&job_ns, &sock, 60);
+    let truth = straggler::run_steps(&job_ns, &sock, 60).truth;
     let late2: f64 = truth.values().filter(|(_, r)| *r == 2).map(|(s, _)| s).sum();
     assert!(late2 > 0.2, "rank 2 was late in the job: {truth:?}");
     straggler::settle();
