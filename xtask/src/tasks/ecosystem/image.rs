@@ -99,25 +99,30 @@ fn run_like_the_pod(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     let docs = t.yaml_docs(&base)?;
     let toml = docs.iter().find(|d| d["kind"] == "ConfigMap").and_then(|d| d["data"]["agent.toml"].as_str()).context("ConfigMap agent.toml")?;
     let port = stepwise_tests::harness::free_port();
-    // Host paths as this machine has them (the pod mounts the host's at /host/...); state and
-    // markers in the writable tmpfs that stands in for the hostPath volumes.
+    // Host paths as this machine has them (the pod mounts the host's at /host/...).
     let cfg = toml
         .replace("\"/host/sys\"", "\"/sys\"")
         .replace("/host/proc", "/proc")
-        .replace("0.0.0.0:9477", &format!("127.0.0.1:{port}"))
-        .replace("/var/lib/stepwise/agent.db", "/tmp/state/agent.db")
-        .replace("/run/stepwise/markers.sock", "/tmp/run/markers.sock");
+        .replace("0.0.0.0:9477", &format!("127.0.0.1:{port}"));
+    // The pod's writable volumes (state, markers, the /tmp emptyDir) as one tmpfs mounted at
+    // `rw` inside the private mount namespace. Not over /tmp itself: the checkout — and so the
+    // binary and its config — may live under /tmp (CI clones there).
+    let rw = work.join("pod-rw");
+    std::fs::create_dir_all(&rw)?;
+    let rw_s = rw.to_str().context("work dir is not UTF-8")?;
+    let cfg = cfg.replace("/var/lib/stepwise/agent.db", &format!("{rw_s}/state/agent.db")).replace("/run/stepwise/markers.sock", &format!("{rw_s}/run/markers.sock"));
     let cfg_file = write(work, "pod-agent.toml", &cfg)?;
     let caps = std::iter::once("-all".to_string()).chain(CAPS.iter().map(|c| format!("+{}", c.to_ascii_lowercase()))).collect::<Vec<_>>().join(",");
     let script = format!(
-        "set -e; mount -o remount,bind,ro /; mount -t tmpfs -o size=64m tmpfs /tmp; mkdir -p /tmp/state /tmp/run; \
-         exec env -i /usr/bin/setpriv --inh-caps={caps} --ambient-caps={caps} --bounding-set={caps} -- \"$0\" run --config \"$1\""
+        "set -e; mount -t tmpfs -o size=64m tmpfs \"$2\"; mkdir -p \"$2/state\" \"$2/run\" \"$2/tmp\"; mount -o remount,bind,ro /; \
+         exec env -i TMPDIR=\"$2/tmp\" /usr/bin/setpriv --inh-caps={caps} --ambient-caps={caps} --bounding-set={caps} -- \"$0\" run --config \"$1\""
     );
     let log = work.join("pod-agent.log");
     let mut child = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "--", "sh", "-c", &script])
         .arg(agent)
         .arg(&cfg_file)
+        .arg(&rw)
         .stdout(std::fs::File::create(&log)?)
         .stderr(std::fs::File::create(work.join("pod-agent.stderr"))?)
         .spawn()?;
