@@ -1,4 +1,4 @@
-//! `cargo xtask fuzz [--seconds N | --runs N] [--fork J] [target…]`: builds the cargo-fuzz
+//! `cargo xtask fuzz [--seconds N] [--runs N] [--fork J] [target…]`: builds the cargo-fuzz
 //! targets of `fuzz/` (nightly, AddressSanitizer, debug assertions and overflow checks; the
 //! `dev` profile at opt-level 1, which compiles ~20 % faster than release and runs the
 //! targets as fast: ASan and coverage dominate) and
@@ -7,8 +7,9 @@
 //! or an allocation over 2 GiB fails the task; libFuzzer leaves the input in
 //! `fuzz/artifacts/<target>/` — turn it into a regression test next to the parser, then fix.
 //!
-//! Without a limit each target runs 10 M inputs, the bar of issue 7; `cargo xtask test fuzz`
-//! runs each for [`BRIEF_SECONDS`].
+//! Without a limit each target runs 10 M inputs, the bar of issue 7; with both `--runs` and
+//! `--seconds` each stops at whichever comes first; `cargo xtask test fuzz` runs each for
+//! [`BRIEF_SECONDS`].
 
 use std::{path::PathBuf, process::Command, time::Instant};
 
@@ -29,6 +30,8 @@ pub const LONG_RUNS: u64 = 10_000_000;
 pub enum Limit {
     Seconds(u64),
     Runs(u64),
+    /// Whichever comes first.
+    RunsWithin { runs: u64, seconds: u64 },
 }
 
 /// What one target's run did (libFuzzer's final stats).
@@ -41,7 +44,7 @@ pub struct Outcome {
 }
 
 pub fn fuzz(args: &[String]) -> Result<()> {
-    let mut limit = Limit::Runs(LONG_RUNS);
+    let (mut runs, mut seconds) = (None, None);
     let mut fork = 0u32;
     let mut targets = Vec::new();
     let mut it = args.iter();
@@ -51,11 +54,11 @@ pub fn fuzz(args: &[String]) -> Result<()> {
             v.parse().with_context(|| format!("{what} {v:?}: not a whole number"))
         };
         match a.as_str() {
-            "--seconds" => limit = Limit::Seconds(num("--seconds")?),
-            "--runs" => limit = Limit::Runs(num("--runs")?),
+            "--seconds" => seconds = Some(num("--seconds")?),
+            "--runs" => runs = Some(num("--runs")?),
             "--fork" => fork = u32::try_from(num("--fork")?).context("--fork: too many")?,
             "-h" | "--help" => {
-                eprintln!("usage: cargo xtask fuzz [--seconds N | --runs N] [--fork J] [target…]\n\ntargets: {}\ndefault: --runs {LONG_RUNS} for every target", TARGETS.join(", "));
+                eprintln!("usage: cargo xtask fuzz [--seconds N] [--runs N] [--fork J] [target…]\n\ntargets: {}\ndefault: --runs {LONG_RUNS} for every target; with both, whichever comes first", TARGETS.join(", "));
                 return Ok(());
             }
             t if TARGETS.contains(&t) => targets.push(t.to_string()),
@@ -65,6 +68,11 @@ pub fn fuzz(args: &[String]) -> Result<()> {
     if targets.is_empty() {
         targets = TARGETS.iter().map(|t| t.to_string()).collect();
     }
+    let limit = match (runs, seconds) {
+        (Some(runs), Some(seconds)) => Limit::RunsWithin { runs, seconds },
+        (None, Some(s)) => Limit::Seconds(s),
+        (runs, None) => Limit::Runs(runs.unwrap_or(LONG_RUNS)),
+    };
     run(&targets, limit, fork)
 }
 
@@ -136,6 +144,7 @@ pub fn run(targets: &[String], limit: Limit, fork: u32) -> Result<()> {
         match limit {
             Limit::Seconds(s) => c.arg(format!("-max_total_time={s}")),
             Limit::Runs(n) => c.arg(format!("-runs={n}")),
+            Limit::RunsWithin { runs, seconds } => c.args([format!("-runs={runs}"), format!("-max_total_time={seconds}")]),
         };
         c.args([format!("-max_len={}", max_len(t)), "-timeout=10".into(), "-rss_limit_mb=2048".into(), "-print_final_stats=1".into()]);
         if fork > 0 {
