@@ -56,9 +56,21 @@ pub fn http_request_with(addr: &str, method: &str, path: &str, headers: &[(&str,
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let body = body.unwrap_or("");
     let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}", body.len())?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n", body.len())?;
+    // A server may answer before reading the body (a refused or oversized request) and close:
+    // the rest of the body then meets a closed connection, as it would for any HTTP client,
+    // and the answer already sent is still read below.
+    match s.write_all(body.as_bytes()) {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {}
+        r => r?,
+    }
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    if let Err(e) = s.read_to_end(&mut raw) {
+        // A reset after the answer arrived (the server closed with our body unread).
+        if raw.is_empty() || e.kind() != std::io::ErrorKind::ConnectionReset {
+            return Err(e.into());
+        }
+    }
     let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, rest) = raw.split_once("\r\n\r\n").ok_or_else(|| anyhow!("malformed HTTP response: {raw:?}"))?;
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| anyhow!("no status in {head:?}"))?;
