@@ -45,8 +45,8 @@ pub const KIND_EXIT: u32 = 2;
 ///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`);
 ///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments.
 pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
-/// Bit 33: a hot probe (called per network chunk): its events never wake the agent before the
-/// ring is a quarter full. Other probes wake it for the *first* event of each process (so a
+/// Bit 33: a hot probe (called per network chunk): its events only wake the agent when they fill
+/// the ring past a sixteenth (and each further one). Other probes wake it for the *first* event of each process (so a
 /// short-lived process is seen while its `/proc` entry still exists — [`KNOWN_MAP`]) and are
 /// lazy like hot probes after that: the agent drains on a 20 ms timer anyway, and a wakeup
 /// per event would cost the traced thread more than the probe itself.
