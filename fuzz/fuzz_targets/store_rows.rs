@@ -109,7 +109,7 @@ impl Db {
         conn.set_prepared_statement_cache_capacity(256);
         // Plans that do not depend on bound values. Otherwise every `col = ?` statement is
         // re-parsed at its next use: rusqlite clears a statement's bindings when it goes back
-        // to the cache, and SQLite then re-plans it (more than half of the time per input).
+        // to the cache, and SQLite then re-plans it (a third of the time per input).
         // Results do not depend on the plan; the store's code runs unchanged.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).expect("qpsg");
         let db = Db { _dir: dir, store, json };
