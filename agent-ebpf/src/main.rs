@@ -7,7 +7,7 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use agent_common::{ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
+    use agent_common::{CpuState, EnterRecord, EnterStackRecord, ExitRecord, ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, WAKE_EVERY_RECORDS, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
         macros::{map, tracepoint, uprobe, uretprobe},
@@ -33,38 +33,59 @@ mod programs {
     #[map(name = "KNOWN")]
     static KNOWN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(KNOWN_ENTRIES, 0);
 
-    /// Submit flags. The first event of a process wakes the agent (default flags: a wakeup
-    /// when it waits in poll), so it reads the process's /proc entry while it exists. After
-    /// that, and always for hot probes (COOKIE_LAZY_WAKE), events do not wake it — it drains
-    /// on a 20 ms timer anyway, and a wakeup per event costs the traced thread more than the
-    /// probe itself — except the one that fills the ring past each sixteenth, and every one
-    /// past three quarters.
+    /// Per CPU: the last process announced here and the records written here (see
+    /// [`enter_flags`], [`lazy_flags`]).
+    #[map(name = "CPU_STATE")]
+    static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+    /// Submit flags of an entry. The first event of a process wakes the agent (default flags:
+    /// a wakeup when it waits in poll), so it reads the process's /proc entry while it
+    /// exists. A thread calling collectives in a loop finds its process in this CPU's
+    /// `last_tgid` and skips the `KNOWN` hash lookup. After that, and always for hot probes
+    /// (COOKIE_LAZY_WAKE), entries are lazy ([`lazy_flags`]).
     #[inline(always)]
-    fn wake_flags(cookie: u64, tgid: u32) -> u64 {
-        const BPF_RB_AVAIL_DATA: u64 = 0;
-        const BPF_RB_NO_WAKEUP: u64 = 1;
-        const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    fn enter_flags(cookie: u64, tgid: u32) -> u64 {
+        let state = CPU_STATE.get_ptr_mut(0);
         if cookie & agent_common::COOKIE_LAZY_WAKE == 0 {
-            // SAFETY: map lookup by value; only presence is used.
-            if unsafe { KNOWN.get(&tgid) }.is_none() {
-                let _ = KNOWN.insert(&tgid, &1, 0);
-                return 0;
+            // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
+            let seen_here = state.is_some_and(|p| unsafe { (*p).last_tgid } == tgid);
+            if !seen_here {
+                // SAFETY: map lookup by value; only presence is used.
+                if unsafe { KNOWN.get(&tgid) }.is_none() {
+                    let _ = KNOWN.insert(&tgid, &1, 0);
+                    return 0;
+                }
+                if let Some(p) = state {
+                    // SAFETY: as above.
+                    unsafe { (*p).last_tgid = tgid };
+                }
             }
         }
-        // Only the record that fills the ring past each sixteenth forces a wakeup (about one
-        // in 280 events while it fills): the agent is woken early and often enough to keep up,
-        // and the traced thread pays for one irq_work per sixteenth. Forcing one on every
-        // record past a quarter queued an irq_work (a self-IPI, a VM exit in a guest) per
-        // event while the agent was on its way: 9 µs per call measured.
-        // Past three quarters (the agent lags: drops are near) every record forces one.
-        let step = (EVENTS_RING_BYTES / 16) as u64;
-        let avail = EVENTS.query(BPF_RB_AVAIL_DATA);
-        let before = avail.saturating_sub(RECORD_BYTES);
-        if avail >= 12 * step || (avail >= step && avail / step != before / step) { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+        lazy_flags(state)
     }
 
-    /// Bytes one event takes in the ring (8-byte record header, 8-byte aligned).
-    const RECORD_BYTES: u64 = ((core::mem::size_of::<ProbeEvent>() + 8 + 7) & !7) as u64;
+    /// Submit flags of a lazy record (every return: its entry already announced the
+    /// process). The agent drains on a 20 ms timer anyway, and a wakeup per event would cost
+    /// the traced thread more than the probe itself (an irq_work: a self-IPI, a VM exit in
+    /// a guest): every [`WAKE_EVERY_RECORDS`]th record written on a CPU forces one, so the
+    /// agent is woken about once per that many records host-wide (≤ 232 KiB of a 1 MiB
+    /// ring, 72 KiB for entry/return pairs) whatever the number of CPUs. A per-CPU count
+    /// instead of the ring's fill level (`bpf_ringbuf_query`): one helper call less per record.
+    #[inline(always)]
+    fn lazy_flags(state: Option<*mut CpuState>) -> u64 {
+        let Some(p) = state else { return BPF_RB_NO_WAKEUP };
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
+        let n = unsafe { (*p).records.wrapping_add(1) };
+        unsafe { (*p).records = n };
+        if n % WAKE_EVERY_RECORDS == 0 {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        }
+    }
 
     #[inline(always)]
     fn count_drop() {
@@ -74,75 +95,118 @@ mod programs {
         }
     }
 
-    #[inline(always)]
-    fn fill_header(ev: &mut ProbeEvent, cookie: u64, kind: u32) {
-        let pid_tgid = bpf_get_current_pid_tgid();
-        // SAFETY: helper without arguments.
-        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
-        ev.pid = (pid_tgid >> 32) as u32;
-        ev.tid = pid_tgid as u32;
-        ev.kind = kind;
-        ev.probe_id = cookie as u32;
-        ev.has_blob = 0;
-        ev.has_deref = 0;
+    /// Header and register arguments of an entry record (any of the three entry layouts:
+    /// they share these fields at the same offsets).
+    macro_rules! fill_enter {
+        ($ev:expr, $ctx:expr, $cookie:expr) => {{
+            let pid_tgid = bpf_get_current_pid_tgid();
+            // SAFETY: helper without arguments.
+            $ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+            $ev.pid = (pid_tgid >> 32) as u32;
+            $ev.tid = pid_tgid as u32;
+            $ev.kind = KIND_ENTER;
+            $ev.probe_id = $cookie as u32;
+            $ev.has_blob = 0;
+            $ev.has_deref = 0;
+            $ev.args[0] = $ctx.arg::<u64>(0).unwrap_or(0);
+            $ev.args[1] = $ctx.arg::<u64>(1).unwrap_or(0);
+            $ev.args[2] = $ctx.arg::<u64>(2).unwrap_or(0);
+            $ev.args[3] = $ctx.arg::<u64>(3).unwrap_or(0);
+            $ev.args[4] = $ctx.arg::<u64>(4).unwrap_or(0);
+            $ev.args[5] = $ctx.arg::<u64>(5).unwrap_or(0);
+        }};
     }
 
+    /// The two stack argument words. SysV x86-64: at entry [rsp] is the return address,
+    /// stack arguments start at rsp+8.
+    #[inline(always)]
+    fn stack_words(rsp: u64) -> [u64; 2] {
+        // SAFETY: user memory reads through the helper; a fault yields an error, not a crash.
+        unsafe { [bpf_probe_read_user((rsp + 8) as *const u64).unwrap_or(0), bpf_probe_read_user((rsp + 16) as *const u64).unwrap_or(0)] }
+    }
+
+    /// Saves the out-pointer argument the return will dereference (cookie deref index:
+    /// 0..5 register arguments, 6 and 7 the first two stack arguments).
+    #[inline(always)]
+    fn save_outptr(cookie: u64, tid: u32, args: &[u64; 6], stack: [u64; 2]) {
+        let deref = (cookie >> COOKIE_DEREF_SHIFT) & 0xff;
+        if deref != 0 {
+            let idx = (deref - 1) as usize;
+            let ptr = if idx < 6 { args[idx] } else if idx == 6 { stack[0] } else { stack[1] };
+            let _ = OUTPTR.insert(&tid, &ptr, 0);
+        }
+    }
+
+    /// Entry: writes the shortest record the probe needs (register arguments; plus the two
+    /// stack words; plus the 128-byte stack blob).
     #[uprobe]
     pub fn call_enter(ctx: ProbeContext) -> u32 {
         // SAFETY: the context pointer is the program's own.
         let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-        let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
-            count_drop();
-            return 0;
-        };
-        let ev = entry.as_mut_ptr();
-        // SAFETY: `ev` points at a reserved, exclusively owned RingBuf record of our type.
-        let ev = unsafe { &mut *ev };
-        fill_header(ev, cookie, KIND_ENTER);
-        ev.args[0] = ctx.arg::<u64>(0).unwrap_or(0);
-        ev.args[1] = ctx.arg::<u64>(1).unwrap_or(0);
-        ev.args[2] = ctx.arg::<u64>(2).unwrap_or(0);
-        ev.args[3] = ctx.arg::<u64>(3).unwrap_or(0);
-        ev.args[4] = ctx.arg::<u64>(4).unwrap_or(0);
-        ev.args[5] = ctx.arg::<u64>(5).unwrap_or(0);
-        // SysV x86-64: at entry [rsp] is the return address, stack arguments start at rsp+8.
         // SAFETY: regs points at the probed thread's saved registers.
         let rsp = unsafe { (*ctx.regs).rsp };
-        if cookie & COOKIE_STACK_ARGS != 0 {
-            // SAFETY: user memory reads through the helper; a fault yields an error, not a crash.
-            ev.stack[0] = unsafe { bpf_probe_read_user((rsp + 8) as *const u64) }.unwrap_or(0);
-            ev.stack[1] = unsafe { bpf_probe_read_user((rsp + 16) as *const u64) }.unwrap_or(0);
-        } else {
-            ev.stack = [0; 2];
-        }
         if cookie & COOKIE_STACK_BLOB != 0 {
-            // SAFETY: as above; the destination is the record's own buffer.
+            let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
+                count_drop();
+                return 0;
+            };
+            // SAFETY: `ev` points at a reserved, exclusively owned RingBuf record of our type.
+            let ev = unsafe { &mut *entry.as_mut_ptr() };
+            fill_enter!(ev, ctx, cookie);
+            ev.stack = stack_words(rsp);
+            // SAFETY: user memory read into the record's own buffer; a fault is an error.
             let ok = unsafe { bpf_probe_read_user_buf((rsp + 8) as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();
             ev.has_blob = ok as u32;
+            save_outptr(cookie, ev.tid, &ev.args, ev.stack);
+            let flags = enter_flags(cookie, ev.pid);
+            entry.submit(flags);
+        } else if cookie & COOKIE_STACK_ARGS != 0 {
+            let Some(mut entry) = EVENTS.reserve::<EnterStackRecord>(0) else {
+                count_drop();
+                return 0;
+            };
+            // SAFETY: as above.
+            let ev = unsafe { &mut *entry.as_mut_ptr() };
+            fill_enter!(ev, ctx, cookie);
+            ev.stack = stack_words(rsp);
+            save_outptr(cookie, ev.tid, &ev.args, ev.stack);
+            let flags = enter_flags(cookie, ev.pid);
+            entry.submit(flags);
+        } else {
+            let Some(mut entry) = EVENTS.reserve::<EnterRecord>(0) else {
+                count_drop();
+                return 0;
+            };
+            // SAFETY: as above.
+            let ev = unsafe { &mut *entry.as_mut_ptr() };
+            fill_enter!(ev, ctx, cookie);
+            save_outptr(cookie, ev.tid, &ev.args, [0; 2]);
+            let flags = enter_flags(cookie, ev.pid);
+            entry.submit(flags);
         }
-        let deref = (cookie >> COOKIE_DEREF_SHIFT) & 0xff;
-        if deref != 0 {
-            let idx = (deref - 1) as usize;
-            // 0..5: register arguments; 6, 7: the first two stack arguments.
-            let ptr = if idx < 6 { ev.args[idx] } else if idx == 6 { ev.stack[0] } else { ev.stack[1] };
-            let _ = OUTPTR.insert(&ev.tid, &ptr, 0);
-        }
-        let pid = ev.pid;
-        entry.submit(wake_flags(cookie, pid));
         0
     }
 
+    /// Return: the return value and, for an out-pointer probe, the value it points at.
     #[uretprobe]
     pub fn call_exit(ctx: RetProbeContext) -> u32 {
         // SAFETY: the context pointer is the program's own.
         let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-        let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
+        let Some(mut entry) = EVENTS.reserve::<ExitRecord>(0) else {
             count_drop();
             return 0;
         };
         // SAFETY: exclusively owned reserved record.
         let ev = unsafe { &mut *entry.as_mut_ptr() };
-        fill_header(ev, cookie, KIND_EXIT);
+        let pid_tgid = bpf_get_current_pid_tgid();
+        // SAFETY: helper without arguments.
+        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+        ev.pid = (pid_tgid >> 32) as u32;
+        ev.tid = pid_tgid as u32;
+        ev.kind = KIND_EXIT;
+        ev.probe_id = cookie as u32;
+        ev.has_blob = 0;
+        ev.has_deref = 0;
         ev.args[0] = ctx.ret::<u64>();
         ev.args[1] = 0;
         if (cookie >> COOKIE_DEREF_SHIFT) & 0xff != 0 {
@@ -156,8 +220,20 @@ mod programs {
             }
             let _ = OUTPTR.remove(&ev.tid);
         }
-        let pid = ev.pid;
-        entry.submit(wake_flags(cookie, pid));
+        entry.submit(lazy_flags(CPU_STATE.get_ptr_mut(0)));
+        0
+    }
+
+    /// The baseline of `bench probes` (never attached by the agent): a uprobe running a BPF
+    /// program that does nothing, the cost any uprobe-based tracer starts from.
+    #[uprobe]
+    pub fn empty_enter(_ctx: ProbeContext) -> u32 {
+        0
+    }
+
+    /// The return half of the baseline.
+    #[uretprobe]
+    pub fn empty_exit(_ctx: RetProbeContext) -> u32 {
         0
     }
 

@@ -2,10 +2,12 @@
 //!
 //! 1. Per-call cost on one symbol, `stepwise_bench_target` in this binary (first instruction
 //!    `push %rbp`, like NCCL/MPI entry points, so the kernel emulates it instead of
-//!    single-stepping): no probe, an *empty* uprobe + uretprobe (perf counting events from the
-//!    `uprobe` PMU: the kernel's uprobe path with no BPF program), and the agent's own
-//!    `call_enter`/`call_exit` programs (same object, same cookie path, RingBuf drained and
-//!    decoded by a consumer thread as in the agent). Median of 10 batches of `--calls`/10.
+//!    single-stepping): no probe; a uprobe + uretprobe without BPF (perf counting events
+//!    from the `uprobe` PMU: the kernel's uprobe path alone); the *empty* uprobe + uretprobe
+//!    (`empty_enter`/`empty_exit` of the agent's object, BPF programs that return at once:
+//!    the baseline of the ratio); and the agent's own `call_enter`/`call_exit` programs
+//!    (same object, same cookie path, RingBuf drained and decoded by a consumer thread as in
+//!    the agent). Median of 10 batches of `--calls`/10.
 //! 2. Event path: the fastest rate the probes produce (one thread, tight loop) versus the
 //!    rate drained and decoded with zero drops from several threads, and the consumer's own
 //!    capacity (a pre-filled ring drained and decoded).
@@ -594,7 +596,7 @@ fn main() -> Result<()> {
     let per_round = total / rounds;
     let n_round = per_round / batches * batches;
     time_calls(per_round / 10); // warm up
-    let (mut none_v, mut entry_v, mut empty_v, mut agent_v, mut spin_v, mut ratios) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut none_v, mut entry_v, mut empty_v, mut bpf_empty_v, mut agent_v, mut spin_v, mut ratios, mut perf_ratios) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut percall_drained, mut percall_drops) = (0u64, 0u64);
     let mut kept: Option<(Consumer, Vec<stepwise::ebpf::AttachedLink>)> = None;
     for round in 0..rounds {
@@ -612,6 +614,19 @@ fn main() -> Result<()> {
             (entry_ns, pair_ns)
         };
         let mut probes = Probes::load()?;
+        // The empty BPF programs on the same uprobe pair.
+        let bpf_empty_ns = {
+            let links = probes.attach_empty_offset(&exe, off, SYMBOL)?;
+            let t = per_call(per_round, batches);
+            for l in links {
+                probes.detach(l);
+            }
+            let end = Instant::now() + Duration::from_secs(30);
+            while stepwise::ebpf::detaching() > 0 && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            t
+        };
         let links = probes.attach_offset(&exe, off, SYMBOL, agent_common::cookie(PROBE_ID, false, None))?;
         let d0 = probes.drops();
         let consumer = start_consumer(Consumer::new(probes));
@@ -644,9 +659,11 @@ fn main() -> Result<()> {
         none_v.push(none);
         entry_v.push(entry_ns);
         empty_v.push(pair_ns);
+        bpf_empty_v.push(bpf_empty_ns);
         agent_v.push(agent);
         spin_v.push(spin);
-        ratios.push(agent / pair_ns);
+        ratios.push(agent / bpf_empty_ns);
+        perf_ratios.push(agent / pair_ns);
         if round + 1 == rounds {
             kept = Some((c, links));
         } else {
@@ -655,8 +672,9 @@ fn main() -> Result<()> {
             }
         }
     }
-    let (none_ns, empty_entry_ns, empty_ns, agent_ns, spin_ns) = (median(&mut none_v), median(&mut entry_v), median(&mut empty_v), median(&mut agent_v), median(&mut spin_v));
+    let (none_ns, empty_entry_ns, perf_ns, empty_ns, agent_ns, spin_ns) = (median(&mut none_v), median(&mut entry_v), median(&mut empty_v), median(&mut bpf_empty_v), median(&mut agent_v), median(&mut spin_v));
     let ratio = median(&mut ratios.clone());
+    let perf_ratio = median(&mut perf_ratios.clone());
     let (mut c, links) = kept.ok_or_else(|| anyhow!("no rounds"))?;
     // 2. Event path (programs of the last round still attached).
     let before = (c.drained, c.probes.drops());
@@ -727,11 +745,13 @@ fn main() -> Result<()> {
     let overhead_ratio = (agent_ns - none_ns) / (empty_ns - none_ns);
     println!("  per call, {} calls each way in {rounds} rounds (median of {batches} batches per round, medians over rounds):", n_round * rounds);
     println!("    no probe                                  {none_ns:>9.1} ns");
-    println!("    empty uprobe (perf count, no BPF)         {empty_entry_ns:>9.1} ns   (+ uretprobe: {empty_ns:.1} ns)");
+    println!("    uprobe, no BPF program (perf count)       {empty_entry_ns:>9.1} ns   (+ uretprobe: {perf_ns:.1} ns)");
+    println!("    empty uprobe + uretprobe (BPF, return 0)  {empty_ns:>9.1} ns");
     println!("    agent call_enter + call_exit (RingBuf)    {agent_ns:>9.1} ns   ({percall_drained} events drained and decoded, {percall_drops} dropped)");
     println!("    agent programs, consumer spinning         {spin_ns:>9.1} ns   (diagnosis: nobody sleeps in poll(2), so no thread wakeups)");
     println!("    agent programs, no consumer in poll(2)    {quiet_ns:>9.1} ns   (median of 2000-call fills of the ring: no RingBuf wakeups)");
     println!("    ratio agent / empty uprobe pair           {ratio:>9.3}x  (target <= 1.1x; per round {:?}; medians over the no-probe time: {overhead_ratio:.3}x)", ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>());
+    println!("    ratio agent / uprobe pair without BPF     {perf_ratio:>9.3}x  (per round {:?}: what running any BPF program adds to the kernel's uprobe path is in this one)", perf_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>());
 
     let events_ratio = zero_drop_rate / single_rate;
     println!("  event path:");
@@ -772,7 +792,7 @@ fn main() -> Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     println!(
-        "bench probes: per_call_ns={agent_ns:.1} empty_uprobe_ns={empty_ns:.1} ratio={ratio:.3} hits_per_collective={hits_s} events_per_s={zero_drop_rate:.0} drops=0 step_overhead_pct={overhead_s} none_ns={none_ns:.1} empty_entry_only_ns={empty_entry_ns:.1} spin_consumer_ns={spin_ns:.1} quiet_per_call_ns={quiet_ns:.1} events_ratio={events_ratio:.2} fastest_events_per_s={single_rate:.0} full_blast_events_per_s={multi_rate:.0} full_blast_drops={multi_drops} consumer_capacity_per_s={capacity:.0}{extra}"
+        "bench probes: per_call_ns={agent_ns:.1} empty_uprobe_ns={empty_ns:.1} ratio={ratio:.3} hits_per_collective={hits_s} events_per_s={zero_drop_rate:.0} drops=0 step_overhead_pct={overhead_s} none_ns={none_ns:.1} perf_uprobe_ns={perf_ns:.1} perf_ratio={perf_ratio:.3} empty_entry_only_ns={empty_entry_ns:.1} spin_consumer_ns={spin_ns:.1} quiet_per_call_ns={quiet_ns:.1} events_ratio={events_ratio:.2} fastest_events_per_s={single_rate:.0} full_blast_events_per_s={multi_rate:.0} full_blast_drops={multi_drops} consumer_capacity_per_s={capacity:.0}{extra}"
     );
     Ok(())
 }

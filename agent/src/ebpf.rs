@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{ProbeEvent, DROPS_MAP, EVENTS_MAP, KNOWN_MAP, KIND_ENTER, KIND_EXIT, PROG_CALL_ENTER, PROG_CALL_EXIT};
+use agent_common::{ProbeEvent, DROPS_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, CPU_STATE_MAP, CpuState, MIN_RECORD_BYTES, PROG_CALL_ENTER, PROG_CALL_EXIT, PROG_EMPTY_ENTER, PROG_EMPTY_EXIT};
 use aya::{
     maps::{PerCpuArray, RingBuf},
     programs::{
@@ -109,18 +109,36 @@ impl Probes {
     /// Attaches the entry and return programs to `symbol` in `target` for every process;
     /// `cookie` (see `agent_common::cookie`) carries the probe id and capture flags.
     pub fn attach(&mut self, target: &Path, symbol: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
-        self.attach_at(target, UProbeAttachLocation::Symbol(symbol), symbol, cookie)
+        self.attach_at(target, UProbeAttachLocation::Symbol(symbol), symbol, cookie, [PROG_CALL_ENTER, PROG_CALL_EXIT])
     }
 
     /// Attaches at a file offset (used to attach once per offset when several symbols —
     /// NCCL's weak `ncclX` and strong `pncclX` — share one address).
     pub fn attach_offset(&mut self, target: &Path, offset: u64, what: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
-        self.attach_at(target, UProbeAttachLocation::AbsoluteOffset(offset), what, cookie)
+        self.attach_at(target, UProbeAttachLocation::AbsoluteOffset(offset), what, cookie, [PROG_CALL_ENTER, PROG_CALL_EXIT])
     }
 
-    fn attach_at(&mut self, target: &Path, location: UProbeAttachLocation<'_>, symbol: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
+    /// Attaches the *empty* programs (`empty_enter`/`empty_exit`, which do nothing) at a file
+    /// offset: the baseline `bench probes` compares the agent's programs with. Loaded on first
+    /// use; the agent itself never attaches them.
+    pub fn attach_empty_offset(&mut self, target: &Path, offset: u64, what: &str) -> Result<Vec<AttachedLink>, EbpfError> {
+        for name in [PROG_EMPTY_ENTER, PROG_EMPTY_EXIT] {
+            let p: &mut UProbe = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
+                .try_into()
+                .map_err(|source| EbpfError::Program { name, source })?;
+            if p.fd().is_err() {
+                p.load().map_err(|source| EbpfError::Program { name, source })?;
+            }
+        }
+        self.attach_at(target, UProbeAttachLocation::AbsoluteOffset(offset), what, 0, [PROG_EMPTY_ENTER, PROG_EMPTY_EXIT])
+    }
+
+    fn attach_at(&mut self, target: &Path, location: UProbeAttachLocation<'_>, symbol: &str, cookie: u64, programs: [&'static str; 2]) -> Result<Vec<AttachedLink>, EbpfError> {
         let mut links = Vec::with_capacity(2);
-        for (name, _) in [(PROG_CALL_ENTER, KIND_ENTER), (PROG_CALL_EXIT, KIND_EXIT)] {
+        for name in programs {
             let p: &mut UProbe = self
                 .ebpf
                 .program_mut(name)
@@ -187,6 +205,19 @@ impl Probes {
                 let _ = known.remove(&pid);
             }
         }
+        // The per-CPU record of the last announced process, where it still names this pid.
+        if let Some(map) = self.ebpf.map_mut(CPU_STATE_MAP) {
+            if let Ok(mut states) = PerCpuArray::<_, CpuState>::try_from(map) {
+                if let Ok(v) = states.get(&0, 0) {
+                    if v.iter().any(|s| s.last_tgid == pid) {
+                        let cleared: Vec<CpuState> = v.iter().map(|s| CpuState { last_tgid: if s.last_tgid == pid { 0 } else { s.last_tgid }, ..*s }).collect();
+                        if let Ok(values) = aya::maps::PerCpuValues::try_from(cleared) {
+                            let _ = states.set(0, values, 0);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Takes the RingBuf out, for a thread of its own ([`RingReader`]): attaching a probe
@@ -242,17 +273,22 @@ impl RingReader {
     }
 }
 
-/// One RingBuf record as a [`ProbeEvent`]; `None` for a short record (skipped). Longer
-/// records keep their first `size_of::<ProbeEvent>()` bytes. Any bytes are a valid event
-/// (`ProbeEvent` is Pod: integers only), so the decoder must cope with whatever they say
-/// (fuzz target `probe_events`).
+/// One RingBuf record as a [`ProbeEvent`]; `None` for a record shorter than the shortest the
+/// programs write (skipped). The programs write only the prefix a hit needs (a return is 48
+/// bytes, an entry 80, 96 or 224: `agent_common::*_RECORD_BYTES`); the rest of the event reads
+/// 0, and longer records keep their first `size_of::<ProbeEvent>()` bytes. Any bytes are a
+/// valid event (`ProbeEvent` is Pod: integers only), so the decoder must cope with whatever
+/// they say (fuzz target `probe_events`).
 pub fn event_from_record(item: &[u8]) -> Option<ProbeEvent> {
-    if item.len() < std::mem::size_of::<ProbeEvent>() {
+    if item.len() < MIN_RECORD_BYTES {
         return None;
     }
-    // SAFETY: the length was checked, every bit pattern is a valid ProbeEvent (repr(C), no
-    // padding, integer fields only), and read_unaligned tolerates any alignment.
-    Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProbeEvent>()) })
+    let mut ev = ProbeEvent::default();
+    let n = item.len().min(std::mem::size_of::<ProbeEvent>());
+    // SAFETY: `n` bytes fit in both; every bit pattern is a valid ProbeEvent (repr(C), no
+    // padding, integer fields only), so overwriting a prefix of its bytes keeps it valid.
+    unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (&mut ev as *mut ProbeEvent).cast::<u8>(), n) };
+    Some(ev)
 }
 
 /// The function the self-test probes: exported, never inlined, starts like a library entry.
@@ -353,5 +389,44 @@ impl TcpRetransmits {
                 (ip, v.iter().sum())
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_common::{EnterRecord, ExitRecord, ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXIT_RECORD_BYTES, KIND_ENTER, KIND_EXIT, MIN_RECORD_BYTES};
+
+    use super::event_from_record;
+
+    fn bytes<T>(v: &T) -> Vec<u8> {
+        // SAFETY: the record types are repr(C) integers without padding.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn short_records_read_as_events_with_the_rest_zero() {
+        let exit = ExitRecord { ts_ns: 9, pid: 4, tid: 5, kind: KIND_EXIT, probe_id: 3, has_blob: 0, has_deref: 1, args: [0, 0xabc] };
+        let ev = event_from_record(&bytes(&exit)).expect("exit record");
+        assert_eq!((ev.ts_ns, ev.pid, ev.tid, ev.kind, ev.probe_id, ev.has_deref, ev.args), (9, 4, 5, KIND_EXIT, 3, 1, [0, 0xabc, 0, 0, 0, 0]));
+        assert_eq!((ev.stack, ev.has_blob), ([0, 0], 0));
+        assert!(ev.blob.iter().all(|b| *b == 0));
+
+        let enter = EnterRecord { ts_ns: 1, pid: 2, tid: 2, kind: KIND_ENTER, probe_id: 7, has_blob: 0, has_deref: 0, args: [1, 2, 3, 4, 5, 6] };
+        let ev = event_from_record(&bytes(&enter)).expect("enter record");
+        assert_eq!((ev.kind, ev.probe_id, ev.args, ev.stack), (KIND_ENTER, 7, [1, 2, 3, 4, 5, 6], [0, 0]));
+
+        // The full event (entry with the stack blob) and anything longer keep their bytes.
+        let full = ProbeEvent { ts_ns: 5, kind: KIND_ENTER, stack: [8, 9], has_blob: 1, blob: [0x5a; agent_common::BLOB_BYTES], ..ProbeEvent::default() };
+        let mut long = bytes(&full);
+        assert_eq!(event_from_record(&long), Some(full));
+        long.extend_from_slice(&[0xff; 16]);
+        assert_eq!(event_from_record(&long), Some(full));
+        // Truncated to the stack-words layout: the blob reads zero.
+        let ev = event_from_record(&long[..ENTER_STACK_RECORD_BYTES]).expect("stack record");
+        assert_eq!((ev.stack, ev.has_blob, ev.blob[0]), ([8, 9], 1, 0));
+        assert_eq!(event_from_record(&long[..ENTER_RECORD_BYTES]).map(|e| e.stack), Some([0, 0]));
+        assert_eq!(EXIT_RECORD_BYTES, MIN_RECORD_BYTES);
+        assert_eq!(event_from_record(&long[..MIN_RECORD_BYTES - 1]), None);
+        assert_eq!(event_from_record(&[]), None);
     }
 }

@@ -1,13 +1,13 @@
 //! eBPF RingBuf records → calls. The decoder's input is whatever the kernel copied out of the
 //! traced processes' registers and stack (any values: a process can call `ncclAllReduce` with
 //! garbage), in any order (a process killed mid-call, a tid reused, records dropped when the
-//! ring is full). Records arrive raw (224 bytes, any content, short ones included) or shaped
+//! ring is full). Records arrive raw (48 to 224 bytes, any content, short ones included) or shaped
 //! (real probe ids, few pids/tids, so entries and exits pair and communicators recur).
 #![no_main]
 
 use std::sync::LazyLock;
 
-use agent_common::{ProbeEvent, KIND_ENTER, KIND_EXIT};
+use agent_common::{ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXIT_RECORD_BYTES, KIND_ENTER, KIND_EXIT, MIN_RECORD_BYTES};
 use libfuzzer_sys::fuzz_target;
 use stepwise::{
     attribution::{attribute, Params, StepData},
@@ -85,14 +85,22 @@ fuzz_target!(|data: &[u8]| {
     while !r.0.is_empty() {
         let ctl = r.u8();
         let ev = match ctl % 4 {
-            // A raw record, possibly short (then skipped, as `drain` does).
+            // A raw record of any length the programs write (48, 80, 96, 224 bytes) or
+            // another, possibly too short (then skipped, as `drain` does).
             0 => {
-                let len = if ctl & 0x80 != 0 { EVENT - usize::from(ctl >> 2 & 0x1f) } else { EVENT };
+                let len = if ctl & 0x80 != 0 { EVENT - usize::from(ctl >> 2 & 0x1f) * 7 } else { [EVENT, EXIT_RECORD_BYTES, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES][usize::from(ctl >> 2 & 3)] };
                 let rec = r.take(len);
                 match event_from_record(rec) {
-                    Some(ev) => ev,
+                    Some(ev) => {
+                        // A record's bytes, then zeros.
+                        let n = rec.len().min(EVENT);
+                        // SAFETY: reading the bytes of a repr(C) integer-only struct.
+                        let bytes = unsafe { std::slice::from_raw_parts((&ev as *const ProbeEvent).cast::<u8>(), EVENT) };
+                        assert!(bytes[..n] == rec[..n] && bytes[n..].iter().all(|b| *b == 0));
+                        ev
+                    }
                     None => {
-                        assert!(rec.len() < EVENT);
+                        assert!(rec.len() < MIN_RECORD_BYTES);
                         continue;
                     }
                 }

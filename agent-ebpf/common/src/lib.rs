@@ -14,6 +14,26 @@ pub const KNOWN_MAP: &str = "KNOWN";
 /// Entries of [`KNOWN_MAP`] (processes on one host using probed libraries at once).
 pub const KNOWN_ENTRIES: u32 = 8192;
 
+/// Name of the per-CPU array of [`CpuState`].
+pub const CPU_STATE_MAP: &str = "CPU_STATE";
+
+/// Per CPU, in the programs: the last process (tgid) announced on this CPU (its entries skip
+/// the [`KNOWN_MAP`] lookup) and the records written here (every [`WAKE_EVERY_RECORDS`]th
+/// forces a wakeup of the agent).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuState {
+    pub last_tgid: u32,
+    pub records: u32,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), two u32, no padding.
+unsafe impl aya::Pod for CpuState {}
+
+/// Records written on one CPU between two forced wakeups of the agent (a power of two).
+pub const WAKE_EVERY_RECORDS: u32 = 1024;
+
 /// Name of the hash map (tid → pointer argument) used to dereference an out-pointer at return.
 pub const OUTPTR_MAP: &str = "OUTPTR";
 
@@ -31,6 +51,9 @@ pub const TCP_TP_SADDR_V6_OFFSET: usize = 42;
 /// Program names, as exported from the eBPF object.
 pub const PROG_CALL_ENTER: &str = "call_enter";
 pub const PROG_CALL_EXIT: &str = "call_exit";
+/// Programs that do nothing: the baseline of `bench probes` (never attached by the agent).
+pub const PROG_EMPTY_ENTER: &str = "empty_enter";
+pub const PROG_EMPTY_EXIT: &str = "empty_exit";
 
 /// Event kinds (`ProbeEvent::kind`).
 pub const KIND_ENTER: u32 = 1;
@@ -74,6 +97,11 @@ pub const BLOB_BYTES: usize = 128;
 
 /// One probe hit: a function entry (with its first six integer arguments and two stack
 /// words) or a function return (with its return value in `args[0]`).
+///
+/// The programs write only the prefix a hit needs ([`EXIT_RECORD_BYTES`],
+/// [`ENTER_RECORD_BYTES`], [`ENTER_STACK_RECORD_BYTES`], or the whole event with the blob):
+/// fewer bytes per hit cost the traced thread less and fit more hits in the ring. The agent
+/// reads a record into a zeroed `ProbeEvent`, so the fields past a record's end read 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeEvent {
@@ -87,19 +115,82 @@ pub struct ProbeEvent {
     pub kind: u32,
     /// Which attached symbol fired; set through the uprobe cookie by the agent.
     pub probe_id: u32,
-    /// rdi, rsi, rdx, rcx, r8, r9 at entry; `args[0]` = rax at return.
-    pub args: [u64; 6],
-    /// The first two 8-byte stack arguments ([rsp+8], [rsp+16]) at entry.
-    pub stack: [u64; 2],
     /// 1 if `blob` holds the stack argument bytes, 0 otherwise.
     pub has_blob: u32,
     /// 1 if `args[1]` of a return event holds the dereferenced out-pointer.
     pub has_deref: u32,
+    /// rdi, rsi, rdx, rcx, r8, r9 at entry; `args[0]` = rax at return, `args[1]` the
+    /// dereferenced out-pointer.
+    pub args: [u64; 6],
+    /// The first two 8-byte stack arguments ([rsp+8], [rsp+16]) at entry
+    /// (only with [`COOKIE_STACK_ARGS`] or [`COOKIE_STACK_BLOB`]).
+    pub stack: [u64; 2],
     /// 128 bytes of stack arguments (only with [`COOKIE_STACK_BLOB`]).
     pub blob: [u8; BLOB_BYTES],
 }
 
+/// Header fields of every record: `ts_ns` .. `has_deref`.
+pub const HEAD_BYTES: usize = 32;
+/// A return: the header and `args[0..2]` (return value, dereferenced out-pointer).
+pub const EXIT_RECORD_BYTES: usize = HEAD_BYTES + 16;
+/// An entry with register arguments only.
+pub const ENTER_RECORD_BYTES: usize = HEAD_BYTES + 48;
+/// An entry with the two stack words too.
+pub const ENTER_STACK_RECORD_BYTES: usize = ENTER_RECORD_BYTES + 16;
+/// The shortest record the programs write.
+pub const MIN_RECORD_BYTES: usize = EXIT_RECORD_BYTES;
+
 const _: () = assert!(core::mem::size_of::<ProbeEvent>() == 96 + BLOB_BYTES);
+const _: () = assert!(core::mem::offset_of!(ProbeEvent, args) == HEAD_BYTES);
+const _: () = assert!(core::mem::offset_of!(ProbeEvent, stack) == ENTER_RECORD_BYTES);
+const _: () = assert!(core::mem::offset_of!(ProbeEvent, blob) == ENTER_STACK_RECORD_BYTES);
+
+/// The record of a return: the first [`EXIT_RECORD_BYTES`] of a [`ProbeEvent`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitRecord {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: u32,
+    pub probe_id: u32,
+    pub has_blob: u32,
+    pub has_deref: u32,
+    pub args: [u64; 2],
+}
+
+/// The record of an entry without stack arguments: the first [`ENTER_RECORD_BYTES`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnterRecord {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: u32,
+    pub probe_id: u32,
+    pub has_blob: u32,
+    pub has_deref: u32,
+    pub args: [u64; 6],
+}
+
+/// The record of an entry with the two stack words: the first [`ENTER_STACK_RECORD_BYTES`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnterStackRecord {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: u32,
+    pub probe_id: u32,
+    pub has_blob: u32,
+    pub has_deref: u32,
+    pub args: [u64; 6],
+    pub stack: [u64; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<ExitRecord>() == EXIT_RECORD_BYTES);
+const _: () = assert!(core::mem::size_of::<EnterRecord>() == ENTER_RECORD_BYTES);
+const _: () = assert!(core::mem::size_of::<EnterStackRecord>() == ENTER_STACK_RECORD_BYTES);
 
 impl Default for ProbeEvent {
     fn default() -> Self {
