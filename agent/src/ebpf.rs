@@ -227,6 +227,12 @@ impl Probes {
         self.ring.take().map(|ring| RingReader { ring })
     }
 
+    /// Gives back a ring taken by [`Probes::take_ring`] (its thread could not start):
+    /// [`Probes::drain`] reads it again.
+    pub fn restore_ring(&mut self, reader: RingReader) {
+        self.ring = Some(reader.ring);
+    }
+
     /// Raw fd of the RingBuf, for poll(2).
     pub fn ring_fd(&self) -> Option<i32> {
         use std::os::fd::AsRawFd;

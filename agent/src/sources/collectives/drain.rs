@@ -17,8 +17,9 @@ use agent_common::ProbeEvent;
 
 use crate::ebpf::RingReader;
 
-/// Events held between the two threads at most (224 bytes each: 1.75 MiB, twice what the
-/// 1 MiB ring holds). Real jobs produce hundreds to thousands of events per second, so this
+/// Events held between the two threads at most (224 bytes each in memory: 1.75 MiB; the
+/// 1 MiB ring holds about 14 500 more as entry/return records of 88 and 56 bytes). Real jobs
+/// produce hundreds to thousands of events per second, so this
 /// covers an attachment stall of seconds; a storm overflows it either way, and then the
 /// kernel drops and counts while the agent's memory stays bounded.
 pub const QUEUE_MAX: usize = 8192;
@@ -46,10 +47,16 @@ pub struct Drainer {
 }
 
 impl Drainer {
-    pub fn start(mut reader: RingReader) -> std::io::Result<Drainer> {
+    /// Starts the drain thread; when the thread cannot be created the reader comes back
+    /// with the error, so the caller can keep draining it itself.
+    pub fn start(reader: RingReader) -> Result<Drainer, (std::io::Error, RingReader)> {
         let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), ready: Condvar::new(), requested: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let sh = shared.clone();
-        let thread = std::thread::Builder::new().name("stepwise-ring".into()).spawn(move || {
+        // The reader passes through a slot: a failed spawn drops the closure, not the reader.
+        let slot = Arc::new(Mutex::new(Some(reader)));
+        let handed = slot.clone();
+        let spawned = std::thread::Builder::new().name("stepwise-ring".into()).spawn(move || {
+            let Some(mut reader) = lock(&handed).take() else { return };
             let fd = reader.fd();
             let mut local: Vec<ProbeEvent> = Vec::with_capacity(4096);
             while !sh.stop.load(Ordering::Relaxed) {
@@ -72,8 +79,15 @@ impl Drainer {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
-        })?;
-        Ok(Drainer { shared, thread: Some(thread) })
+        });
+        match spawned {
+            Ok(thread) => Ok(Drainer { shared, thread: Some(thread) }),
+            Err(e) => match lock(&slot).take() {
+                Some(reader) => Err((e, reader)),
+                // Unreachable: the closure that would take it never ran.
+                None => Ok(Drainer { shared, thread: None }),
+            },
+        }
     }
 
     /// Moves the queued events into `out` (cleared first), waiting up to `wait` for some.
@@ -120,6 +134,6 @@ impl Drop for Drainer {
     }
 }
 
-fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -242,13 +242,15 @@ impl Collectives {
     pub fn run(mut self, stop: impl Fn() -> bool) {
         // The ring drains on its own thread from the start: the preload and every later
         // attachment may block this thread for seconds.
-        self.drainer = self.probes.take_ring().and_then(|r| match drain::Drainer::start(r) {
-            Ok(d) => Some(d),
-            Err(e) => {
+        self.drainer = match self.probes.take_ring().map(drain::Drainer::start) {
+            Some(Ok(d)) => Some(d),
+            Some(Err((e, reader))) => {
                 warn!("cannot start the RingBuf drain thread ({e}); draining between attachments");
+                self.probes.restore_ring(reader);
                 None
             }
-        });
+            None => None,
+        };
         self.preload();
         // The first rescan attaches libraries already mapped by running processes.
         self.rescan();
