@@ -107,6 +107,11 @@ impl Store {
         // NORMAL is durable across process crashes in WAL mode; a power loss may lose the
         // last steps, which the agent re-attributes or simply misses.
         conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;").map_err(sql(&path, "set pragmas"))?;
+        // Plans that do not depend on bound values: rusqlite clears a cached statement's
+        // bindings when it returns to the cache, and SQLite then re-plans every `col = ?`
+        // statement at its next use (a third of a read's time in the `store_rows` fuzz target).
+        // The store's queries are keyed lookups whose best plan does not depend on the values.
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(sql(&path, "set query planner stability"))?;
         schema::migrate(&mut conn, &path)?;
         Ok(Store { conn, path, skipped: Cell::new(0) })
     }
