@@ -312,7 +312,7 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
         v.truncate(k);
     }
     v.truncate(q.limit.unwrap_or(1000).min(MAX_COLLECTIVES_LIMIT));
-    let host = s.collectives.read().ok().and_then(|g| g.clone()).map(|h| h.lock().map(|h| h.host.clone()).unwrap_or_default()).unwrap_or_else(crate::sources::collectives::hostname);
+    let host = s.collectives.read().ok().and_then(|g| g.clone()).map(|h| h.lock().map(|h| h.host.to_string()).unwrap_or_default()).unwrap_or_else(crate::sources::collectives::hostname);
     Json(serde_json::json!({"host": host, "steps": v})).into_response()
 }
 

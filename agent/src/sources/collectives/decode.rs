@@ -90,7 +90,7 @@ pub struct Call {
     pub pid: u32,
     pub tid: u32,
     pub library: Family,
-    pub op: String,
+    pub op: std::sync::Arc<str>,
     /// Payload bytes (count × element size), when the arguments say.
     pub bytes: Option<u64>,
     pub comm: Option<CommId>,
@@ -176,7 +176,9 @@ pub enum Decoded {
 /// The stateful decoder.
 #[derive(Default)]
 pub struct CallDecoder {
-    probes: HashMap<u32, ProbeInfo>,
+    /// Each probe's facts and its operation name (shared by every call it makes: no
+    /// allocation per call or per event).
+    probes: HashMap<u32, (std::sync::Arc<ProbeInfo>, std::sync::Arc<str>)>,
     pending: HashMap<u32, Vec<Pending>>,
     comms: HashMap<(u32, u64), CommState>,
     group_depth: HashMap<u32, u32>,
@@ -195,7 +197,8 @@ fn arg(ev: &ProbeEvent, a: Arg) -> u64 {
 
 impl CallDecoder {
     pub fn register(&mut self, probe_id: u32, info: ProbeInfo) {
-        self.probes.insert(probe_id, info);
+        let op: std::sync::Arc<str> = std::sync::Arc::from(info.user_op.as_deref().unwrap_or(info.op.as_str()));
+        self.probes.insert(probe_id, (std::sync::Arc::new(info), op));
     }
 
     /// Forgets a probe whose links were detached: events still fired by a link being torn
@@ -219,7 +222,7 @@ impl CallDecoder {
             let Some(stack) = self.pending.remove(&tid) else { continue };
             let (gone, kept): (Vec<Pending>, Vec<Pending>) = stack.into_iter().partition(|p| p.ev.pid == pid);
             for p in gone {
-                if let Some(info) = self.probes.get(&p.probe_id) {
+                if let Some((info, _)) = self.probes.get(&p.probe_id) {
                     if info.op.is_collective() || matches!(info.op, Op::Send | Op::Recv) {
                         out.push(self.make_call(info, &p, None, now_ns, true));
                     }
@@ -298,7 +301,7 @@ impl CallDecoder {
 
     /// Feeds one event. Errors are returned for counting; state stays consistent.
     pub fn feed(&mut self, ev: &ProbeEvent, proc: &ProcInfo) -> Result<Decoded, DecodeError> {
-        let info = self.probes.get(&ev.probe_id).cloned().ok_or(DecodeError::UnknownProbe)?;
+        let info = self.probes.get(&ev.probe_id).map(|(i, _)| i.clone()).ok_or(DecodeError::UnknownProbe)?;
         if ev.kind == KIND_ENTER {
             return self.enter(&info, ev, proc).map(|_| Decoded::Nothing);
         }
@@ -465,7 +468,10 @@ impl CallDecoder {
             pid: p.ev.pid,
             tid: p.ev.tid,
             library: info.family,
-            op: info.user_op.clone().unwrap_or_else(|| info.op.as_str().to_string()),
+            op: match self.probes.get(&p.probe_id) {
+                Some((_, op)) => op.clone(),
+                None => std::sync::Arc::from(info.user_op.as_deref().unwrap_or(info.op.as_str())),
+            },
             bytes,
             comm,
             comm_global: global,

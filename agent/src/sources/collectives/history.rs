@@ -53,7 +53,8 @@ impl ClockMap {
 pub struct CallRecord {
     #[serde(flatten)]
     pub call: Call,
-    pub host: String,
+    /// Shared by every record of the history (no allocation per call).
+    pub host: std::sync::Arc<str>,
     /// Wall-clock seconds since the epoch.
     pub enter: f64,
     pub exit: f64,
@@ -70,12 +71,12 @@ impl CallRecord {
             comm: c.comm.map(|id| id.to_string()),
             comm_global: c.comm_global,
             seq: c.seq,
-            op: c.op.clone(),
+            op: c.op.to_string(),
             library: c.library.as_str().to_string(),
             bytes: c.bytes,
             rank: c.rank,
             nranks: c.nranks,
-            host: self.host.clone(),
+            host: self.host.to_string(),
             pid: c.pid,
             enter: self.enter,
             exit: self.exit,
@@ -95,7 +96,7 @@ pub struct NetRecord {
 /// Ring buffers of the most recent calls and network requests.
 #[derive(Debug)]
 pub struct History {
-    pub host: String,
+    pub host: std::sync::Arc<str>,
     cap: usize,
     calls: VecDeque<CallRecord>,
     net: VecDeque<NetRecord>,
@@ -106,7 +107,7 @@ pub struct History {
 
 impl History {
     pub fn new(host: String, cap: usize) -> History {
-        History { host, cap: cap.max(16), calls: VecDeque::new(), net: VecDeque::new(), clock: ClockMap::now(), evicted: 0 }
+        History { host: std::sync::Arc::from(host), cap: cap.max(16), calls: VecDeque::new(), net: VecDeque::new(), clock: ClockMap::now(), evicted: 0 }
     }
 
     pub fn push_call(&mut self, call: Call) {

@@ -97,15 +97,15 @@ impl CollectiveMetrics {
 
     fn op_label(&self, c: &Call) -> String {
         if c.library != super::targets::Family::User {
-            return c.op.clone();
+            return c.op.to_string();
         }
         let Ok(mut ops) = self.user_ops.lock() else { return "other".into() };
-        if ops.contains(&c.op) {
-            return c.op.clone();
+        if ops.iter().any(|o| **o == *c.op) {
+            return c.op.to_string();
         }
         if ops.len() < MAX_USER_OPS {
-            ops.push(c.op.clone());
-            return c.op.clone();
+            ops.push(c.op.to_string());
+            return c.op.to_string();
         }
         "other".into()
     }

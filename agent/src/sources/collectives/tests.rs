@@ -31,7 +31,7 @@ fn init(d: &mut CallDecoder, id: u32, tid: u32, comm_handle: u64, uid: u8, nrank
     x.has_deref = 1;
     match d.feed(&x, &ProcInfo::default()) {
         Ok(Decoded::Call(c)) => {
-            assert_eq!(c.op, "comm_init");
+            assert_eq!(&*c.op, "comm_init");
             assert_eq!((c.rank, c.nranks), (Some(rank as u32), Some(nranks as u32)));
             c.comm.expect("comm id")
         }
