@@ -224,11 +224,45 @@ struct Running {
 }
 
 fn start_consumer(c: Consumer) -> Running {
+    start_consumer_on(c, &[])
+}
+
+/// A consumer thread pinned to `cpus` (any CPU when empty).
+fn start_consumer_on(c: Consumer, cpus: &[usize]) -> Running {
     let stop = Arc::new(AtomicBool::new(false));
     let drained = Arc::new(AtomicU64::new(c.accounted()));
     let (s, d) = (stop.clone(), drained.clone());
-    let handle = std::thread::spawn(move || c.run(s, d));
+    let cpus = cpus.to_vec();
+    let handle = std::thread::spawn(move || {
+        pin_to(&cpus);
+        c.run(s, d)
+    });
     Running { stop, drained, handle }
+}
+
+/// CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it for this thread.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize).filter(|c| unsafe { libc::CPU_ISSET(*c, &set) }).collect()
+}
+
+/// Pins the calling thread to `cpus` (nothing when empty).
+fn pin_to(cpus: &[usize]) {
+    if cpus.is_empty() {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET within CPU_SETSIZE; pid 0 = this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in cpus {
+            libc::CPU_SET(*c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 impl Running {
@@ -591,6 +625,13 @@ fn main() -> Result<()> {
 
     // 1. Per-call cost: rounds of (no probe, empty uprobe pair, agent programs) so every
     // ratio compares measurements taken seconds apart on a shared machine.
+    // The calling thread on one CPU, the consumer on the others: what is measured is the
+    // programs' cost to the traced thread. Unpinned, the scheduler may wake the consumer on
+    // the producer's CPU, and its decoding (the agent's own CPU time, ~1/capacity per event)
+    // is then charged to the traced thread's wall clock.
+    let allowed = allowed_cpus();
+    let (producer_cpu, consumer_cpus): (Vec<usize>, Vec<usize>) = if allowed.len() >= 2 { (allowed[..1].to_vec(), allowed[1..].to_vec()) } else { (Vec::new(), Vec::new()) };
+    pin_to(&producer_cpu);
     let rounds = 3u64;
     let batches = 10u64;
     let per_round = total / rounds;
@@ -629,7 +670,7 @@ fn main() -> Result<()> {
         };
         let links = probes.attach_offset(&exe, off, SYMBOL, agent_common::cookie(PROBE_ID, false, None))?;
         let d0 = probes.drops();
-        let consumer = start_consumer(Consumer::new(probes));
+        let consumer = start_consumer_on(Consumer::new(probes), &consumer_cpus);
         let agent = per_call(per_round, batches);
         consumer.wait_drained(2 * n_round + d0, Duration::from_secs(30));
         let mut c = consumer.stop();
@@ -644,7 +685,9 @@ fn main() -> Result<()> {
         let spin = {
             let stop = Arc::new(AtomicBool::new(false));
             let st = stop.clone();
+            let cpus = consumer_cpus.clone();
             let h = std::thread::spawn(move || {
+                pin_to(&cpus);
                 while !st.load(Ordering::Relaxed) {
                     c.drain_once();
                 }
@@ -676,6 +719,8 @@ fn main() -> Result<()> {
     let ratio = median(&mut ratios.clone());
     let perf_ratio = median(&mut perf_ratios.clone());
     let (mut c, links) = kept.ok_or_else(|| anyhow!("no rounds"))?;
+    // The event path uses every CPU.
+    pin_to(&allowed);
     // 2. Event path (programs of the last round still attached).
     let before = (c.drained, c.probes.drops());
     let running = start_consumer(c);
@@ -743,7 +788,7 @@ fn main() -> Result<()> {
     // Sustained: the highest rate at which this and every lower rate tried had no drop.
     let zero_drop_rate = paced.iter().take_while(|p| p.2 == 0).map(|p| p.1).fold(0.0, f64::max);
     let overhead_ratio = (agent_ns - none_ns) / (empty_ns - none_ns);
-    println!("  per call, {} calls each way in {rounds} rounds (median of {batches} batches per round, medians over rounds):", n_round * rounds);
+    println!("  per call, {} calls each way in {rounds} rounds (median of {batches} batches per round, medians over rounds); calling thread on CPU {producer_cpu:?}, consumer on CPUs {consumer_cpus:?}:", n_round * rounds);
     println!("    no probe                                  {none_ns:>9.1} ns");
     println!("    uprobe, no BPF program (perf count)       {empty_entry_ns:>9.1} ns   (+ uretprobe: {perf_ns:.1} ns)");
     println!("    empty uprobe + uretprobe (BPF, return 0)  {empty_ns:>9.1} ns");
