@@ -9,7 +9,10 @@
 //! - the sysfs scenario writer playing 4 RDMA NICs with traffic, a counter reset every 30 s
 //!   and a NIC that vanishes and comes back every 50 s;
 //! - a small history budget (`[store] max_bytes` 2 MiB, `max_age` 2 min, retention every
-//!   20 s), so retention runs many times.
+//!   20 s), so retention runs many times, and an in-memory call history (`[collectives]
+//!   history`) of 16 384 calls, which the jobs fill within the first minutes: the second half
+//!   of the run then shows whether memory stays flat at the bounds (the default 65 536 does
+//!   not fill in 10 minutes here, and a ring still filling looks like a leak).
 //!
 //! Every 10 s it samples the agent's RSS, CPU %, open descriptors and SQLite file sizes and
 //! prints a row; at the end it asserts the bounds: RSS ≤ 64 MiB and not growing, descriptors
@@ -37,6 +40,8 @@ use stepwise_tests::{
 
 /// Resident memory bound (MiB).
 const MAX_RSS_MIB: f64 = 64.0;
+/// `[collectives] history` of the soak (calls and network requests kept in memory).
+const SOAK_HISTORY: usize = 16384;
 /// `[store] max_bytes` of the soak.
 const STORE_MAX_BYTES: u64 = 2 << 20;
 /// What the database may hold beyond `max_bytes`: retention runs within a second of the file
@@ -156,7 +161,7 @@ pub fn run(minutes: f64) -> Result<()> {
 
     let db = dir.join("agent.db");
     let config = format!(
-        "interval = \"100ms\"\n[sources]\nethtool = false\n[collectives]\nlibrary_dirs = [\"{}\", \"{}\", \"/usr/lib/x86_64-linux-gnu\"]\n[collectives.select]\nnetns = \"/run/netns/{}\"\n[store]\nmax_bytes = {STORE_MAX_BYTES}\nmax_age = \"2m\"\nretention_interval = \"20s\"\n",
+        "interval = \"100ms\"\n[sources]\nethtool = false\n[collectives]\nhistory = {SOAK_HISTORY}\nlibrary_dirs = [\"{}\", \"{}\", \"/usr/lib/x86_64-linux-gnu\"]\n[collectives.select]\nnetns = \"/run/netns/{}\"\n[store]\nmax_bytes = {STORE_MAX_BYTES}\nmax_age = \"2m\"\nretention_interval = \"20s\"\n",
         lib.display(),
         storm_lib.display(),
         ns.name()
