@@ -80,6 +80,14 @@ pub enum EbpfError {
     Layout(&'static str),
 }
 
+/// The uprobe program `name` of the object.
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, EbpfError> {
+    ebpf.program_mut(name)
+        .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
+        .try_into()
+        .map_err(|source| EbpfError::Program { name, source })
+}
+
 /// Loaded programs with their RingBuf (taken out of the object once, so draining does not
 /// re-map the ring every time).
 pub struct Probes {
@@ -95,12 +103,7 @@ impl Probes {
         }
         let mut ebpf = Ebpf::load(OBJECT).map_err(EbpfError::Load)?;
         for name in [PROG_CALL_ENTER, PROG_CALL_EXIT] {
-            let p: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
-                .try_into()
-                .map_err(|source| EbpfError::Program { name, source })?;
-            p.load().map_err(|source| EbpfError::Program { name, source })?;
+            uprobe(&mut ebpf, name)?.load().map_err(|source| EbpfError::Program { name, source })?;
         }
         let ring = ebpf.take_map(EVENTS_MAP).and_then(|m| RingBuf::try_from(m).ok());
         Ok(Probes { ebpf, ring })
@@ -123,12 +126,7 @@ impl Probes {
     /// use; the agent itself never attaches them.
     pub fn attach_empty_offset(&mut self, target: &Path, offset: u64, what: &str) -> Result<Vec<AttachedLink>, EbpfError> {
         for name in [PROG_EMPTY_ENTER, PROG_EMPTY_EXIT] {
-            let p: &mut UProbe = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
-                .try_into()
-                .map_err(|source| EbpfError::Program { name, source })?;
+            let p = uprobe(&mut self.ebpf, name)?;
             if p.fd().is_err() {
                 p.load().map_err(|source| EbpfError::Program { name, source })?;
             }
@@ -139,12 +137,7 @@ impl Probes {
     fn attach_at(&mut self, target: &Path, location: UProbeAttachLocation<'_>, symbol: &str, cookie: u64, programs: [&'static str; 2]) -> Result<Vec<AttachedLink>, EbpfError> {
         let mut links = Vec::with_capacity(2);
         for name in programs {
-            let p: &mut UProbe = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(EbpfError::Program { name, source: aya::programs::ProgramError::UnexpectedProgramType })?
-                .try_into()
-                .map_err(|source| EbpfError::Program { name, source })?;
+            let p = uprobe(&mut self.ebpf, name)?;
             let loc = match &location {
                 UProbeAttachLocation::Symbol(s) => UProbeAttachLocation::Symbol(s),
                 UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
