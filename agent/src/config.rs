@@ -30,7 +30,9 @@ pub struct Config {
     /// device's `hw_counters/lifespan` (the RDMA source raises it per device if needed).
     #[serde(with = "duration_str")]
     pub interval: Duration,
-    /// Log filter in `RUST_LOG` syntax. Default `info`.
+    /// Log filter in `RUST_LOG` syntax. Default `info`. A span field's value in a directive
+    /// (`target[span{field=value}]=level`) matches literally, not as a regular expression
+    /// ([`log_filter`]).
     pub log: String,
     /// Which devices to read (globs on device name or PCI address). Empty = all. Default empty.
     pub include: Vec<String>,
@@ -323,7 +325,7 @@ impl Config {
                 reason: "must be an absolute path".into(),
             });
         }
-        tracing_subscriber::EnvFilter::try_new(&self.log).map_err(|e| ConfigError::Invalid {
+        log_filter(&self.log).map_err(|e| ConfigError::Invalid {
             field: "log",
             value: self.log.clone(),
             reason: e.to_string(),
@@ -363,9 +365,37 @@ pub mod duration_str {
     }
 }
 
+/// The log filter for a `log` setting: `tracing_subscriber`'s `RUST_LOG` syntax with span
+/// field values matched literally. With regular expressions on (the library's default) a field
+/// value compiles to a DFA whose size can explode: the config fuzzer found a 780-byte `log`
+/// that took over 10 s to validate (fuzz/corpus/config_toml keeps it), and a SIGHUP reload
+/// would stall the same way. The library's docs advise turning them off for input not
+/// trusted to be well-formed.
+pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
+    tracing_subscriber::EnvFilter::builder().with_regex(false).parse(directives)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_filter_field_values_are_literal_not_regular_expressions() {
+        // `[` alone is an invalid regular expression: with regexes on this is a parse error.
+        assert!(tracing_subscriber::EnvFilter::try_new("stepwise[{op=[}]=debug").is_err());
+        let f = log_filter("stepwise[{op=[}]=debug").expect("a literal field value");
+        assert_eq!(f.to_string(), "stepwise[{op=[}]=debug");
+        // The fuzzer's slow input: a `log` with a field value that is a huge regex.
+        let text = include_str!("../../fuzz/corpus/config_toml/timeout-log-field-regex.toml");
+        let cfg = Config::from_toml(text).expect("parses");
+        assert!(cfg.log.contains("{{{{{"));
+        // Not a well-formed directive either way; now a typed error naming the key, at once.
+        match cfg.validate() {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "log"),
+            other => panic!("{other:?}"),
+        }
+        assert!(log_filter("info,stepwise::api=debug").is_ok() && log_filter("stepwise=notalevel").is_err());
+    }
 
     #[test]
     fn defaults_are_the_documented_ones() {

@@ -172,7 +172,7 @@ static LOG_FILTER: std::sync::OnceLock<LogFilterHandle> = std::sync::OnceLock::n
 
 pub fn init_logging(filter: &str) {
     use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = crate::config::log_filter(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() {
@@ -231,7 +231,7 @@ async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex
             continue;
         }
         if new.log != running.log {
-            if let Some(Err(e)) = LOG_FILTER.get().map(|h| h.reload(tracing_subscriber::EnvFilter::new(&new.log))) {
+            if let Some(Err(e)) = LOG_FILTER.get().map(|h| h.reload(crate::config::log_filter(&new.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))) {
                 warn!("cannot apply the new log filter: {e}");
             }
         }
