@@ -371,8 +371,20 @@ pub mod duration_str {
 /// that took over 10 s to validate (fuzz/corpus/config_toml keeps it), and a SIGHUP reload
 /// would stall the same way. The library's docs advise turning them off for input not
 /// trusted to be well-formed.
+///
+/// Each comma-separated directive is trimmed here first: `tracing_subscriber` 0.3.23 walks a
+/// directive's trimmed text but slices the untrimmed one with those offsets, so leading
+/// whitespace followed by a multi-byte character panics (`log = "\tx=Ԋ"`; found by the same
+/// fuzzer). Trimmed, both are the same text; a blank directive stays as it was (an error).
 pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
-    tracing_subscriber::EnvFilter::builder().with_regex(false).parse(directives)
+    let trimmed: Vec<&str> = directives
+        .split(',')
+        .map(|d| match d.trim() {
+            "" => d,
+            t => t,
+        })
+        .collect();
+    tracing_subscriber::EnvFilter::builder().with_regex(false).parse(trimmed.join(","))
 }
 
 #[cfg(test)]
@@ -395,6 +407,28 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(log_filter("info,stepwise::api=debug").is_ok() && log_filter("stepwise=notalevel").is_err());
+    }
+
+    #[test]
+    fn log_filter_with_leading_whitespace_and_multibyte_text_is_an_error_not_a_panic() {
+        // Two bytes of leading whitespace put the level's start inside the two-byte character.
+        let bad = "\t\tstepwise\u{50a}=debug";
+        // The library alone panics on it (slices the untrimmed text at the trimmed offsets).
+        let lib = std::panic::catch_unwind(|| tracing_subscriber::EnvFilter::builder().with_regex(false).parse(bad));
+        assert!(lib.is_err(), "tracing_subscriber no longer panics here: the trimming in log_filter can go");
+        let ours = log_filter(bad).expect("trimmed, a target and a level");
+        assert_eq!(ours.to_string(), "stepwise\u{50a}=debug");
+        let ok = log_filter(" info ,\tstepwise::api=debug\n").expect("whitespace around directives is ignored");
+        assert_eq!(ok.to_string(), log_filter("info,stepwise::api=debug").unwrap().to_string());
+        assert!(log_filter("info, ,warn").is_err(), "a blank directive stays an error");
+        // The fuzzer's input: a `log` of tabs, then text with a two-byte character.
+        let text = include_str!("../../fuzz/corpus/config_toml/crash-log-leading-tab-multibyte.toml");
+        let cfg = Config::from_toml(text).expect("parses");
+        assert!(cfg.log.starts_with('\t') && !cfg.log.is_ascii());
+        match cfg.validate() {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "log"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
