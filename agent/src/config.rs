@@ -368,14 +368,14 @@ pub mod duration_str {
 /// The log filter for a `log` setting: `tracing_subscriber`'s `RUST_LOG` syntax with span
 /// field values matched literally. With regular expressions on (the library's default) a field
 /// value compiles to a DFA whose size can explode: the config fuzzer found a 780-byte `log`
-/// that took over 10 s to validate (fuzz/corpus/config_toml keeps it), and a SIGHUP reload
-/// would stall the same way. The library's docs advise turning them off for input not
+/// that had not finished validating after 60 s (fuzz/corpus/config_toml keeps it), and a
+/// SIGHUP reload would stall the same way. The library's docs advise turning them off for input not
 /// trusted to be well-formed.
 ///
 /// Each comma-separated directive is trimmed here first: `tracing_subscriber` 0.3.23 walks a
 /// directive's trimmed text but slices the untrimmed one with those offsets, so leading
-/// whitespace followed by a multi-byte character panics (`log = "\tx=Ԋ"`; found by the same
-/// fuzzer). Trimmed, both are the same text; a blank directive stays as it was (an error).
+/// whitespace shifts a slice into a multi-byte character and panics (`"\t\tstepwiseԊ=debug"`,
+/// see the test; found by the same fuzzer). Trimmed, both are the same text; a blank directive stays as it was (an error).
 pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
     let trimmed: Vec<&str> = directives
         .split(',')

@@ -52,14 +52,14 @@ pub struct Outcome {
 
 pub fn fuzz(args: &[String]) -> Result<()> {
     match parse(args)? {
-        Some(p) => run(&p.targets, p.limit, p.fork, p.build),
+        Some(plan) => run(&plan),
         None => Ok(()),
     }
 }
 
 /// What `cargo xtask fuzz …` was asked to do.
 #[derive(Debug, PartialEq)]
-struct Plan {
+pub struct Plan {
     targets: Vec<String>,
     limit: Limit,
     fork: u32,
@@ -108,6 +108,10 @@ fn parse(args: &[String]) -> Result<Option<Plan>> {
     Ok(Some(Plan { targets, limit, fork, build }))
 }
 
+/// Cargo's target directory for the no-sanitizer build, under `fuzz/` (its own, so the two
+/// builds do not invalidate each other).
+const NOSAN_TARGET_DIR: &str = "target/nosan";
+
 /// How the targets are built.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Build {
@@ -121,22 +125,22 @@ impl Build {
     fn args(self) -> &'static [&'static str] {
         match self {
             Build::Asan => &["--dev"],
-            Build::NoSanitizer => &["-O", "-a", "-s", "none", "--target-dir", "target/nosan"],
+            Build::NoSanitizer => &["-O", "-a", "-s", "none", "--target-dir", NOSAN_TARGET_DIR],
         }
     }
     /// Where cargo-fuzz leaves the binaries, under `fuzz/`.
-    fn bin_dir(self) -> &'static str {
+    fn bin_dir(self) -> PathBuf {
         match self {
-            Build::Asan => "target/x86_64-unknown-linux-gnu/debug",
-            Build::NoSanitizer => "target/nosan/x86_64-unknown-linux-gnu/release",
+            Build::Asan => PathBuf::from("target/x86_64-unknown-linux-gnu/debug"),
+            Build::NoSanitizer => PathBuf::from(NOSAN_TARGET_DIR).join("x86_64-unknown-linux-gnu/release"),
         }
     }
 }
 
 /// The `fuzz` test tier: every target for [`BRIEF_SECONDS`].
 pub fn brief() -> Result<()> {
-    let all: Vec<String> = TARGETS.iter().map(|t| t.to_string()).collect();
-    run(&all, Limit::Seconds(BRIEF_SECONDS), 0, Build::Asan)
+    let targets = TARGETS.iter().map(|t| t.to_string()).collect();
+    run(&Plan { targets, limit: Limit::Seconds(BRIEF_SECONDS), fork: 0, build: Build::Asan })
 }
 
 fn fuzz_dir() -> PathBuf {
@@ -172,7 +176,9 @@ fn max_len(target: &str) -> u32 {
     }
 }
 
-pub fn run(targets: &[String], limit: Limit, fork: u32, how: Build) -> Result<()> {
+pub fn run(plan: &Plan) -> Result<()> {
+    let Plan { targets, limit, fork, build: how } = plan;
+    let (limit, fork, how) = (*limit, *fork, *how);
     ensure_cargo_fuzz()?;
     let started = Instant::now();
     eprintln!("=== building {} fuzz target(s) (nightly, {:?}, debug assertions) ===", targets.len(), how);
@@ -273,7 +279,7 @@ mod tests {
         assert_eq!(p, Plan { targets: vec!["store_rows".into()], limit: Limit::RunsWithin { runs: 5, seconds: 9 }, fork: 0, build: Build::NoSanitizer });
         let p = parse(&[]).unwrap().unwrap();
         assert_eq!((p.targets.len(), p.limit, p.build), (TARGETS.len(), Limit::Runs(LONG_RUNS), Build::Asan));
-        assert!(Build::NoSanitizer.bin_dir().starts_with("target/nosan/") && Build::NoSanitizer.args().contains(&"-a"));
+        assert!(Build::NoSanitizer.bin_dir().starts_with(NOSAN_TARGET_DIR) && Build::NoSanitizer.args().contains(&"-a"));
         for bad in ["--sanitizer", "--sanitizer memory", "--runs x", "nosuch"] {
             assert!(parse(&args(bad)).is_err(), "{bad} accepted");
         }

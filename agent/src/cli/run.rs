@@ -170,9 +170,15 @@ type LogFilterHandle = tracing_subscriber::reload::Handle<tracing_subscriber::En
 /// The installed log filter, replaced on SIGHUP.
 static LOG_FILTER: std::sync::OnceLock<LogFilterHandle> = std::sync::OnceLock::new();
 
+/// The filter for a `log` setting, `info` where it does not parse (start-up and reload see a
+/// validated config; this is the last resort).
+fn log_filter_or_info(directives: &str) -> tracing_subscriber::EnvFilter {
+    crate::config::log_filter(directives).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+}
+
 pub fn init_logging(filter: &str) {
     use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
-    let filter = crate::config::log_filter(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = log_filter_or_info(filter);
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() {
@@ -231,7 +237,7 @@ async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex
             continue;
         }
         if new.log != running.log {
-            if let Some(Err(e)) = LOG_FILTER.get().map(|h| h.reload(crate::config::log_filter(&new.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))) {
+            if let Some(Err(e)) = LOG_FILTER.get().map(|h| h.reload(log_filter_or_info(&new.log))) {
                 warn!("cannot apply the new log filter: {e}");
             }
         }
