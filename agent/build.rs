@@ -27,8 +27,5 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: build scripts are single-threaded at this point.
     unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
     let root = ebpf_dir.to_str().ok_or_else(|| anyhow::anyhow!("non-UTF-8 path"))?;
-    aya_build::build_ebpf(
-        [aya_build::Package { name: "agent-ebpf", root_dir: root, ..Default::default() }],
-        aya_build::Toolchain::default(),
-    )
+    aya_build::build_ebpf([aya_build::Package { name: "agent-ebpf", root_dir: root, ..Default::default() }], aya_build::Toolchain::default())
 }

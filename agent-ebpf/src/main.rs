@@ -7,7 +7,10 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs {
-    use agent_common::{CpuState, EnterRecord, EnterStackRecord, ExitRecord, ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB, EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, WAKE_EVERY_RECORDS, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET};
+    use agent_common::{
+        CpuState, EnterRecord, EnterStackRecord, ExitRecord, ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB,
+        EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET, WAKE_EVERY_RECORDS,
+    };
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
         macros::{map, tracepoint, uprobe, uretprobe},
@@ -132,7 +135,13 @@ mod programs {
         let deref = (cookie >> COOKIE_DEREF_SHIFT) & 0xff;
         if deref != 0 {
             let idx = (deref - 1) as usize;
-            let ptr = if idx < 6 { args[idx] } else if idx == 6 { stack[0] } else { stack[1] };
+            let ptr = if idx < 6 {
+                args[idx]
+            } else if idx == 6 {
+                stack[0]
+            } else {
+                stack[1]
+            };
             let _ = OUTPTR.insert(&tid, &ptr, 0);
         }
     }

@@ -27,7 +27,15 @@ fn synth(step: u64) -> (Step, Vec<Collective>, Vec<Vec<NicWindow>>) {
                 Arrival { rank: r, host: format!("h{}", r / 4), pid: 100 + r, enter: start + late, exit: start + 0.008, aborted: false }
             })
             .collect();
-        colls.push(Collective { comm: "c0".into(), seq: step * COLLS_PER_STEP as u64 + i as u64, op: "all_reduce".into(), library: "nccl".into(), bytes: Some(64 << 20), nranks: Some(RANKS), arrivals });
+        colls.push(Collective {
+            comm: "c0".into(),
+            seq: step * COLLS_PER_STEP as u64 + i as u64,
+            op: "all_reduce".into(),
+            library: "nccl".into(),
+            bytes: Some(64 << 20),
+            nranks: Some(RANKS),
+            arrivals,
+        });
         wins.push(
             (0..NICS)
                 .map(|n| NicWindow {

@@ -175,8 +175,24 @@ struct Consumer {
 impl Consumer {
     fn new(probes: Probes) -> Consumer {
         let mut decoder = CallDecoder::default();
-        decoder.register(PROBE_ID, ProbeInfo { family: Family::User, op: Op::User, decoder: Decoder::Fixed { count: Some(Arg::Reg(0)), elem_size: 4, comm: None }, user_op: Some("bench".into()) });
-        Consumer { probes, decoder, history: History::new("bench".into(), 65536), proc_info: ProcInfo::default(), buf: Vec::with_capacity(8192), drained: 0, calls: 0 }
+        decoder.register(
+            PROBE_ID,
+            ProbeInfo {
+                family: Family::User,
+                op: Op::User,
+                decoder: Decoder::Fixed { count: Some(Arg::Reg(0)), elem_size: 4, comm: None },
+                user_op: Some("bench".into()),
+            },
+        );
+        Consumer {
+            probes,
+            decoder,
+            history: History::new("bench".into(), 65536),
+            proc_info: ProcInfo::default(),
+            buf: Vec::with_capacity(8192),
+            drained: 0,
+            calls: 0,
+        }
     }
 
     /// Drains what is in the ring now and decodes it; returns the number of events.
@@ -401,7 +417,9 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
 }
 
 fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(if labels.is_empty() { " " } else { "{" }) && l.contains(labels)).and_then(|l| l.split_whitespace().last()?.parse().ok())
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(if labels.is_empty() { " " } else { "{" }) && l.contains(labels))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
 }
 
 /// The real agent on a free port; killed on drop.
@@ -470,7 +488,9 @@ impl Drop for AgentProc {
 fn other_agents() -> usize {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc")
-        .map(|rd| rd.flatten().filter(|e| e.file_name() != me.as_str() && std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "agent")).count())
+        .map(|rd| {
+            rd.flatten().filter(|e| e.file_name() != me.as_str() && std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "agent")).count()
+        })
         .unwrap_or(0)
 }
 
@@ -552,7 +572,23 @@ fn hits_per_collective(dir: &Path) -> Result<Hits> {
 fn mpi_run(ns: &str, steps: u32) -> Result<Vec<f64>> {
     let out = run_ok(
         Command::new("ip")
-            .args(["netns", "exec", ns, "env", "STEPS_COMPUTE=sleep", "mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "mpi_yield_when_idle", "1", "-x", "STEPS_COMPUTE", "-np", "4"])
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "env",
+                "STEPS_COMPUTE=sleep",
+                "mpirun",
+                "--oversubscribe",
+                "--allow-run-as-root",
+                "--mca",
+                "mpi_yield_when_idle",
+                "1",
+                "-x",
+                "STEPS_COMPUTE",
+                "-np",
+                "4",
+            ])
             .arg(root().join("tests/workloads/build/mpi_steps"))
             .args(["--steps", &steps.to_string(), "--bytes", "1048576", "--compute-us", "10000"]),
     )?;
@@ -621,7 +657,12 @@ fn main() -> Result<()> {
     }
     drop(text);
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("bench probes: {SYMBOL} (push %rbp) in {} at {off:#x}; {cpus} CPUs; {} other agent processes running; load {}", exe.display(), other_agents(), std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!(
+        "bench probes: {SYMBOL} (push %rbp) in {} at {off:#x}; {cpus} CPUs; {} other agent processes running; load {}",
+        exe.display(),
+        other_agents(),
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
 
     // 1. Per-call cost: rounds of (no probe, empty uprobe pair, agent programs) so every
     // ratio compares measurements taken seconds apart on a shared machine.
@@ -630,14 +671,16 @@ fn main() -> Result<()> {
     // the producer's CPU, and its decoding (the agent's own CPU time, ~1/capacity per event)
     // is then charged to the traced thread's wall clock.
     let allowed = allowed_cpus();
-    let (producer_cpu, consumer_cpus): (Vec<usize>, Vec<usize>) = if allowed.len() >= 2 { (allowed[..1].to_vec(), allowed[1..].to_vec()) } else { (Vec::new(), Vec::new()) };
+    let (producer_cpu, consumer_cpus): (Vec<usize>, Vec<usize>) =
+        if allowed.len() >= 2 { (allowed[..1].to_vec(), allowed[1..].to_vec()) } else { (Vec::new(), Vec::new()) };
     pin_to(&producer_cpu);
     let rounds = 3u64;
     let batches = 10u64;
     let per_round = total / rounds;
     let n_round = per_round / batches * batches;
     time_calls(per_round / 10); // warm up
-    let (mut none_v, mut entry_v, mut empty_v, mut bpf_empty_v, mut agent_v, mut spin_v, mut ratios, mut perf_ratios) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut none_v, mut entry_v, mut empty_v, mut bpf_empty_v, mut agent_v, mut spin_v, mut ratios, mut perf_ratios) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut percall_drained, mut percall_drops) = (0u64, 0u64);
     let mut kept: Option<(Consumer, Vec<stepwise::ebpf::AttachedLink>)> = None;
     for round in 0..rounds {
@@ -715,7 +758,8 @@ fn main() -> Result<()> {
             }
         }
     }
-    let (none_ns, empty_entry_ns, perf_ns, empty_ns, agent_ns, spin_ns) = (median(&mut none_v), median(&mut entry_v), median(&mut empty_v), median(&mut bpf_empty_v), median(&mut agent_v), median(&mut spin_v));
+    let (none_ns, empty_entry_ns, perf_ns, empty_ns, agent_ns, spin_ns) =
+        (median(&mut none_v), median(&mut entry_v), median(&mut empty_v), median(&mut bpf_empty_v), median(&mut agent_v), median(&mut spin_v));
     let ratio = median(&mut ratios.clone());
     let perf_ratio = median(&mut perf_ratios.clone());
     let (mut c, links) = kept.ok_or_else(|| anyhow!("no rounds"))?;
@@ -795,7 +839,10 @@ fn main() -> Result<()> {
     println!("    agent call_enter + call_exit (RingBuf)    {agent_ns:>9.1} ns   ({percall_drained} events drained and decoded, {percall_drops} dropped)");
     println!("    agent programs, consumer spinning         {spin_ns:>9.1} ns   (diagnosis: nobody sleeps in poll(2), so no thread wakeups)");
     println!("    agent programs, no consumer in poll(2)    {quiet_ns:>9.1} ns   (median of 2000-call fills of the ring: no RingBuf wakeups)");
-    println!("    ratio agent / empty uprobe pair           {ratio:>9.3}x  (target <= 1.1x; per round {:?}; medians over the no-probe time: {overhead_ratio:.3}x)", ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>());
+    println!(
+        "    ratio agent / empty uprobe pair           {ratio:>9.3}x  (target <= 1.1x; per round {:?}; medians over the no-probe time: {overhead_ratio:.3}x)",
+        ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+    );
     println!("    ratio agent / uprobe pair without BPF     {perf_ratio:>9.3}x  (per round {:?}: what running any BPF program adds to the kernel's uprobe path is in this one)", perf_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>());
 
     let events_ratio = zero_drop_rate / single_rate;
@@ -830,7 +877,12 @@ fn main() -> Result<()> {
         let pct = (o.with_us - o.without_us) / o.without_us * 100.0;
         println!("  step time, mpi_steps 4 ranks, 10 ms compute (sleep) + 1 MiB MPI_Allreduce, {pairs} x {steps} steps each way, alternating A B B A:");
         println!("    without the agent  median {:>9.0} µs   (per run {:?})", o.without_us, o.without_runs.iter().map(|v| v.round()).collect::<Vec<_>>());
-        println!("    with the agent     median {:>9.0} µs   (per run {:?}; {} MPI_Allreduce seen)", o.with_us, o.with_runs.iter().map(|v| v.round()).collect::<Vec<_>>(), o.calls_seen);
+        println!(
+            "    with the agent     median {:>9.0} µs   (per run {:?}; {} MPI_Allreduce seen)",
+            o.with_us,
+            o.with_runs.iter().map(|v| v.round()).collect::<Vec<_>>(),
+            o.calls_seen
+        );
         println!("    difference         {:>+9.0} µs = {pct:+.2} %", o.with_us - o.without_us);
         overhead_s = format!("{pct:.2}");
         extra.push_str(&format!(" step_without_us={:.0} step_with_us={:.0}", o.without_us, o.with_us));

@@ -319,20 +319,16 @@ impl Config {
             });
         }
         if !self.sysfs_root.is_absolute() {
-            return Err(ConfigError::Invalid {
-                field: "sysfs_root",
-                value: self.sysfs_root.display().to_string(),
-                reason: "must be an absolute path".into(),
-            });
+            return Err(ConfigError::Invalid { field: "sysfs_root", value: self.sysfs_root.display().to_string(), reason: "must be an absolute path".into() });
         }
-        log_filter(&self.log).map_err(|e| ConfigError::Invalid {
-            field: "log",
-            value: self.log.clone(),
-            reason: e.to_string(),
-        })?;
+        log_filter(&self.log).map_err(|e| ConfigError::Invalid { field: "log", value: self.log.clone(), reason: e.to_string() })?;
         crate::sources::Selector::new(&self.include, &self.exclude, self.probe_safe)?;
         for (nic, rate) in &self.steps.nic_rates {
-            crate::units::parse_rate_pos(rate).map_err(|e| ConfigError::Invalid { field: "steps.nic_rates", value: format!("{nic} = {rate}"), reason: e.to_string() })?;
+            crate::units::parse_rate_pos(rate).map_err(|e| ConfigError::Invalid {
+                field: "steps.nic_rates",
+                value: format!("{nic} = {rate}"),
+                reason: e.to_string(),
+            })?;
         }
         self.otlp.validate()?;
         self.api.validate()?;

@@ -6,7 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{ProbeEvent, DROPS_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, CPU_STATE_MAP, CpuState, MIN_RECORD_BYTES, PROG_CALL_ENTER, PROG_CALL_EXIT, PROG_EMPTY_ENTER, PROG_EMPTY_EXIT};
+use agent_common::{
+    CpuState, ProbeEvent, CPU_STATE_MAP, DROPS_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, MIN_RECORD_BYTES, PROG_CALL_ENTER, PROG_CALL_EXIT,
+    PROG_EMPTY_ENTER, PROG_EMPTY_EXIT,
+};
 use aya::{
     maps::{PerCpuArray, RingBuf},
     programs::{
@@ -134,7 +137,14 @@ impl Probes {
         self.attach_at(target, UProbeAttachLocation::AbsoluteOffset(offset), what, 0, [PROG_EMPTY_ENTER, PROG_EMPTY_EXIT])
     }
 
-    fn attach_at(&mut self, target: &Path, location: UProbeAttachLocation<'_>, symbol: &str, cookie: u64, programs: [&'static str; 2]) -> Result<Vec<AttachedLink>, EbpfError> {
+    fn attach_at(
+        &mut self,
+        target: &Path,
+        location: UProbeAttachLocation<'_>,
+        symbol: &str,
+        cookie: u64,
+        programs: [&'static str; 2],
+    ) -> Result<Vec<AttachedLink>, EbpfError> {
         let mut links = Vec::with_capacity(2);
         for name in programs {
             let p = uprobe(&mut self.ebpf, name)?;
@@ -340,9 +350,7 @@ pub struct TcpRetransmits {
 
 /// The tracefs format file of the tracepoint (tracefs may be mounted in either place).
 fn tcp_format() -> Option<String> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .find_map(|d| std::fs::read_to_string(format!("{d}/events/tcp/tcp_retransmit_skb/format")).ok())
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].iter().find_map(|d| std::fs::read_to_string(format!("{d}/events/tcp/tcp_retransmit_skb/format")).ok())
 }
 
 /// Whether the kernel's record layout matches the offsets compiled into the program.
@@ -372,7 +380,11 @@ impl TcpRetransmits {
             .try_into()
             .map_err(|source| EbpfError::Program { name, source })?;
         p.load().map_err(|source| EbpfError::Program { name, source })?;
-        p.attach("tcp", "tcp_retransmit_skb").map_err(|source| EbpfError::Attach { symbol: "tcp:tcp_retransmit_skb".into(), target: "tracepoint".into(), source })?;
+        p.attach("tcp", "tcp_retransmit_skb").map_err(|source| EbpfError::Attach {
+            symbol: "tcp:tcp_retransmit_skb".into(),
+            target: "tracepoint".into(),
+            source,
+        })?;
         Ok(TcpRetransmits { ebpf })
     }
 
@@ -393,7 +405,9 @@ impl TcpRetransmits {
 
 #[cfg(test)]
 mod tests {
-    use agent_common::{EnterRecord, ExitRecord, ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXIT_RECORD_BYTES, KIND_ENTER, KIND_EXIT, MIN_RECORD_BYTES};
+    use agent_common::{
+        EnterRecord, ExitRecord, ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXIT_RECORD_BYTES, KIND_ENTER, KIND_EXIT, MIN_RECORD_BYTES,
+    };
 
     use super::event_from_record;
 

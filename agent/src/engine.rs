@@ -273,7 +273,11 @@ impl Engine {
                 Err(p) => p.into_inner(),
             };
             let views = h.calls_since(lookback, 1_000_000).iter().map(|c| c.view()).collect();
-            let net = h.net_since(lookback, 1_000_000).into_iter().map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send }).collect();
+            let net = h
+                .net_since(lookback, 1_000_000)
+                .into_iter()
+                .map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send })
+                .collect();
             (views, net)
         };
         let colls = join_calls(&views);
@@ -323,7 +327,8 @@ impl Engine {
             let mine: Vec<&Collective> = step.collectives(&colls);
             let windows: Vec<Vec<NicWindow>> = mine.iter().map(|c| self.log.window(c.last_arrival(), c.last_exit())).collect();
             let dropped = self.drop_spans.iter().any(|&(a, b)| a <= step.end && b >= step.begin);
-            let att = attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
+            let att =
+                attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
             self.record(&att, &windows);
             let step_windows = self.log.window(step.begin, step.end);
             let mine: Vec<Collective> = mine.into_iter().cloned().collect();

@@ -252,10 +252,7 @@ impl fmt::Display for Bytes {
         if a < 10.0 * KIB && a.fract() == 0.0 && a % KIB != 0.0 {
             return write!(f, "{} B", self.0);
         }
-        f.write_str(&scaled(
-            self.0,
-            &[(GIB * 1024.0, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB"), (1.0, "B")],
-        ))
+        f.write_str(&scaled(self.0, &[(GIB * 1024.0, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB"), (1.0, "B")]))
     }
 }
 
@@ -263,10 +260,7 @@ impl fmt::Display for Bytes {
 pub struct DecimalBytes(pub Bytes);
 impl fmt::Display for DecimalBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&scaled(
-            self.0 .0,
-            &[(TB, "TB"), (GB, "GB"), (MB, "MB"), (KB, "KB"), (1.0, "B")],
-        ))
+        f.write_str(&scaled(self.0 .0, &[(TB, "TB"), (GB, "GB"), (MB, "MB"), (KB, "KB"), (1.0, "B")]))
     }
 }
 
@@ -282,10 +276,7 @@ impl fmt::Display for Seconds {
 impl fmt::Display for BytesPerSecond {
     /// Decimal, as models.md defines bandwidth (`50 GB/s`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&scaled(
-            self.0,
-            &[(TB, "TB/s"), (GB, "GB/s"), (MB, "MB/s"), (KB, "KB/s"), (1.0, "B/s")],
-        ))
+        f.write_str(&scaled(self.0, &[(TB, "TB/s"), (GB, "GB/s"), (MB, "MB/s"), (KB, "KB/s"), (1.0, "B/s")]))
     }
 }
 
@@ -391,12 +382,7 @@ const RATE: Kind = Kind {
     known: "B/s, KB/s, MB/s, GB/s, TB/s (decimal), KiB/s, MiB/s, GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s, Tbit/s, Gb/s, Gbps",
     table: RATE_UNITS,
 };
-const TIME: Kind = Kind {
-    name: "time",
-    example: "0.833us, 0.833µs or 20ms",
-    known: "s, ms, us, µs, ns, ps, min, h",
-    table: TIME_UNITS,
-};
+const TIME: Kind = Kind { name: "time", example: "0.833us, 0.833µs or 20ms", known: "s, ms, us, µs, ns, ps, min, h", table: TIME_UNITS };
 const LENGTH: Kind = Kind { name: "length", example: "30m", known: "m, km, cm, mm", table: LENGTH_UNITS };
 
 /// Length of the leading number (sign, digits, point, exponent) in `s`.
@@ -431,22 +417,13 @@ fn parse_kind(input: &str, kind: Kind) -> Result<f64, UnitError> {
         return Err(UnitError::Empty { kind: kind.name, example: kind.example });
     }
     let n = number_len(s);
-    let num: f64 = s[..n].parse().map_err(|_| UnitError::BadNumber {
-        input: input.to_string(),
-        kind: kind.name,
-        example: kind.example,
-    })?;
+    let num: f64 = s[..n].parse().map_err(|_| UnitError::BadNumber { input: input.to_string(), kind: kind.name, example: kind.example })?;
     let unit = s[n..].trim();
     if unit.is_empty() {
         return Err(UnitError::MissingUnit { input: input.to_string(), kind: kind.name, example: kind.example });
     }
     let Some(&(_, k)) = kind.table.iter().find(|(u, _)| *u == unit) else {
-        return Err(UnitError::UnknownUnit {
-            input: input.to_string(),
-            kind: kind.name,
-            unit: unit.to_string(),
-            known: kind.known,
-        });
+        return Err(UnitError::UnknownUnit { input: input.to_string(), kind: kind.name, unit: unit.to_string(), known: kind.known });
     };
     let v = num * k;
     if !v.is_finite() {
@@ -509,12 +486,7 @@ fn parse_list<T: Copy>(s: &str, item: fn(&str) -> Result<T, UnitError>) -> Resul
     for part in s.split(',') {
         let (value, count) = match part.rsplit_once('*') {
             Some((v, n)) => {
-                let n: usize = n
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or_else(|| UnitError::BadRepeat { input: part.to_string() })?;
+                let n: usize = n.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| UnitError::BadRepeat { input: part.to_string() })?;
                 (v, n)
             }
             None => (part, 1),

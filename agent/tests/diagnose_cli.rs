@@ -19,12 +19,7 @@ use stepwise::{
 fn agent(args: &[&str]) -> (i32, String, String, Duration) {
     let t = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_agent")).arg("diagnose").args(args).output().expect("run agent");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        t.elapsed(),
-    )
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), t.elapsed())
 }
 
 fn now() -> f64 {
@@ -58,7 +53,9 @@ fn host_answers(host: &str, ranks: std::ops::Range<u32>, t0: f64, clock_error: f
             markers.push(json!({"rank": r, "step": k + 1, "phase": "begin", "time": t, "host": host}));
             markers.push(json!({"rank": r, "step": k + 1, "phase": "end", "time": t + 0.180, "host": host}));
         }
-        net.push(json!({"pid": 4000 + ranks.start, "send": true, "bytes": 524288, "posted_ns": 1, "completed_ns": 2, "posted": t + 0.131, "completed": t + 0.133}));
+        net.push(
+            json!({"pid": 4000 + ranks.start, "send": true, "bytes": 524288, "posted_ns": 1, "completed_ns": 2, "posted": t + 0.131, "completed": t + 0.133}),
+        );
     }
     let nics: Vec<Value> = ["eth0", "eth1"]
         .iter()
@@ -121,12 +118,7 @@ fn cluster() -> Cluster {
     let t0 = now() - 60.0;
     let hang = Router::new().fallback(|| async { std::future::pending::<String>().await });
     let garbage = Router::new().fallback(|| async { "<html><body>502 Bad Gateway</body></html>" });
-    let (rt, addrs) = serve(vec![
-        agent_router(host_answers("node-a", 0..4, t0, 0.0005)),
-        agent_router(host_answers("node-b", 4..8, t0, 0.002)),
-        hang,
-        garbage,
-    ]);
+    let (rt, addrs) = serve(vec![agent_router(host_answers("node-a", 0..4, t0, 0.0005)), agent_router(host_answers("node-b", 4..8, t0, 0.002)), hang, garbage]);
     let refused = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").to_string()
@@ -164,7 +156,8 @@ fn cluster_json_names_rank_5_lists_failed_peers_and_returns_within_the_timeout()
     assert_eq!(v["clock_error_seconds"], 0.002, "the largest peer bound");
     assert_eq!(v["peers"]["answered"].as_array().map(|a| a.len()), Some(2));
     let failed = v["peers"]["failed"].as_array().expect("failed");
-    let err_of = |p: &str| failed.iter().find(|f| f["peer"] == p).and_then(|f| f["error"].as_str()).unwrap_or_else(|| panic!("{p} not listed: {failed:?}")).to_string();
+    let err_of =
+        |p: &str| failed.iter().find(|f| f["peer"] == p).and_then(|f| f["error"].as_str()).unwrap_or_else(|| panic!("{p} not listed: {failed:?}")).to_string();
     assert!(err_of(&c.hang).contains("timed out"), "{}", err_of(&c.hang));
     assert!(err_of(&c.garbage).contains("not the agent's JSON"), "{}", err_of(&c.garbage));
     assert!(err_of(&c.refused).contains("refused"), "{}", err_of(&c.refused));
@@ -244,7 +237,14 @@ fn empty_or_missing_store_is_exit_3_saying_why() {
 
 fn stored_step(id: u64, t: f64, late: f64) -> stepwise::attribution::Attribution {
     let arrivals = (0..4u32)
-        .map(|r| Arrival { rank: r, host: "node-a".into(), pid: r, enter: t + 0.1 + if r == 2 { late } else { 0.0 }, exit: t + 0.1 + late + 0.001, aborted: false })
+        .map(|r| Arrival {
+            rank: r,
+            host: "node-a".into(),
+            pid: r,
+            enter: t + 0.1 + if r == 2 { late } else { 0.0 },
+            exit: t + 0.1 + late + 0.001,
+            aborted: false,
+        })
         .collect();
     let c = Collective { comm: COMM.into(), seq: id, op: "all_reduce".into(), library: "mpi".into(), bytes: Some(4096), nranks: Some(4), arrivals };
     let s = Step { id, begin: t, end: t + 0.1 + late + 0.002, source: StepSource::Markers, ranks: Default::default() };
@@ -290,7 +290,14 @@ fn html_from_the_store_draws_each_ranks_timeline() {
         let mut st = Store::open(&db).expect("open");
         for (id, late) in [(1u64, 0.0), (2, 0.030)] {
             let arrivals = (0..4u32)
-                .map(|r| Arrival { rank: r, host: "node-a".into(), pid: r, enter: t + id as f64 + 0.1 + if r == 2 { late } else { 0.0 }, exit: t + id as f64 + 0.1 + late + 0.001, aborted: false })
+                .map(|r| Arrival {
+                    rank: r,
+                    host: "node-a".into(),
+                    pid: r,
+                    enter: t + id as f64 + 0.1 + if r == 2 { late } else { 0.0 },
+                    exit: t + id as f64 + 0.1 + late + 0.001,
+                    aborted: false,
+                })
                 .collect();
             let c = Collective { comm: COMM.into(), seq: id, op: "all_reduce".into(), library: "mpi".into(), bytes: Some(4096), nranks: Some(4), arrivals };
             st.put_step("job", &stored_step(id, t + id as f64, late), &[c], &[]).expect("put");

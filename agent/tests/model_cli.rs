@@ -10,11 +10,7 @@ const KIB: f64 = 1024.0;
 
 fn agent(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_agent")).arg("model").args(args).output().expect("run agent");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// `agent model <args> --json`, parsed.
@@ -346,8 +342,29 @@ fn access_and_state() {
 #[test]
 fn every_bare_subcommand_prints_a_table() {
     for sub in [
-        "allreduce", "path", "cut", "msg", "pipeline", "ep", "rails", "clos", "ecmp", "spray", "multipath", "inflight",
-        "completions", "step", "skew", "tail", "smallmsg", "queue", "feedback", "incast", "scale", "access", "state",
+        "allreduce",
+        "path",
+        "cut",
+        "msg",
+        "pipeline",
+        "ep",
+        "rails",
+        "clos",
+        "ecmp",
+        "spray",
+        "multipath",
+        "inflight",
+        "completions",
+        "step",
+        "skew",
+        "tail",
+        "smallmsg",
+        "queue",
+        "feedback",
+        "incast",
+        "scale",
+        "access",
+        "state",
     ] {
         let (rc, out, err) = agent(&[sub]);
         assert_eq!(rc, 0, "agent model {sub}: {err}");

@@ -27,7 +27,15 @@ const EVENT: usize = std::mem::size_of::<ProbeEvent>();
 /// once (building the targets' tables was a tenth of an input's time).
 fn probes() -> &'static [(u32, ProbeInfo)] {
     static PROBES: LazyLock<Vec<(u32, ProbeInfo)>> = LazyLock::new(|| {
-        let user = UserProbe { library: "libx.so".into(), symbol: "x".into(), op: "x_op".into(), count_arg: Some(7), elem_size: u64::MAX, comm_arg: Some(200), blocking: true };
+        let user = UserProbe {
+            library: "libx.so".into(),
+            symbol: "x".into(),
+            op: "x_op".into(),
+            count_arg: Some(7),
+            elem_size: u64::MAX,
+            comm_arg: Some(200),
+            blocking: true,
+        };
         let mut out = Vec::new();
         for t in [targets::nccl(), targets::mpi(), targets::gloo(), user.target()] {
             for p in t.probes {
@@ -88,7 +96,11 @@ fuzz_target!(|data: &[u8]| {
             // A raw record of any length the programs write (48, 80, 96, 224 bytes) or
             // another, possibly too short (then skipped, as `drain` does).
             0 => {
-                let len = if ctl & 0x80 != 0 { EVENT - usize::from(ctl >> 2 & 0x1f) * 7 } else { [EVENT, EXIT_RECORD_BYTES, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES][usize::from(ctl >> 2 & 3)] };
+                let len = if ctl & 0x80 != 0 {
+                    EVENT - usize::from(ctl >> 2 & 0x1f) * 7
+                } else {
+                    [EVENT, EXIT_RECORD_BYTES, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES][usize::from(ctl >> 2 & 3)]
+                };
                 let rec = r.take(len);
                 match event_from_record(rec) {
                     Some(ev) => {

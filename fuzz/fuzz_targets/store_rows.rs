@@ -26,22 +26,62 @@ use stepwise::{
 
 /// (table, column, key column): every column of schema v1.
 const COLUMNS: &[(&str, &str, &str)] = &[
-    ("steps", "job_key", "id"), ("steps", "step_id", "id"), ("steps", "begin", "id"), ("steps", "end", "id"),
-    ("steps", "seconds", "id"), ("steps", "source", "id"), ("steps", "incomplete", "id"), ("steps", "collectives", "id"),
-    ("steps", "attribution", "id"), ("steps", "stored_at", "id"), ("steps", "id", "id"),
-    ("causes", "step_ref", "idx"), ("causes", "idx", "idx"), ("causes", "kind", "idx"), ("causes", "seconds", "idx"),
-    ("causes", "share", "idx"), ("causes", "rank", "idx"), ("causes", "evidence", "idx"), ("causes", "fix", "idx"),
-    ("collectives", "id", "id"), ("collectives", "step_ref", "id"), ("collectives", "comm", "id"), ("collectives", "seq", "id"),
-    ("collectives", "op", "id"), ("collectives", "library", "id"), ("collectives", "bytes", "id"), ("collectives", "nranks", "id"),
-    ("collectives", "first_arrival", "id"), ("collectives", "last_arrival", "id"), ("collectives", "last_exit", "id"),
-    ("collectives", "skew", "id"), ("collectives", "late_rank", "id"),
-    ("arrivals", "comm", "rank"), ("arrivals", "seq", "rank"), ("arrivals", "rank", "rank"), ("arrivals", "host", "rank"),
-    ("arrivals", "pid", "rank"), ("arrivals", "enter", "rank"), ("arrivals", "exit", "rank"), ("arrivals", "aborted", "rank"),
-    ("windows", "step_ref", "idx"), ("windows", "idx", "idx"), ("windows", "nic", "idx"), ("windows", "host", "idx"),
-    ("windows", "rail", "idx"), ("windows", "rate_bytes_per_second", "idx"), ("windows", "tx_bytes", "idx"),
-    ("windows", "rx_bytes", "idx"), ("windows", "pause_seconds", "idx"), ("windows", "pause_frames", "idx"),
-    ("windows", "ecn_marked", "idx"), ("windows", "cnp_sent", "idx"), ("windows", "cnp_handled", "idx"),
-    ("windows", "xmit_wait_ticks", "idx"), ("windows", "retransmits", "idx"), ("windows", "drops", "idx"),
+    ("steps", "job_key", "id"),
+    ("steps", "step_id", "id"),
+    ("steps", "begin", "id"),
+    ("steps", "end", "id"),
+    ("steps", "seconds", "id"),
+    ("steps", "source", "id"),
+    ("steps", "incomplete", "id"),
+    ("steps", "collectives", "id"),
+    ("steps", "attribution", "id"),
+    ("steps", "stored_at", "id"),
+    ("steps", "id", "id"),
+    ("causes", "step_ref", "idx"),
+    ("causes", "idx", "idx"),
+    ("causes", "kind", "idx"),
+    ("causes", "seconds", "idx"),
+    ("causes", "share", "idx"),
+    ("causes", "rank", "idx"),
+    ("causes", "evidence", "idx"),
+    ("causes", "fix", "idx"),
+    ("collectives", "id", "id"),
+    ("collectives", "step_ref", "id"),
+    ("collectives", "comm", "id"),
+    ("collectives", "seq", "id"),
+    ("collectives", "op", "id"),
+    ("collectives", "library", "id"),
+    ("collectives", "bytes", "id"),
+    ("collectives", "nranks", "id"),
+    ("collectives", "first_arrival", "id"),
+    ("collectives", "last_arrival", "id"),
+    ("collectives", "last_exit", "id"),
+    ("collectives", "skew", "id"),
+    ("collectives", "late_rank", "id"),
+    ("arrivals", "comm", "rank"),
+    ("arrivals", "seq", "rank"),
+    ("arrivals", "rank", "rank"),
+    ("arrivals", "host", "rank"),
+    ("arrivals", "pid", "rank"),
+    ("arrivals", "enter", "rank"),
+    ("arrivals", "exit", "rank"),
+    ("arrivals", "aborted", "rank"),
+    ("windows", "step_ref", "idx"),
+    ("windows", "idx", "idx"),
+    ("windows", "nic", "idx"),
+    ("windows", "host", "idx"),
+    ("windows", "rail", "idx"),
+    ("windows", "rate_bytes_per_second", "idx"),
+    ("windows", "tx_bytes", "idx"),
+    ("windows", "rx_bytes", "idx"),
+    ("windows", "pause_seconds", "idx"),
+    ("windows", "pause_frames", "idx"),
+    ("windows", "ecn_marked", "idx"),
+    ("windows", "cnp_sent", "idx"),
+    ("windows", "cnp_handled", "idx"),
+    ("windows", "xmit_wait_ticks", "idx"),
+    ("windows", "retransmits", "idx"),
+    ("windows", "drops", "idx"),
     ("windows", "max_backlog_bytes", "idx"),
 ];
 
@@ -52,9 +92,24 @@ fn sample(step: u64, begin: f64, ncoll: usize) -> (Attribution, Vec<Collective>,
     for i in 0..ncoll {
         let late = if i == 0 { 0.03 } else { 0.0 };
         let arrivals = (0..4u32)
-            .map(|r| Arrival { rank: r, host: format!("host{}", r % 2), pid: 1000 + r, enter: if r == 3 { t + late } else { t }, exit: t + late + 0.002, aborted: false })
+            .map(|r| Arrival {
+                rank: r,
+                host: format!("host{}", r % 2),
+                pid: 1000 + r,
+                enter: if r == 3 { t + late } else { t },
+                exit: t + late + 0.002,
+                aborted: false,
+            })
             .collect();
-        colls.push(Collective { comm: "comm-a".into(), seq: step * 1000 + i as u64, op: "all_reduce".into(), library: "nccl".into(), bytes: Some(64 << 20), nranks: Some(4), arrivals });
+        colls.push(Collective {
+            comm: "comm-a".into(),
+            seq: step * 1000 + i as u64,
+            op: "all_reduce".into(),
+            library: "nccl".into(),
+            bytes: Some(64 << 20),
+            nranks: Some(4),
+            arrivals,
+        });
         t += late + 0.003;
     }
     let windows: Vec<NicWindow> = (0..4u32)
@@ -113,7 +168,8 @@ impl Db {
         // Results do not depend on the plan; the store's code runs unchanged.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).expect("qpsg");
         let db = Db { _dir: dir, store, json };
-        let count = |c: &rusqlite::Connection| TABLES.map(|t| c.query_row(&format!("SELECT count(*) FROM main.{t}"), [], |r| r.get::<_, i64>(0)).expect("count"));
+        let count =
+            |c: &rusqlite::Connection| TABLES.map(|t| c.query_row(&format!("SELECT count(*) FROM main.{t}"), [], |r| r.get::<_, i64>(0)).expect("count"));
         let written = count(db.store.fuzzing_connection());
         db.restore();
         assert_eq!(count(db.store.fuzzing_connection()), written, "restore copies every row back");

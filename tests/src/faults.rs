@@ -147,7 +147,8 @@ impl FaultAgent {
         let log = self.proc.log_text();
         assert!(!log.contains("panicked"), "{when}: the agent panicked:\n{log}");
         let s0 = self.sweeps().unwrap_or_else(|e| panic!("{when}: status: {e:#}"));
-        wait_for(Duration::from_secs(10), "sweeps to grow", || self.sweeps().ok().filter(|s| *s >= s0 + 2)).unwrap_or_else(|e| panic!("{when}: not sampling any more: {e:#}"));
+        wait_for(Duration::from_secs(10), "sweeps to grow", || self.sweeps().ok().filter(|s| *s >= s0 + 2))
+            .unwrap_or_else(|e| panic!("{when}: not sampling any more: {e:#}"));
     }
 
     /// Sends SIGHUP (config reload).
@@ -295,7 +296,12 @@ pub fn build_storm(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     std::fs::write(&src, STORM_C)?;
     let exe = dir.join("storm");
     let mut c = Command::new("cc");
-    c.args(["-O2", "-Wall", "-Werror", "-pthread", "-o"]).arg(&exe).arg(&src).arg(format!("-L{}", lib.display())).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-l:libnccl.so.2");
+    c.args(["-O2", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-l:libnccl.so.2");
     workloads::run_ok(&mut c).context("cc storm.c (needs a C compiler)")?;
     Ok((exe, lib))
 }
@@ -315,7 +321,8 @@ impl StormResult {
     }
     pub fn parse(out: &str) -> Result<StormResult> {
         let line = out.lines().find(|l| l.starts_with("pairs=")).ok_or_else(|| anyhow!("no result line in storm output: {out}"))?;
-        let kv: std::collections::HashMap<&str, u64> = line.split_whitespace().filter_map(|t| t.split_once('=')).filter_map(|(k, v)| Some((k, v.parse().ok()?))).collect();
+        let kv: std::collections::HashMap<&str, u64> =
+            line.split_whitespace().filter_map(|t| t.split_once('=')).filter_map(|(k, v)| Some((k, v.parse().ok()?))).collect();
         let get = |k: &str| kv.get(k).copied().ok_or_else(|| anyhow!("no {k} in {line}"));
         Ok(StormResult { pairs: get("pairs")?, cpu_ns: get("cpu_ns")?, wall_ns: get("wall_ns")? })
     }
@@ -359,7 +366,11 @@ pub fn mpi_ranks(exe: &Path) -> Vec<(u32, u32)> {
             continue;
         }
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let rank = env.split(|b| *b == 0).filter_map(|kv| std::str::from_utf8(kv).ok()).find_map(|kv| kv.strip_prefix("OMPI_COMM_WORLD_RANK=")).and_then(|r| r.parse().ok());
+        let rank = env
+            .split(|b| *b == 0)
+            .filter_map(|kv| std::str::from_utf8(kv).ok())
+            .find_map(|kv| kv.strip_prefix("OMPI_COMM_WORLD_RANK="))
+            .and_then(|r| r.parse().ok());
         if let Some(r) = rank {
             v.push((r, pid));
         }

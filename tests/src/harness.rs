@@ -24,11 +24,7 @@ pub fn agent_bin() -> PathBuf {
     }
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"));
     let cands = [target.join("debug/agent"), target.join("release/agent")];
-    let newest = cands
-        .iter()
-        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p.clone())))
-        .max_by_key(|(t, _)| *t)
-        .map(|(_, p)| p);
+    let newest = cands.iter().filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p.clone()))).max_by_key(|(t, _)| *t).map(|(_, p)| p);
     newest.unwrap_or_else(|| panic!("agent binary not found in {}: run `cargo build -p agent` (cargo xtask test does)", target.display()))
 }
 
@@ -56,7 +52,11 @@ pub fn http_request_with(addr: &str, method: &str, path: &str, headers: &[(&str,
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let body = body.unwrap_or("");
     let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n", body.len())?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n",
+        body.len()
+    )?;
     // A server may answer before reading the body (a refused or oversized request) and close:
     // the rest of the body then meets a closed connection, as it would for any HTTP client,
     // and the answer already sent is still read below.
@@ -119,12 +119,7 @@ pub struct Proc {
 impl Proc {
     pub fn spawn(name: &str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
         let f = std::fs::File::create(&log)?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f)
-            .spawn()
-            .with_context(|| format!("cannot start {name}: {cmd:?}"))?;
+        let child = cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn().with_context(|| format!("cannot start {name}: {cmd:?}"))?;
         Ok(Proc { child, name: name.into(), log })
     }
     pub fn pid(&self) -> u32 {
@@ -181,7 +176,11 @@ impl Agent {
         // Each test agent gets its own history and marker socket unless the test chose them
         // (flags, or the config file which the env defaults do not override).
         let config_sets = |key: &str| {
-            args.iter().position(|a| *a == "--config").and_then(|i| args.get(i + 1)).and_then(|p| std::fs::read_to_string(p).ok()).is_some_and(|t| t.contains(key))
+            args.iter()
+                .position(|a| *a == "--config")
+                .and_then(|i| args.get(i + 1))
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .is_some_and(|t| t.contains(key))
         };
         if !args.contains(&"--db") && !config_sets("[store]") {
             cmd.env("STEPWISE_DB", dir.join(format!("agent-{port}.db")));
@@ -271,7 +270,8 @@ impl Prometheus {
 
     /// Instant query; returns `data.result`.
     pub fn query(&self, promql: &str) -> Result<Vec<serde_json::Value>> {
-        let q: String = promql.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+        let q: String =
+            promql.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
         let r = http_get(&self.addr, &format!("/api/v1/query?query={q}"))?;
         let v: serde_json::Value = serde_json::from_str(&r.body).with_context(|| format!("bad JSON from prometheus: {}", r.body))?;
         if v["status"] != "success" {

@@ -166,7 +166,11 @@ impl Servers {
         let cfg = dir.join(format!("agent-{s}.toml"));
         std::fs::write(&cfg, config)?;
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.servers[s].name(), "nice", "-n", AGENT_NICE]).arg(agent_bin()).args(["run", "--listen", &addr, "--config"]).arg(&cfg).env("STEPWISE_LOG", "info");
+        cmd.args(["netns", "exec", self.servers[s].name(), "nice", "-n", AGENT_NICE])
+            .arg(agent_bin())
+            .args(["run", "--listen", &addr, "--config"])
+            .arg(&cfg)
+            .env("STEPWISE_LOG", "info");
         let proc = Proc::spawn(&format!("agent-{s}"), &mut cmd, dir.join(format!("agent-{s}.log")))?;
         let mut a = NsAgent { proc, addr: addr.clone(), server: s };
         // Ready = API up *and* the workload library probed (/readyz does not cover the
@@ -177,7 +181,8 @@ impl Servers {
             if !a.proc.alive() {
                 bail!("agent of server {s} exited early:\n{}", a.proc.log_text());
             }
-            let attached = self.get(&addr, "/metrics").ok().filter(|r| r.status == 200).and_then(|r| sample(&r.body, "stepwise_probe_attached", &[("library", "nccl")]));
+            let attached =
+                self.get(&addr, "/metrics").ok().filter(|r| r.status == 200).and_then(|r| sample(&r.body, "stepwise_probe_attached", &[("library", "nccl")]));
             if attached.is_some_and(|n| n > 0.0) {
                 break;
             }

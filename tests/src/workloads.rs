@@ -41,10 +41,25 @@ pub fn run_ok(cmd: &mut Command) -> Result<Output> {
 pub fn mpi_steps(ns: &str, np: u32, args: &[&str]) -> Command {
     let bin = workspace_root().join("tests/workloads/build/mpi_steps");
     let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, "env", "STEPS_COMPUTE=sleep", "mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "mpi_yield_when_idle", "1", "-x", "STEPS_COMPUTE", "-np"])
-        .arg(np.to_string())
-        .arg(bin)
-        .args(args);
+    c.args([
+        "netns",
+        "exec",
+        ns,
+        "env",
+        "STEPS_COMPUTE=sleep",
+        "mpirun",
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        "-x",
+        "STEPS_COMPUTE",
+        "-np",
+    ])
+    .arg(np.to_string())
+    .arg(bin)
+    .args(args);
     c
 }
 

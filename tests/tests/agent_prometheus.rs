@@ -81,13 +81,8 @@ fn promtool_accepts_the_exposition() {
     let text = agent.metrics().expect("scrape");
     assert!(text.contains("stepwise_nic_transmit_bytes_total"), "{text}");
     assert!(text.contains("stepwise_build_info"));
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
+    let mut child =
+        Command::new(promtool).args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run promtool");
     {
         use std::io::Write;
         child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");

@@ -100,7 +100,18 @@ fn without_cap_perfmon_or_cap_bpf_the_agent_refuses_to_start_and_names_it() {
     let set = without(&caps, &["PERFMON", "BPF", "SYS_ADMIN"]);
     let cfg = dir.path().join("off.toml");
     std::fs::write(&cfg, "[collectives]\nenabled = false\n[sources]\nrdma = false\nethtool = false\ntcp = false\n").expect("config");
-    let a = start(dir.path(), &Launch { prefix: setpriv_prefix(&set), ..Default::default() }, &["--config", cfg.to_str().expect("utf8"), "--db", dir.path().join("off.db").to_str().expect("utf8"), "--marker-socket", dir.path().join("off.sock").to_str().expect("utf8")]);
+    let a = start(
+        dir.path(),
+        &Launch { prefix: setpriv_prefix(&set), ..Default::default() },
+        &[
+            "--config",
+            cfg.to_str().expect("utf8"),
+            "--db",
+            dir.path().join("off.db").to_str().expect("utf8"),
+            "--marker-socket",
+            dir.path().join("off.sock").to_str().expect("utf8"),
+        ],
+    );
     assert!(sample(&a.metrics().expect("metrics"), "stepwise_source_up", &[("source", "netdev")]) == Some(1.0));
 }
 
@@ -141,7 +152,11 @@ fn without_cap_sys_ptrace_the_job_is_invisible() {
     let cfg = dir.path().join("agent.toml");
     std::fs::write(&cfg, straggler::config(&ns, &sock, "")).expect("config");
     let set = without(&caps, &["SYS_PTRACE"]);
-    let agent = start(dir.path(), &Launch { prefix: setpriv_prefix(&set), ..Default::default() }, &["--config", cfg.to_str().expect("utf8"), "--db", dir.path().join("a.db").to_str().expect("utf8")]);
+    let agent = start(
+        dir.path(),
+        &Launch { prefix: setpriv_prefix(&set), ..Default::default() },
+        &["--config", cfg.to_str().expect("utf8"), "--db", dir.path().join("a.db").to_str().expect("utf8")],
+    );
     let _truth = straggler::run_job(&ns, &sock);
     straggler::settle();
     let m = agent.metrics().expect("metrics");

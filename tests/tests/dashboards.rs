@@ -52,7 +52,13 @@ fn tmp(tag: &str) -> tempfile::TempDir {
 fn build_shim(dir: &Path) -> PathBuf {
     let src = workspace_root().join("tests/shims/ethtool_fixture.c");
     let out = dir.join("libethtool_fixture.so");
-    let st = Command::new("cc").args(["-shared", "-fPIC", "-O2", "-Wall", "-o"]).arg(&out).arg(&src).arg("-ldl").status().expect("cc (build-essential) must be installed");
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("cc (build-essential) must be installed");
     assert!(st.success(), "cannot build {}", src.display());
     out
 }
@@ -208,8 +214,13 @@ fn every_panel_query_returns_series_from_real_agents() {
         ),
     )
     .expect("config a");
-    let launch_a = Launch { env: vec![("LD_PRELOAD", shim.display().to_string()), ("STEPWISE_ETHTOOL_FIXTURE", eth.display().to_string())], ..Default::default() };
-    let agent_a = start(d, &launch_a, &["--config", cfg_a.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8"), "--db", d.join("a.db").to_str().expect("utf8")]);
+    let launch_a =
+        Launch { env: vec![("LD_PRELOAD", shim.display().to_string()), ("STEPWISE_ETHTOOL_FIXTURE", eth.display().to_string())], ..Default::default() };
+    let agent_a = start(
+        d,
+        &launch_a,
+        &["--config", cfg_a.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8"), "--db", d.join("a.db").to_str().expect("utf8")],
+    );
 
     // Host B: its own namespace with a shaped link to a third one.
     let ns_b = Netns::new().expect("netns b");
@@ -217,12 +228,22 @@ fn every_panel_query_returns_series_from_real_agents() {
     let veth = Veth::new(&ns_b, "swda0", &ns_peer, "swdb0").expect("veth");
     ns_b.tbf("swda0", "2mbit", "3kb", "3kb").expect("tbf");
     let cfg_b = d.join("b.toml");
-    std::fs::write(&cfg_b, format!("interval = \"200ms\"\n[sources]\nrdma = false\n[collectives]\nenabled = false\n[steps]\nmarker_socket = \"{}\"\n", d.join("b.sock").display())).expect("config b");
+    std::fs::write(
+        &cfg_b,
+        format!("interval = \"200ms\"\n[sources]\nrdma = false\n[collectives]\nenabled = false\n[steps]\nmarker_socket = \"{}\"\n", d.join("b.sock").display()),
+    )
+    .expect("config b");
     let relay = Relay::new(ns_b.name(), "127.0.0.1:9477");
     // `ip netns exec` mounts a fresh sysfs for the namespace, without tracefs under it: mount
     // it again (in that private mount namespace) for the TCP tracepoint source.
-    let prefix = ["ip", "netns", "exec", ns_b.name(), "sh", "-c", "mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing; exec \"$0\" \"$@\""];
-    let launch_b = Launch { prefix: prefix.iter().map(|s| s.to_string()).collect(), listen: Some("127.0.0.1:9477".into()), reach: Some(relay.addr.clone()), ..Default::default() };
+    let prefix =
+        ["ip", "netns", "exec", ns_b.name(), "sh", "-c", "mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing; exec \"$0\" \"$@\""];
+    let launch_b = Launch {
+        prefix: prefix.iter().map(|s| s.to_string()).collect(),
+        listen: Some("127.0.0.1:9477".into()),
+        reach: Some(relay.addr.clone()),
+        ..Default::default()
+    };
     let agent_b = start(d, &launch_b, &["--config", cfg_b.to_str().expect("utf8"), "--db", d.join("b.db").to_str().expect("utf8")]);
 
     let prom = Prometheus::start(d, &[&agent_a.addr, &agent_b.addr]).expect("prometheus");
@@ -284,7 +305,12 @@ fn every_panel_query_returns_series_from_real_agents() {
     prom.wait_series("stepwise_steps_total > 50", 1, Duration::from_secs(15)).expect("steps scraped");
     if let Err(e) = prom.wait_series("stepwise_tcp_retransmits_total > 0", 1, Duration::from_secs(15)) {
         let m = agent_b.metrics().unwrap_or_default();
-        panic!("{e}\nhost B tcp/qdisc series:\n{}\nstatus: {}\nlog:\n{}", m.lines().filter(|l| l.contains("tcp") || l.contains("qdisc_drops")).collect::<Vec<_>>().join("\n"), agent_b.status().map(|s| s["sources"]["tcp"].to_string()).unwrap_or_default(), tail(&agent_b.proc.log_text()));
+        panic!(
+            "{e}\nhost B tcp/qdisc series:\n{}\nstatus: {}\nlog:\n{}",
+            m.lines().filter(|l| l.contains("tcp") || l.contains("qdisc_drops")).collect::<Vec<_>>().join("\n"),
+            agent_b.status().map(|s| s["sources"]["tcp"].to_string()).unwrap_or_default(),
+            tail(&agent_b.proc.log_text())
+        );
     }
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);
@@ -325,7 +351,13 @@ fn every_panel_query_returns_series_from_real_agents() {
         }
     }
     eprintln!("{}", report.join("\n"));
-    assert!(failures.is_empty(), "panel queries without data:\n  {}\n(agent A log:\n{}\nagent B log:\n{})", failures.join("\n  "), tail(&agent_a.proc.log_text()), tail(&agent_b.proc.log_text()));
+    assert!(
+        failures.is_empty(),
+        "panel queries without data:\n  {}\n(agent A log:\n{}\nagent B log:\n{})",
+        failures.join("\n  "),
+        tail(&agent_a.proc.log_text()),
+        tail(&agent_b.proc.log_text())
+    );
     assert!(checked >= 30, "only {checked} panel queries found");
     eprintln!("{checked} panel queries of 5 dashboards returned data from a real Prometheus");
     drop(relay);
@@ -342,7 +374,8 @@ fn straggler_prereqs() {
 
 fn dashboard_files() -> Vec<PathBuf> {
     let dir = workspace_root().join("dashboards");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir).expect("dashboards/").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(&dir).expect("dashboards/").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
     v.sort();
     assert_eq!(v.len(), 5, "five dashboards in {}: {v:?}", dir.display());
     v

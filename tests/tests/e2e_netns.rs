@@ -157,7 +157,14 @@ fn assert_no_false_causes(steps: &[Value], except: &[&str], what: &str, disturbe
             continue;
         }
         let m = median(steps.iter().map(|st| cause_seconds(st, kind)).collect());
-        assert!(m.abs() <= MEDIAN_FALSE * med_step, "{what}: {kind} {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(steps));
+        assert!(
+            m.abs() <= MEDIAN_FALSE * med_step,
+            "{what}: {kind} {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}",
+            m * 1e3,
+            MEDIAN_FALSE * 100.0,
+            med_step * 1e3,
+            summarize(steps)
+        );
     }
     let bad = false_causes(steps, except, STEP_FALSE, disturbed);
     assert!(bad.is_empty(), "{what}: causes other than {except:?}, compute and ideal communication above {} % of the step (at least {} ms) plus the workload's own excess in that step:\n{}", STEP_FALSE * 100.0, STEP_FALSE_FLOOR * 1e3, bad.join("\n"));
@@ -238,7 +245,12 @@ fn check_skew(steps: &[Value], truth: &BTreeMap<u64, (f64, u32)>, what: &str) {
         let id = st["step"].as_u64().expect("id");
         let want = truth.get(&id).map(|t| t.0).unwrap_or(0.0);
         let got = cause_seconds(st, "readiness_skew");
-        assert!((got - want).abs() <= (0.15 * want).max(2e-3), "{what} step {id}: readiness skew {:.1} ms vs the workload's own {:.1} ms", got * 1e3, want * 1e3);
+        assert!(
+            (got - want).abs() <= (0.15 * want).max(2e-3),
+            "{what} step {id}: readiness skew {:.1} ms vs the workload's own {:.1} ms",
+            got * 1e3,
+            want * 1e3
+        );
     }
 }
 
@@ -264,7 +276,12 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
         // rail's time at nominal rate (so the counters' excess is the real excess).
         let ranks: Vec<u32> = (4 * k as u32..4 * k as u32 + 4).collect();
         let measured = median(ring.lines.iter().filter(|l| ranks.contains(&l.rank)).map(|l| l.allreduce_us * 1e-6).collect());
-        assert!(within(measured, busiest_s, 0.15), "server {k}: flat-ring all-reduce {:.1} ms vs busiest rail at 10 Mbit/s {:.1} ms", measured * 1e3, busiest_s * 1e3);
+        assert!(
+            within(measured, busiest_s, 0.15),
+            "server {k}: flat-ring all-reduce {:.1} ms vs busiest rail at 10 Mbit/s {:.1} ms",
+            measured * 1e3,
+            busiest_s * 1e3
+        );
 
         let steps = steps_between(&s, k, t0, t1, RAIL_STEPS as usize);
         if verbose() {
@@ -284,7 +301,12 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
             assert!(ev["busiest_share"].as_f64().is_some_and(|x| x > 0.95), "server {k} step {id}: {ev}");
             assert_eq!(ev["nics"].as_array().map(Vec::len), Some(4), "server {k} step {id}: the 4 rails (idle ones too), not the management NIC: {ev}");
             let bal = ev["balanced_transfer_seconds"].as_f64().expect("balanced_transfer_seconds in the evidence");
-            assert!(within(bal, balanced_s, 0.15), "server {k} step {id}: predicted balanced transfer {:.1} ms vs counters {:.1} ms", bal * 1e3, balanced_s * 1e3);
+            assert!(
+                within(bal, balanced_s, 0.15),
+                "server {k} step {id}: predicted balanced transfer {:.1} ms vs counters {:.1} ms",
+                bal * 1e3,
+                balanced_s * 1e3
+            );
             balanced_pred.push(bal);
             assert!(rail["fix"].as_str().is_some_and(|f| f.contains("hierarchical")), "{rail}");
         }
@@ -315,7 +337,12 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
         let per: Vec<f64> = tx.iter().flatten().map(|b| b / RAIL_STEPS as f64).collect();
         (per.iter().cloned().fold(0.0, f64::max) - per.iter().sum::<f64>() / 8.0) / rate
     };
-    eprintln!("rails/diagnose --peers: {} steps, excess {:.1} ms, rail_imbalance {:?} ms", dsteps.len(), excess_all * 1e3, dsteps.iter().map(|st| (cause_seconds(st, "rail_imbalance") * 1e4).round() / 10.0).collect::<Vec<_>>());
+    eprintln!(
+        "rails/diagnose --peers: {} steps, excess {:.1} ms, rail_imbalance {:?} ms",
+        dsteps.len(),
+        excess_all * 1e3,
+        dsteps.iter().map(|st| (cause_seconds(st, "rail_imbalance") * 1e4).round() / 10.0).collect::<Vec<_>>()
+    );
     for st in dsteps {
         assert_eq!(st["ranks"].as_array().map(Vec::len), Some(8), "diagnose joins the 8 ranks of both servers: {}", st["ranks"]);
         assert_eq!(st["top_cause"], "rail_imbalance", "{st}");
@@ -340,10 +367,20 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
         }
         assert_eq!(steps.len(), RAIL_STEPS as usize, "server {k}:\n{}", summarize(&steps));
         scenarios::assert_parts_sum(&steps);
-        eprintln!("rails/hierarchical server {k}: rail_imbalance max {:.1} ms; workload all-reduce {:.1} ms vs predicted balanced {:.1} ms", steps.iter().map(|st| cause_seconds(st, "rail_imbalance")).fold(0.0, f64::max) * 1e3, hier_ar * 1e3, predicted * 1e3);
+        eprintln!(
+            "rails/hierarchical server {k}: rail_imbalance max {:.1} ms; workload all-reduce {:.1} ms vs predicted balanced {:.1} ms",
+            steps.iter().map(|st| cause_seconds(st, "rail_imbalance")).fold(0.0, f64::max) * 1e3,
+            hier_ar * 1e3,
+            predicted * 1e3
+        );
         for st in &steps {
             let r = cause_seconds(st, "rail_imbalance");
-            assert!(r <= 0.05 * secs(st), "server {k} step {}: rail_imbalance {:.1} ms on the hierarchical algorithm (threshold 5 % of every step)", st["step"], r * 1e3);
+            assert!(
+                r <= 0.05 * secs(st),
+                "server {k} step {}: rail_imbalance {:.1} ms on the hierarchical algorithm (threshold 5 % of every step)",
+                st["step"],
+                r * 1e3
+            );
         }
     }
 }
@@ -379,7 +416,8 @@ fn two_rank_job(s: &Servers, dir: &Path, name: &str, env: &[(&str, String)], arg
 /// last exit of its collectives).
 fn steps_of_pid(s: &Servers, k: usize, pid: u32, steps: &[Value]) -> Vec<Value> {
     let calls = s.get_json(&s.agents[k].addr, "/api/v1/collectives?limit=100000").expect("calls");
-    let exits: Vec<f64> = calls["calls"].as_array().expect("calls").iter().filter(|c| c["pid"].as_u64() == Some(pid as u64)).filter_map(|c| c["exit"].as_f64()).collect();
+    let exits: Vec<f64> =
+        calls["calls"].as_array().expect("calls").iter().filter(|c| c["pid"].as_u64() == Some(pid as u64)).filter_map(|c| c["exit"].as_f64()).collect();
     let mine: Vec<Value> = steps.iter().filter(|st| st["end"].as_f64().is_some_and(|e| exits.iter().any(|x| (x - e).abs() < 1e-6))).cloned().collect();
     // The engine sometimes attributes a period step a second time with times shifted by a
     // fraction of a millisecond (its done-key includes the step's begin in µs): keep the
@@ -387,7 +425,14 @@ fn steps_of_pid(s: &Servers, k: usize, pid: u32, steps: &[Value]) -> Vec<Value> 
     let mut by_id: BTreeMap<u64, Value> = BTreeMap::new();
     for st in mine {
         if let Some(old) = by_id.insert(st["step"].as_u64().expect("id"), st.clone()) {
-            eprintln!("note: agent {k} attributed step {} twice ({:.4} → {:.4} s, begin {:.6} → {:.6})", st["step"], secs(&old), secs(&st), old["begin"].as_f64().unwrap_or(0.0), st["begin"].as_f64().unwrap_or(0.0));
+            eprintln!(
+                "note: agent {k} attributed step {} twice ({:.4} → {:.4} s, begin {:.6} → {:.6})",
+                st["step"],
+                secs(&old),
+                secs(&st),
+                old["begin"].as_f64().unwrap_or(0.0),
+                st["begin"].as_f64().unwrap_or(0.0)
+            );
         }
     }
     by_id.into_values().collect()
@@ -427,7 +472,12 @@ fn run_phase(s: &Servers, dir: &Path, phase: &str, offset_ms: u64) -> PhaseRun {
                 std::thread::sleep(Duration::from_millis(200));
             };
             if verbose() {
-                eprintln!("{phase} phase, job {} on server {k}: all-reduce {:?} ms\n{}", j + 1, out.rank(k as u32).iter().map(|l| (l.allreduce_us / 1e3).round()).collect::<Vec<_>>(), summarize(&st));
+                eprintln!(
+                    "{phase} phase, job {} on server {k}: all-reduce {:?} ms\n{}",
+                    j + 1,
+                    out.rank(k as u32).iter().map(|l| (l.allreduce_us / 1e3).round()).collect::<Vec<_>>(),
+                    summarize(&st)
+                );
             }
             assert_eq!(st.len(), per_job, "{phase} phase, job {} on server {k}: steps attributed\n{}", j + 1, summarize(&st));
             scenarios::assert_parts_sum(&st);
@@ -461,9 +511,21 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
             let (t_in, t_out) = (truth_2rank(&inp.jobs[j].0, r), truth_2rank(&out.jobs[j].0, r));
             let med = |t: &BTreeMap<u64, (f64, f64)>| median(t.iter().filter(|(id, _)| **id >= 1).map(|(_, v)| v.0).collect());
             let (x_in, x_out) = (med(&t_in), med(&t_out));
-            assert!(within(x_out, alone, 0.15), "job {} rank {r}: out of phase the transfer should have the link alone ({:.1} ms at 10 Mbit/s) but took {:.1} ms: the jobs drifted into phase", j + 1, alone * 1e3, x_out * 1e3);
+            assert!(
+                within(x_out, alone, 0.15),
+                "job {} rank {r}: out of phase the transfer should have the link alone ({:.1} ms at 10 Mbit/s) but took {:.1} ms: the jobs drifted into phase",
+                j + 1,
+                alone * 1e3,
+                x_out * 1e3
+            );
             let excess = x_in - x_out;
-            assert!(excess > 0.5 * alone, "job {} rank {r}: sharing the uplink should cost about a second burst: {:.1} ms in phase vs {:.1} ms out of phase", j + 1, x_in * 1e3, x_out * 1e3);
+            assert!(
+                excess > 0.5 * alone,
+                "job {} rank {r}: sharing the uplink should cost about a second burst: {:.1} ms in phase vs {:.1} ms out of phase",
+                j + 1,
+                x_in * 1e3,
+                x_out * 1e3
+            );
 
             for (phase, run, truth) in [("in", &inp, &t_in), ("out", &out, &t_out)] {
                 let steps = &run.jobs[j].1[k];
@@ -474,21 +536,42 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
                     let id = st["step"].as_u64().expect("id");
                     let l = run.jobs[j].0.rank(r).into_iter().find(|l| l.step == id).unwrap_or_else(|| panic!("{what}: no workload step {id}"));
                     let c = cause_seconds(st, "compute");
-                    assert!(within(c, l.compute_us * 1e-6, 0.05), "{what} step {id}: compute {:.1} ms vs the workload's {:.1} ms\n{}", c * 1e3, l.compute_us / 1e3, summarize(std::slice::from_ref(st)));
+                    assert!(
+                        within(c, l.compute_us * 1e-6, 0.05),
+                        "{what} step {id}: compute {:.1} ms vs the workload's {:.1} ms\n{}",
+                        c * 1e3,
+                        l.compute_us / 1e3,
+                        summarize(std::slice::from_ref(st))
+                    );
                 }
                 // A peer on the other server that arrived late is readiness skew this host's
                 // agent cannot see (it has one rank of the job): it is in `unexplained`, and
                 // nothing else is.
-                let resid: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "unexplained") - truth.get(&st["step"].as_u64().expect("id")).map(|v| v.1).unwrap_or(0.0)).collect();
+                let resid: Vec<f64> = steps
+                    .iter()
+                    .map(|st| cause_seconds(st, "unexplained") - truth.get(&st["step"].as_u64().expect("id")).map(|v| v.1).unwrap_or(0.0))
+                    .collect();
                 if phase == "out" {
                     // Nothing was injected: nothing beyond the peer's lateness is unexplained.
                     let med_step = median(steps.iter().map(secs).collect());
                     let m = median(resid.iter().map(|x| x.abs()).collect());
-                    assert!(m <= MEDIAN_FALSE * med_step, "{what}: unexplained beyond the peer's lateness {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(steps));
+                    assert!(
+                        m <= MEDIAN_FALSE * med_step,
+                        "{what}: unexplained beyond the peer's lateness {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}",
+                        m * 1e3,
+                        MEDIAN_FALSE * 100.0,
+                        med_step * 1e3,
+                        summarize(steps)
+                    );
                     let dist = disturbance(&run.jobs[j].0, &[r]);
                     for (st, x) in steps.iter().zip(&resid) {
                         let extra = st["step"].as_u64().and_then(|id| dist.get(&id)).copied().unwrap_or(0.0);
-                        assert!(x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR) + extra, "{what} step {}: unexplained beyond the peer's lateness {:.1} ms", st["step"], x * 1e3);
+                        assert!(
+                            x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR) + extra,
+                            "{what} step {}: unexplained beyond the peer's lateness {:.1} ms",
+                            st["step"],
+                            x * 1e3
+                        );
                     }
                 }
                 if phase == "in" {
@@ -521,7 +604,10 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
                     // ±30 %: the two jobs' phases drift when the machine is loaded, so only part of
                     // the other burst may overlap a step (seen: 204 of 266 KB at load 9). The
                     // in/out-of-phase contrast and the top cause are asserted strictly above.
-                    assert!(within(other, burst, 0.30), "{what}: other traffic {other:.0} bytes in the median step vs the other job's {burst:.0}-byte burst (ip -s link)");
+                    assert!(
+                        within(other, burst, 0.30),
+                        "{what}: other traffic {other:.0} bytes in the median step vs the other job's {burst:.0}-byte burst (ip -s link)"
+                    );
                     let got = median(steps.iter().map(|st| cause_seconds(st, "congestion")).collect());
                     // All of the excess is accounted for: congestion plus what stays
                     // unexplained beyond the peer's lateness (queueing of our completions
@@ -599,11 +685,18 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
     let end = Instant::now() + Duration::from_secs(30);
     for n in 0.. {
         two_rank_job(&s, dir.path(), &format!("warm{n}"), &[], &warm).wait(Duration::from_secs(30)).expect("warm-up job");
-        let sampled = |k: usize| s.get(&s.agents[k].addr, "/metrics").ok().and_then(|r| stepwise_tests::harness::sample(&r.body, "stepwise_net_requests_total", &[])).unwrap_or(0.0);
+        let sampled = |k: usize| {
+            s.get(&s.agents[k].addr, "/metrics").ok().and_then(|r| stepwise_tests::harness::sample(&r.body, "stepwise_net_requests_total", &[])).unwrap_or(0.0)
+        };
         if sampled(0) > 0.0 && sampled(1) > 0.0 {
             break;
         }
-        assert!(Instant::now() < end, "the agents never reported sampled transport requests (stepwise_net_requests_total):\n{}\n{}", s.agents[0].proc.log_text(), s.agents[1].proc.log_text());
+        assert!(
+            Instant::now() < end,
+            "the agents never reported sampled transport requests (stepwise_net_requests_total):\n{}\n{}",
+            s.agents[0].proc.log_text(),
+            s.agents[1].proc.log_text()
+        );
     }
     let a = args(&[("--steps", IF_STEPS.to_string()), ("--bytes", IF_BYTES.to_string()), ("--compute-us", "50000".into())]);
     let mut runs = BTreeMap::new();
@@ -615,7 +708,11 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
         let per: Vec<Vec<Value>> = (0..2).map(|k| steps_between(&s, k, t0, t1, IF_STEPS as usize - 1)).collect();
         if verbose() {
             for (k, st) in per.iter().enumerate() {
-                eprintln!("window {window} server {k}: all-reduce {:?} ms\n{}", o.rank(k as u32).iter().map(|l| (l.allreduce_us / 1e3).round()).collect::<Vec<_>>(), summarize(st));
+                eprintln!(
+                    "window {window} server {k}: all-reduce {:?} ms\n{}",
+                    o.rank(k as u32).iter().map(|l| (l.allreduce_us / 1e3).round()).collect::<Vec<_>>(),
+                    summarize(st)
+                );
             }
         }
         runs.insert(window, (o, per));
@@ -641,12 +738,25 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
             let bound = ev["window_bound_bytes_per_second"].as_f64().unwrap_or(0.0);
             let id = st["step"].as_u64().expect("id");
             let own = runs[&1].0.rank(k as u32).iter().find(|l| l.step == id).map(|l| l.allreduce_us * 1e-6).expect("the workload's step");
-            assert!(within(bound, IF_BYTES as f64 / own, 0.15), "window 1 server {k} step {id}: N·m/T = {:.2} MB/s vs the workload's {:.2} MB/s ({IF_BYTES} bytes in {:.1} ms): {ev}", bound / 1e6, IF_BYTES as f64 / own / 1e6, own * 1e3);
+            assert!(
+                within(bound, IF_BYTES as f64 / own, 0.15),
+                "window 1 server {k} step {id}: N·m/T = {:.2} MB/s vs the workload's {:.2} MB/s ({IF_BYTES} bytes in {:.1} ms): {ev}",
+                bound / 1e6,
+                IF_BYTES as f64 / own / 1e6,
+                own * 1e3
+            );
         }
         let got = median(steps.iter().map(|st| cause_seconds(st, "in_flight_limit")).collect());
         let ev = &cause(&steps[steps.len() / 2], "in_flight_limit")["evidence"];
         eprintln!("in-flight server {k}: in_flight_limit {:.1} ms (median step) vs injected excess {:.1} ms (all-reduce window 1 {:.1} − window 16 {:.1}); N {:.2}, m {} B, T {:.2} ms", got * 1e3, excess * 1e3, a1 * 1e3, a16 * 1e3, ev["in_flight_requests"].as_f64().unwrap_or(0.0), ev["request_bytes"], ev["slot_occupancy_seconds"].as_f64().unwrap_or(0.0) * 1e3);
-        assert!(within(got, excess, 0.15), "window 1 server {k}: in_flight_limit {:.1} ms (median step) vs injected excess {:.1} ms (all-reduce at window 1 {:.1} ms − at 16 {:.1} ms)", got * 1e3, excess * 1e3, a1 * 1e3, a16 * 1e3);
+        assert!(
+            within(got, excess, 0.15),
+            "window 1 server {k}: in_flight_limit {:.1} ms (median step) vs injected excess {:.1} ms (all-reduce at window 1 {:.1} ms − at 16 {:.1} ms)",
+            got * 1e3,
+            excess * 1e3,
+            a1 * 1e3,
+            a16 * 1e3
+        );
         assert_no_false_causes(steps, &["in_flight_limit"], &format!("window 1 server {k}"), &disturbance(&runs[&1].0, &[k as u32]));
 
         let steps = &runs[&16].1[k];
@@ -712,14 +822,29 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
             })
             .collect();
         let ideal = median(steps.iter().map(|st| cause_seconds(st, "ideal_comm")).collect());
-        assert!(within(ideal, ideal_c, 0.15), "healthy server {k}: ideal_comm {:.1} ms vs the rails' bytes balanced at the TBF rate {:.1} ms", ideal * 1e3, ideal_c * 1e3);
-        let diff: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "unexplained") - loss.get(&st["step"].as_u64().expect("id")).copied().unwrap_or(0.0)).collect();
+        assert!(
+            within(ideal, ideal_c, 0.15),
+            "healthy server {k}: ideal_comm {:.1} ms vs the rails' bytes balanced at the TBF rate {:.1} ms",
+            ideal * 1e3,
+            ideal_c * 1e3
+        );
+        let diff: Vec<f64> =
+            steps.iter().map(|st| cause_seconds(st, "unexplained") - loss.get(&st["step"].as_u64().expect("id")).copied().unwrap_or(0.0)).collect();
         let med_step = median(steps.iter().map(secs).collect());
         let m = median(diff.iter().map(|x| x.abs()).collect());
-        eprintln!("healthy server {k}: unexplained vs the workload's own loss beyond the ideal: {:.1} ms in the median step (loss {:?} ms)", m * 1e3, loss.values().map(|x| (x * 1e4).round() / 10.0).collect::<Vec<_>>());
+        eprintln!(
+            "healthy server {k}: unexplained vs the workload's own loss beyond the ideal: {:.1} ms in the median step (loss {:?} ms)",
+            m * 1e3,
+            loss.values().map(|x| (x * 1e4).round() / 10.0).collect::<Vec<_>>()
+        );
         assert!(m <= MEDIAN_FALSE * med_step, "healthy server {k}: unexplained differs from the workload's own loss beyond the ideal by {:.1} ms in the median step (threshold {} % of {:.1} ms)\n{}", m * 1e3, MEDIAN_FALSE * 100.0, med_step * 1e3, summarize(&steps));
         for (st, x) in steps.iter().zip(&diff) {
-            assert!(x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR), "healthy server {k} step {}: unexplained differs from the workload's own loss by {:.1} ms", st["step"], x * 1e3);
+            assert!(
+                x.abs() <= (STEP_FALSE * secs(st)).max(STEP_FALSE_FLOOR),
+                "healthy server {k} step {}: unexplained differs from the workload's own loss by {:.1} ms",
+                st["step"],
+                x * 1e3
+            );
         }
         // Compute and ideal communication are what the workload and the counters say.
         let want = median(out.lines.iter().filter(|l| l.rank / 4 == k as u32 && l.step > 0).map(|l| l.compute_us * 1e-6).collect());

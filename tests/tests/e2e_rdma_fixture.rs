@@ -52,7 +52,11 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
     )
     .expect("config");
     let sock = dir.path().join("m.sock");
-    let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8"), "--marker-socket", sock.to_str().expect("utf8")]).expect("agent");
+    let agent = Agent::start(
+        dir.path(),
+        &["--config", cfg.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8"), "--marker-socket", sock.to_str().expect("utf8")],
+    )
+    .expect("agent");
 
     // The writer: 5 % line-rate background traffic on every port; during the storm, mlx5_3
     // is paused 90 % of the time and the fabric marks ECN.
@@ -147,12 +151,27 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
         if cs.iter().all(|c| c.last_arrival() > b0 + 0.03 && c.last_exit() < b1 - 0.03) {
             inside += 1;
             let injected = PAUSED * transfer;
-            assert!((secs - injected).abs() <= 0.15 * injected, "step {}: congestion {:.2} ms vs injected pause {:.2} ms (largest fixture write latency {:.1} ms)\n{:#}\nwindows: {}", s["step"], secs * 1e3, injected * 1e3, max_lag * 1e3, s["causes"], summarize(&agent.get(&format!("/api/v1/windows?since={}&until={}", begin - 0.1, end + 0.1)).map(|r| r.body).unwrap_or_default()));
+            assert!(
+                (secs - injected).abs() <= 0.15 * injected,
+                "step {}: congestion {:.2} ms vs injected pause {:.2} ms (largest fixture write latency {:.1} ms)\n{:#}\nwindows: {}",
+                s["step"],
+                secs * 1e3,
+                injected * 1e3,
+                max_lag * 1e3,
+                s["causes"],
+                summarize(&agent.get(&format!("/api/v1/windows?since={}&until={}", begin - 0.1, end + 0.1)).map(|r| r.body).unwrap_or_default())
+            );
             let ev = &cong["evidence"];
             assert!(ev["transmit_wait_seconds"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
             assert!(ev["ecn_marked_packets"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
             assert_eq!(ev["nic"], sc_nic_name(&sys, 3), "{ev}");
-            let top = s["causes"].as_array().expect("c").iter().filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or(""))).max_by(|a, b| a["seconds"].as_f64().unwrap_or(0.0).total_cmp(&b["seconds"].as_f64().unwrap_or(0.0))).expect("top");
+            let top = s["causes"]
+                .as_array()
+                .expect("c")
+                .iter()
+                .filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or("")))
+                .max_by(|a, b| a["seconds"].as_f64().unwrap_or(0.0).total_cmp(&b["seconds"].as_f64().unwrap_or(0.0)))
+                .expect("top");
             assert_eq!(top["kind"], "congestion", "step {}", s["step"]);
         } else if cs.iter().all(|c| c.last_exit() < b0 - 0.05 || c.last_arrival() > b1 + 0.05 + max_lag) {
             outside += 1;
@@ -176,7 +195,17 @@ fn summarize(body: &str) -> String {
         let s = n["samples"].as_array().cloned().unwrap_or_default();
         let f = |i: usize, k: &str| s.get(i).map(|x| x[k].as_f64().unwrap_or(-1.0)).unwrap_or(-1.0);
         let l = s.len().saturating_sub(1);
-        out += &format!("\n{} n={} t={:.3}..{:.3} tx {:.0}..{:.0} wait {:.0}..{:.0}", n["nic"]["name"], s.len(), f(0, "time"), f(l, "time"), f(0, "tx_bytes"), f(l, "tx_bytes"), f(0, "xmit_wait_ticks"), f(l, "xmit_wait_ticks"));
+        out += &format!(
+            "\n{} n={} t={:.3}..{:.3} tx {:.0}..{:.0} wait {:.0}..{:.0}",
+            n["nic"]["name"],
+            s.len(),
+            f(0, "time"),
+            f(l, "time"),
+            f(0, "tx_bytes"),
+            f(l, "tx_bytes"),
+            f(0, "xmit_wait_ticks"),
+            f(l, "xmit_wait_ticks")
+        );
     }
     out
 }

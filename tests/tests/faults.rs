@@ -144,25 +144,54 @@ fn mpi_rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_consistent_step
     // Rank 3 computes 60 s longer on step 4 (the 5th): ranks 0-2 wait inside MPI_Allreduce.
     let mut job = Proc::spawn(
         "mpirun",
-        &mut workloads::mpi_steps(ns.name(), 4, &["--steps", "8", "--bytes", "65536", "--compute-us", "20000", "--delay-rank", "3", "--delay-us", "60000000", "--delay-every", "5", "--marker-socket", &sock]),
+        &mut workloads::mpi_steps(
+            ns.name(),
+            4,
+            &[
+                "--steps",
+                "8",
+                "--bytes",
+                "65536",
+                "--compute-us",
+                "20000",
+                "--delay-rank",
+                "3",
+                "--delay-us",
+                "60000000",
+                "--delay-every",
+                "5",
+                "--marker-socket",
+                &sock,
+            ],
+        ),
         dir.path().join("mpi1.log"),
     )
     .expect("mpirun");
-    wait_for(Duration::from_secs(60), "step 3 done on rank 0", || job.log_text().contains("step rank=0 step=3 ").then_some(())).unwrap_or_else(|e| panic!("{e}: {}", job.log_text()));
+    wait_for(Duration::from_secs(60), "step 3 done on rank 0", || job.log_text().contains("step rank=0 step=3 ").then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}", job.log_text()));
     let ranks = wait_for(Duration::from_secs(10), "4 ranks", || Some(mpi_ranks(&build.join("mpi_steps"))).filter(|v| v.len() == 4)).expect("rank pids");
     let pid_of = |r: u32| ranks.iter().find(|x| x.0 == r).map(|x| x.1).expect("rank pid");
     let victim = pid_of(0);
     // Rank 0 is inside step 4's MPI_Allreduce once its 4 earlier calls are in and a 5th has
     // not returned (20 ms of compute after step 3's line).
-    wait_for(Duration::from_secs(10), "rank 0's four all-reduces decoded", || (agent.calls().ok()?.iter().filter(|c| c["pid"] == victim && c["op"] == "all_reduce").count() == 4).then_some(())).expect("calls");
+    wait_for(Duration::from_secs(10), "rank 0's four all-reduces decoded", || {
+        (agent.calls().ok()?.iter().filter(|c| c["pid"] == victim && c["op"] == "all_reduce").count() == 4).then_some(())
+    })
+    .expect("calls");
     std::thread::sleep(Duration::from_millis(500));
     let aborted0 = agent.metric("stepwise_collective_aborted_calls_total", &[("library", "mpi")]);
     signal(victim, libc::SIGKILL);
     let st = wait_for(Duration::from_secs(60), "mpirun to end the job", || job.child.try_wait().ok().flatten()).expect("mpirun exits");
     assert!(!st.success(), "mpirun must report the killed rank");
 
-    let aborted = wait_for(Duration::from_secs(5), "the aborted call of rank 0", || agent.calls().ok()?.into_iter().find(|c| c["pid"] == victim && c["aborted"] == true)).unwrap_or_else(|e| panic!("{e}; log:\n{}", agent.proc.log_text()));
-    assert_eq!((aborted["op"].as_str(), aborted["seq"].as_u64(), aborted["bytes"].as_u64(), aborted["rank"].as_u64()), (Some("all_reduce"), Some(4), Some(65536), Some(0)), "{aborted}");
+    let aborted =
+        wait_for(Duration::from_secs(5), "the aborted call of rank 0", || agent.calls().ok()?.into_iter().find(|c| c["pid"] == victim && c["aborted"] == true))
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", agent.proc.log_text()));
+    assert_eq!(
+        (aborted["op"].as_str(), aborted["seq"].as_u64(), aborted["bytes"].as_u64(), aborted["rank"].as_u64()),
+        (Some("all_reduce"), Some(4), Some(65536), Some(0)),
+        "{aborted}"
+    );
     assert!(aborted["ret"].is_null());
     let calls = agent.calls().expect("calls");
     for (r, pid) in &ranks {
@@ -185,7 +214,9 @@ fn mpi_rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_consistent_step
     // The next job (same step ids, same marker socket) is attributed too, its steps apart
     // from the killed job's.
     let t2 = wall();
-    let out = workloads::run_ok(&mut workloads::mpi_steps(ns.name(), 4, &["--steps", "5", "--bytes", "65536", "--compute-us", "20000", "--marker-socket", &sock])).expect("second job");
+    let out =
+        workloads::run_ok(&mut workloads::mpi_steps(ns.name(), 4, &["--steps", "5", "--bytes", "65536", "--compute-us", "20000", "--marker-socket", &sock]))
+            .expect("second job");
     assert!(String::from_utf8_lossy(&out.stdout).contains("summary"));
     std::thread::sleep(Duration::from_millis(2500));
     let steps = agent.steps().expect("steps");
@@ -270,7 +301,8 @@ fn preloaded_library_replaced_on_disk_between_loads_is_probed_once_and_from_the_
     let lib = libdir.join("libnccl.so.2");
     std::fs::copy(build.join("libnccl.so.2"), &lib).expect("copy lib");
     std::fs::write(d.join("reload.c"), RELOAD_C).expect("write reload.c");
-    workloads::run_ok(Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(d.join("reload")).arg(d.join("reload.c")).arg("-ldl")).expect("cc reload.c");
+    workloads::run_ok(Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(d.join("reload")).arg(d.join("reload.c")).arg("-ldl"))
+        .expect("cc reload.c");
     let ns = Netns::new().expect("netns");
     let cfg = format!(
         "interval = \"100ms\"\n[sources]\nrdma = false\nethtool = false\n[collectives]\nlibrary_dirs = [\"{}\"]\n[collectives.select]\nnetns = \"/run/netns/{}\"\n",
@@ -283,18 +315,26 @@ fn preloaded_library_replaced_on_disk_between_loads_is_probed_once_and_from_the_
     let (rounds, calls) = (3u32, 5u64);
     let mut p = Proc::spawn(
         "reload",
-        Command::new("ip").args(["netns", "exec", ns.name(), "env", "NCCL_ABI_IFACE_ADDR=127.0.0.1"]).arg(d.join("reload")).arg(&lib).arg(d).arg(rounds.to_string()).arg(calls.to_string()),
+        Command::new("ip")
+            .args(["netns", "exec", ns.name(), "env", "NCCL_ABI_IFACE_ADDR=127.0.0.1"])
+            .arg(d.join("reload"))
+            .arg(&lib)
+            .arg(d)
+            .arg(rounds.to_string())
+            .arg(calls.to_string()),
         d.join("reload.log"),
     )
     .expect("spawn");
     let pid = p.pid();
     let touch = |name: String| std::fs::write(d.join(name), b"").expect("touch");
     for round in 0..rounds {
-        wait_for(Duration::from_secs(30), "loaded", || p.log_text().contains(&format!("loaded {round}")).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", p.log_text()));
+        wait_for(Duration::from_secs(30), "loaded", || p.log_text().contains(&format!("loaded {round}")).then_some(()))
+            .unwrap_or_else(|e| panic!("{e}: {}", p.log_text()));
         // Go at once: the calls start within milliseconds of the dlopen, before any rescan
         // could find the mapping. Only a preloaded (current) file sees the first call.
         touch(format!("go{round}"));
-        wait_for(Duration::from_secs(30), "closed", || p.log_text().contains(&format!("closed {round}")).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", p.log_text()));
+        wait_for(Duration::from_secs(30), "closed", || p.log_text().contains(&format!("closed {round}")).then_some(()))
+            .unwrap_or_else(|e| panic!("{e}: {}", p.log_text()));
         if round + 1 < rounds {
             replace_file(&build.join("libnccl.so.2"), &lib);
             // The agent's rescans (every 500 ms) find the replaced file.
@@ -310,11 +350,21 @@ fn preloaded_library_replaced_on_disk_between_loads_is_probed_once_and_from_the_
     let ops: Vec<&str> = mine.iter().map(|c| c["op"].as_str().unwrap_or("")).collect();
     assert_eq!(mine.len(), want, "every call once, from each load's first (comm_init): {ops:?}\nagent log:\n{}", agent.proc.log_text());
     let m = agent.metrics().expect("metrics");
-    assert_eq!(metric_sum(&m, "stepwise_collective_calls_total", &[("library", "nccl"), ("op", "all_reduce")]), f64::from(rounds) * calls as f64, "no double count in /metrics");
+    assert_eq!(
+        metric_sum(&m, "stepwise_collective_calls_total", &[("library", "nccl"), ("op", "all_reduce")]),
+        f64::from(rounds) * calls as f64,
+        "no double count in /metrics"
+    );
     assert_eq!(metric_sum(&m, "stepwise_probe_events_total", &[]), 2.0 * want as f64, "one entry + one return per call");
     // Probes on the current file only: the replaced files' are gone with them.
     wait_for(Duration::from_secs(60), "one attachment", || (agent.metric("stepwise_probe_attached", &[("library", "nccl")]) == per_attach).then_some(()))
-        .unwrap_or_else(|e| panic!("{e}: stepwise_probe_attached = {} (one file: {per_attach}); log:\n{}", agent.metric("stepwise_probe_attached", &[("library", "nccl")]), agent.proc.log_text()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: stepwise_probe_attached = {} (one file: {per_attach}); log:\n{}",
+                agent.metric("stepwise_probe_attached", &[("library", "nccl")]),
+                agent.proc.log_text()
+            )
+        });
     agent.assert_healthy("after the reloads");
 }
 
@@ -335,17 +385,21 @@ fn agent_killed_and_restarted_mid_run_keeps_its_store_and_counts_nothing_twice()
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(10));
                 if !pause.load(Ordering::Relaxed) {
-                    sc.lock().expect("lock").step(Duration::from_millis(10), |n| {
-                        n.tx_bytes(1_000_000).rx_bytes(500_000);
-                    })
-                    .expect("scenario step");
+                    sc.lock()
+                        .expect("lock")
+                        .step(Duration::from_millis(10), |n| {
+                            n.tx_bytes(1_000_000).rx_bytes(500_000);
+                        })
+                        .expect("scenario step");
                 }
             }
         })
     };
     let ns = Netns::new().expect("netns");
     // NCCL probes only: fewer uprobes make the killed agent's teardown shorter.
-    let mut s = spec(config("50ms", &["rdma"], &ns, "").replace(", \"/usr/lib/x86_64-linux-gnu\"", "").replace("[collectives]\n", "[collectives]\nlibraries = [\"nccl\"]\n"));
+    let mut s = spec(
+        config("50ms", &["rdma"], &ns, "").replace(", \"/usr/lib/x86_64-linux-gnu\"", "").replace("[collectives]\n", "[collectives]\nlibraries = [\"nccl\"]\n"),
+    );
     s.args = vec!["--sysfs-root".into(), sys.display().to_string()];
     let agent = FaultAgent::start(dir.path(), &s).expect("agent");
     wait_probes(&agent, "nccl");
@@ -370,7 +424,11 @@ fn agent_killed_and_restarted_mid_run_keeps_its_store_and_counts_nothing_twice()
     wait_ranks(&mut ranks, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(2500));
     let second = agent.steps().expect("steps");
-    eprintln!("restart: SIGKILL at {killed_at:.3}, exited after {:.2} s, the new agent ready {:.2} s after the kill", exited_at - killed_at, ready_at - killed_at);
+    eprintln!(
+        "restart: SIGKILL at {killed_at:.3}, exited after {:.2} s, the new agent ready {:.2} s after the kill",
+        exited_at - killed_at,
+        ready_at - killed_at
+    );
     assert!(second.len() >= 10, "the restarted agent attributes the rest of the job: {} steps; log:\n{}", second.len(), agent.proc.log_text());
     assert!(second.iter().all(|s| s["end"].as_f64().unwrap_or(0.0) > killed_at), "the new agent re-attributed steps that ended before it started");
 
@@ -429,7 +487,9 @@ fn counter_reset_wrap_and_saturation_inside_steps_never_invent_or_lose_bytes() {
     // mlx5_0: Ext table (64-bit data), mlx5 Q counters well below their 2^32 wrap.
     // mlx5_1: the 32-bit table, 2.5 MB below saturation of port_xmit_data, and its
     // out_of_buffer Q counter 500 below the wrap.
-    for (c, v) in [("out_of_buffer", 1_000), ("local_ack_timeout_err", 131), ("duplicate_request", 41), ("out_of_sequence", 12), ("rx_write_requests", 175_528_982)] {
+    for (c, v) in
+        [("out_of_buffer", 1_000), ("local_ack_timeout_err", 131), ("duplicate_request", 41), ("out_of_sequence", 12), ("rx_write_requests", 175_528_982)]
+    {
         sc.nic_mut(0).set_hw(c, v);
     }
     sc.nic_mut(1).table = PmaTable::Bits32;
@@ -446,7 +506,11 @@ fn counter_reset_wrap_and_saturation_inside_steps_never_invent_or_lose_bytes() {
 
     // Watch the exported counters the whole time: they must never decrease.
     let stop = Arc::new(AtomicBool::new(false));
-    let series = [("stepwise_nic_transmit_bytes_total", "mlx5_0"), ("stepwise_nic_transmit_bytes_total", "mlx5_1"), ("stepwise_nic_out_of_buffer_drops_total", "mlx5_1")];
+    let series = [
+        ("stepwise_nic_transmit_bytes_total", "mlx5_0"),
+        ("stepwise_nic_transmit_bytes_total", "mlx5_1"),
+        ("stepwise_nic_out_of_buffer_drops_total", "mlx5_1"),
+    ];
     let watcher = {
         let (stop, addr) = (stop.clone(), agent.addr.clone());
         std::thread::spawn(move || {
@@ -501,7 +565,12 @@ fn counter_reset_wrap_and_saturation_inside_steps_never_invent_or_lose_bytes() {
     std::thread::sleep(Duration::from_millis(300));
     // The event counters of mlx5_0 before its reset: cleared to 0 by it, they must not jump
     // by 2^32 (a 32-bit "wrap" of a reset counter).
-    let events = ["stepwise_rdma_hw_stat_total", "stepwise_nic_retransmit_events_total", "stepwise_nic_out_of_sequence_packets_total", "stepwise_nic_out_of_buffer_drops_total"];
+    let events = [
+        "stepwise_rdma_hw_stat_total",
+        "stepwise_nic_retransmit_events_total",
+        "stepwise_nic_out_of_sequence_packets_total",
+        "stepwise_nic_out_of_buffer_drops_total",
+    ];
     let before_reset = agent.metrics().expect("metrics");
     sc.nic_mut(0).reset();
     sc.write().expect("reset");
@@ -556,7 +625,11 @@ fn counter_reset_wrap_and_saturation_inside_steps_never_invent_or_lose_bytes() {
     assert_eq!(tx("mlx5_1"), visible1 as f64, "mlx5_1 = saturation + after the reset");
     assert!(tx("mlx5_1") <= (init1 + sent[1]) as f64, "never more than was sent");
     // Wrapped once at 2^32 in step 1, cleared (not wrapped again) by the reset in step 2.
-    assert_eq!(metric_sum(&m, "stepwise_nic_out_of_buffer_drops_total", &[("device", "mlx5_1")]), (MAX32 + 1 - 500 + 20 * 50) as f64, "the 32-bit wrap is one wrap; the reset adds nothing");
+    assert_eq!(
+        metric_sum(&m, "stepwise_nic_out_of_buffer_drops_total", &[("device", "mlx5_1")]),
+        (MAX32 + 1 - 500 + 20 * 50) as f64,
+        "the 32-bit wrap is one wrap; the reset adds nothing"
+    );
     let r = resets(&agent);
     assert!(r >= 3.0, "counter_reset counted for the two resets and the saturation: {r}");
 
@@ -564,11 +637,14 @@ fn counter_reset_wrap_and_saturation_inside_steps_never_invent_or_lose_bytes() {
     let steps = agent.steps().expect("steps");
     assert_eq!(ids_once(&steps), (0..3).map(|i| (i, 1)).collect::<BTreeMap<_, _>>(), "{steps:#?}");
     let st = Store::open(&agent.db).expect("store");
-    let name_of = |i: usize| std::fs::read_to_string(sys.join(format!("class/infiniband/mlx5_{i}/ports/1/gid_attrs/ndevs/0"))).expect("ndev").trim().to_string();
+    let name_of =
+        |i: usize| std::fs::read_to_string(sys.join(format!("class/infiniband/mlx5_{i}/ports/1/gid_attrs/ndevs/0"))).expect("ndev").trim().to_string();
     for (k, truth) in per_step.iter().enumerate() {
         let ws = st.windows_of("markers", k as u64).expect("windows");
         for w in &ws {
-            for (f, v) in [("tx", w.tx_bytes), ("rx", w.rx_bytes), ("pause", w.pause_seconds), ("ecn", w.ecn_marked), ("wait", w.xmit_wait_ticks), ("drops", w.drops)] {
+            for (f, v) in
+                [("tx", w.tx_bytes), ("rx", w.rx_bytes), ("pause", w.pause_seconds), ("ecn", w.ecn_marked), ("wait", w.xmit_wait_ticks), ("drops", w.drops)]
+            {
                 assert!(v.is_finite() && v >= 0.0, "step {k} {}: {f} = {v}", w.nic.name);
             }
         }
@@ -725,7 +801,12 @@ fn event_storm_overflows_the_ring_drops_are_counted_steps_marked_and_the_process
     // thread wait. The per-call CPU cost while flooding stays within the paced probed cost
     // (same probes, no overflow) plus the noise of four threads on two cores.
     let probe_cost = paced.ns_per_pair() - bare.ns_per_pair();
-    assert!(flood.ns_per_pair() <= 1.5 * paced.ns_per_pair() + 1000.0, "flooding {:.0} ns/pair vs paced {:.0} ns/pair (probe cost {probe_cost:.0} ns)", flood.ns_per_pair(), paced.ns_per_pair());
+    assert!(
+        flood.ns_per_pair() <= 1.5 * paced.ns_per_pair() + 1000.0,
+        "flooding {:.0} ns/pair vs paced {:.0} ns/pair (probe cost {probe_cost:.0} ns)",
+        flood.ns_per_pair(),
+        paced.ns_per_pair()
+    );
 
     let steps = agent.steps().expect("steps");
     let (mut before, mut during) = (0, 0);
@@ -757,9 +838,15 @@ fn event_storm_overflows_the_ring_drops_are_counted_steps_marked_and_the_process
 fn malformed_config_at_start_is_exit_2_naming_the_file_and_line() {
     let dir = tempdir("badcfg");
     let cfg = dir.path().join("bad.toml");
-    for (text, what) in [("interval = \"1s\"\n[sources\nrdma = true\n", "line 2"), ("interval = \"1ms\"\n", "at least 10ms"), ("[sources]\nrdma = \"yes\"\n", "line 2"), ("no_such_key = 1\n", "no_such_key")] {
+    for (text, what) in [
+        ("interval = \"1s\"\n[sources\nrdma = true\n", "line 2"),
+        ("interval = \"1ms\"\n", "at least 10ms"),
+        ("[sources]\nrdma = \"yes\"\n", "line 2"),
+        ("no_such_key = 1\n", "no_such_key"),
+    ] {
         std::fs::write(&cfg, text).expect("write");
-        let out = Command::new(agent_bin()).args(["run", "--listen", "127.0.0.1:0", "--config"]).arg(&cfg).env_remove("STEPWISE_LOG").output().expect("run agent");
+        let out =
+            Command::new(agent_bin()).args(["run", "--listen", "127.0.0.1:0", "--config"]).arg(&cfg).env_remove("STEPWISE_LOG").output().expect("run agent");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text:?}: {err}");
         assert!(err.contains(&*cfg.to_string_lossy()) || what == "at least 10ms", "{text:?}: names the file: {err}");
@@ -771,7 +858,9 @@ fn malformed_config_at_start_is_exit_2_naming_the_file_and_line() {
 fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_errors() {
     let dir = tempdir("reload");
     let ns = Netns::new().expect("netns");
-    let base = |log: &str, interval: &str, slow: &str| format!("log = \"{log}\"\n{}", config(interval, &[], &ns, &format!("[steps]\nslow_step = \"{slow}\"\ngrace = \"300ms\"\n")));
+    let base = |log: &str, interval: &str, slow: &str| {
+        format!("log = \"{log}\"\n{}", config(interval, &[], &ns, &format!("[steps]\nslow_step = \"{slow}\"\ngrace = \"300ms\"\n")))
+    };
     let mut s = spec(base("warn", "100ms", "10s"));
     s.log_env = None; // the file's log filter, so a reload can change it
     let mut agent = FaultAgent::start(dir.path(), &s).expect("agent");
@@ -785,7 +874,8 @@ fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_er
             marks.step(1, next, Duration::from_millis(120));
             next += 1;
         }
-        wait_for(Duration::from_secs(10), "steps attributed", || (steps(a) >= s0 + n as f64).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", a.proc.log_text()));
+        wait_for(Duration::from_secs(10), "steps attributed", || (steps(a) >= s0 + n as f64).then_some(()))
+            .unwrap_or_else(|e| panic!("{e}: {}", a.proc.log_text()));
     };
     run_steps(&agent, 3);
     assert_eq!(slow(&agent), 0.0, "120 ms steps under a 10 s threshold");
@@ -794,7 +884,8 @@ fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_er
     // A valid change of what applies live: the threshold and the log filter.
     std::fs::write(&agent.config, base("info", "100ms", "50ms")).expect("rewrite config");
     agent.hup();
-    wait_for(Duration::from_secs(10), "reload applied", || (agent.metric("stepwise_config_reloads_total", &[]) == 1.0).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
+    wait_for(Duration::from_secs(10), "reload applied", || (agent.metric("stepwise_config_reloads_total", &[]) == 1.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
     run_steps(&agent, 3);
     assert_eq!(slow(&agent), 3.0, "the new 50 ms threshold applies");
     let log = agent.proc.log_text();
@@ -802,7 +893,8 @@ fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_er
     // A key that needs a restart: named, not applied.
     std::fs::write(&agent.config, base("info", "200ms", "50ms")).expect("rewrite config");
     agent.hup();
-    wait_for(Duration::from_secs(10), "reload applied", || (agent.metric("stepwise_config_reloads_total", &[]) == 2.0).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
+    wait_for(Duration::from_secs(10), "reload applied", || (agent.metric("stepwise_config_reloads_total", &[]) == 2.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
     let log = agent.proc.log_text();
     assert!(log.lines().any(|l| l.contains("need a restart") && l.contains("interval")), "the restart-only key is named:\n{log}");
     assert_eq!(agent.json("/api/v1/status").expect("status")["interval_seconds"], 0.1, "interval stays until a restart");
@@ -812,7 +904,8 @@ fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_er
         let e0 = agent.metric("stepwise_config_reload_errors_total", &[]);
         std::fs::write(&agent.config, &bad).expect("write bad config");
         agent.hup();
-        wait_for(Duration::from_secs(10), "reload refused", || (agent.metric("stepwise_config_reload_errors_total", &[]) == e0 + 1.0).then_some(())).unwrap_or_else(|e| panic!("{e}: {bad:?}: {}", agent.proc.log_text()));
+        wait_for(Duration::from_secs(10), "reload refused", || (agent.metric("stepwise_config_reload_errors_total", &[]) == e0 + 1.0).then_some(()))
+            .unwrap_or_else(|e| panic!("{e}: {bad:?}: {}", agent.proc.log_text()));
     }
     assert!(agent.proc.log_text().contains("config reload failed"), "{}", agent.proc.log_text());
     run_steps(&agent, 2);
@@ -974,7 +1067,13 @@ fn diagnose_measured(args: &[&str]) -> (i32, String, String, Duration, u64) {
     let t = Instant::now();
     // Reaped below with wait4(2), which also reports the peak RSS (Child::wait does not).
     #[allow(clippy::zombie_processes)]
-    let mut child = Command::new(agent_bin()).arg("diagnose").args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("diagnose");
+    let mut child = Command::new(agent_bin())
+        .arg("diagnose")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("diagnose");
     let pid = child.id() as i32;
     let (mut so, mut se) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
     let out_t = std::thread::spawn(move || {
@@ -1027,7 +1126,9 @@ fn diagnose_bounds_endless_trickling_and_deeply_nested_peer_answers() {
     assert!(took < Duration::from_millis(4500), "took {took:?} with a 3 s per-peer timeout");
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("JSON ({e}): {out}\n{err}"));
     let failed = v["peers"]["failed"].as_array().cloned().unwrap_or_default();
-    let err_of = |p: &str| failed.iter().find(|f| f["peer"] == p).and_then(|f| f["error"].as_str()).unwrap_or_else(|| panic!("{p} not listed as failed: {failed:?}")).to_string();
+    let err_of = |p: &str| {
+        failed.iter().find(|f| f["peer"] == p).and_then(|f| f["error"].as_str()).unwrap_or_else(|| panic!("{p} not listed as failed: {failed:?}")).to_string()
+    };
     let e = err_of(&endless);
     assert!(e.contains("larger than") || e.contains("timed out"), "endless body: {e}");
     assert!(e.contains("larger than"), "the size bound stops an endless body before the timeout: {e}");

@@ -41,12 +41,7 @@ fn committed_fixtures_match_the_writer() {
         scenario::write_fixture(name, &fresh).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         let want = snapshot(&fresh).expect("snapshot fresh");
         let have = snapshot(&committed(name)).unwrap_or_else(|e| panic!("fixture {name} missing ({e}); run `cargo xtask scenario write-fixtures`"));
-        let diff: Vec<&String> = want
-            .keys()
-            .chain(have.keys())
-            .filter(|k| want.get(*k) != have.get(*k))
-            .take(10)
-            .collect();
+        let diff: Vec<&String> = want.keys().chain(have.keys()).filter(|k| want.get(*k) != have.get(*k)).take(10).collect();
         assert!(diff.is_empty(), "tests/fixtures/{name}/sys drifted from the writer (run `cargo xtask scenario write-fixtures`): {diff:?}");
         assert_eq!(want.len(), have.len(), "{name}");
     }

@@ -34,12 +34,35 @@ fn store(db: &Path) {
         let t = now - 60.0 + id as f64;
         let arrivals = |at: f64, exit: f64, late: f64| -> Vec<Arrival> {
             (0..8)
-                .map(|r| Arrival { rank: r, host: if r < 4 { "node-a" } else { "node-b" }.into(), pid: 100 + r, enter: t + at + if r == 5 { late } else { 0.0 }, exit: t + exit, aborted: false })
+                .map(|r| Arrival {
+                    rank: r,
+                    host: if r < 4 { "node-a" } else { "node-b" }.into(),
+                    pid: 100 + r,
+                    enter: t + at + if r == 5 { late } else { 0.0 },
+                    exit: t + exit,
+                    aborted: false,
+                })
                 .collect()
         };
         let colls = vec![
-            Collective { comm: "8f3c2a1b00c0ffee".into(), seq: id * 2, op: "all_reduce".into(), library: "nccl".into(), bytes: Some(64 << 20), nranks: Some(8), arrivals: arrivals(0.100, 0.150 + late, late) },
-            Collective { comm: "8f3c2a1b00c0ffee".into(), seq: id * 2 + 1, op: "all_reduce".into(), library: "nccl".into(), bytes: Some(4096), nranks: Some(8), arrivals: arrivals(0.160 + late, 0.165 + late, 0.0) },
+            Collective {
+                comm: "8f3c2a1b00c0ffee".into(),
+                seq: id * 2,
+                op: "all_reduce".into(),
+                library: "nccl".into(),
+                bytes: Some(64 << 20),
+                nranks: Some(8),
+                arrivals: arrivals(0.100, 0.150 + late, late),
+            },
+            Collective {
+                comm: "8f3c2a1b00c0ffee".into(),
+                seq: id * 2 + 1,
+                op: "all_reduce".into(),
+                library: "nccl".into(),
+                bytes: Some(4096),
+                nranks: Some(8),
+                arrivals: arrivals(0.160 + late, 0.165 + late, 0.0),
+            },
         ];
         let nic = |name: &str, tx: f64| NicWindow {
             nic: NicInfo { name: name.into(), host: Some("node-a".into()), rail: None, rate_bytes_per_second: Some(12.5e9) },
@@ -62,7 +85,16 @@ fn chromium() -> PathBuf {
 /// Headless Chromium with the machine doc's flags and a fresh profile.
 fn browse(profile: &Path, extra: &[&str], page: &Path) -> (String, String) {
     let out = Command::new(chromium())
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(["--enable-logging=stderr", "--v=0", "--hide-scrollbars"])
         .args(extra)
@@ -83,7 +115,15 @@ fn decode_png(png: &[u8]) -> (usize, usize, Vec<[u8; 3]>) {
         let kind = &png[pos + 4..pos + 8];
         let data = &png[pos + 8..pos + 8 + len];
         match kind {
-            b"IHDR" => ihdr = Some((u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize, u32::from_be_bytes([data[4], data[5], data[6], data[7]]) as usize, data[8], data[9], data[12])),
+            b"IHDR" => {
+                ihdr = Some((
+                    u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize,
+                    u32::from_be_bytes([data[4], data[5], data[6], data[7]]) as usize,
+                    data[8],
+                    data[9],
+                    data[12],
+                ))
+            }
             b"IDAT" => idat.extend_from_slice(data),
             b"IEND" => break,
             _ => {}
@@ -112,7 +152,13 @@ fn decode_png(png: &[u8]) -> (usize, usize, Vec<[u8; 3]>) {
                 4 => {
                     let p = a + b - c;
                     let (pa, pb, pc) = ((p - a).abs(), (p - b).abs(), (p - c).abs());
-                    if pa <= pb && pa <= pc { a } else if pb <= pc { b } else { c }
+                    if pa <= pb && pa <= pc {
+                        a
+                    } else if pb <= pc {
+                        b
+                    } else {
+                        c
+                    }
                 }
                 _ => panic!("PNG filter {f}"),
             };
@@ -142,7 +188,11 @@ fn chromium_renders_the_report_without_errors() {
     let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
     assert!(console.is_empty(), "console messages or uncaught errors:\n{}", console.join("\n"));
     assert!(dom.contains("<body data-js=\"ok\">"), "the page script ran to its end:\n{}", &dom[..dom.len().min(3000)]);
-    assert!(dom.contains("<pre id=\"js-errors\" hidden=\"\"></pre>"), "no error trapped: {}", dom.split("js-errors").nth(1).unwrap_or("").chars().take(300).collect::<String>());
+    assert!(
+        dom.contains("<pre id=\"js-errors\" hidden=\"\"></pre>"),
+        "no error trapped: {}",
+        dom.split("js-errors").nth(1).unwrap_or("").chars().take(300).collect::<String>()
+    );
     let sections: Vec<&str> = dom.split("<section class=\"step\"").skip(1).collect();
     assert_eq!(sections.len(), 2, "both steps, slowest first");
     let slow = sections[0];

@@ -227,7 +227,12 @@ fn tbf_qdisc_backlog_and_drops_under_a_udp_burst() {
     }
     let after = tbf(&q.snapshot()).cloned().expect("tbf");
     let (drops, overlimits) = (after.drops - before.drops, after.overlimits - before.overlimits);
-    eprintln!("{accepted}/{N} datagrams accepted by the socket; tbf drops Δ {drops}, overlimits Δ {overlimits}, max backlog seen {} B / {} pkts, sent Δ {} B", max_backlog.0, max_backlog.1, after.bytes - before.bytes);
+    eprintln!(
+        "{accepted}/{N} datagrams accepted by the socket; tbf drops Δ {drops}, overlimits Δ {overlimits}, max backlog seen {} B / {} pkts, sent Δ {} B",
+        max_backlog.0,
+        max_backlog.1,
+        after.bytes - before.bytes
+    );
     assert!(drops > 0, "a 480 kB burst into a 20 kB TBF must drop: {after:?}");
     assert!(max_backlog.0 > 0 || overlimits > 0, "backlog or overlimits must show: {after:?}");
     assert!(after.bytes - before.bytes < 120_000, "1 Mbit/s for at most 3 s + burst cannot send {} B", after.bytes - before.bytes);
@@ -242,7 +247,10 @@ fn tbf_qdisc_backlog_and_drops_under_a_udp_burst() {
     assert_eq!(k["bytes"].as_u64(), Some(after.bytes), "tc bytes vs ours: {k}");
     assert_eq!(format!("{}:", k["handle"].as_str().unwrap_or("?").trim_end_matches(':')), after.handle);
     let text = encode(&reg);
-    assert!(text.contains(&format!("stepwise_qdisc_drops_total{{netdev=\"swa0\",kind=\"tbf\",handle=\"{}\",parent=\"root\"}} {}", after.handle, after.drops)), "{text}");
+    assert!(
+        text.contains(&format!("stepwise_qdisc_drops_total{{netdev=\"swa0\",kind=\"tbf\",handle=\"{}\",parent=\"root\"}} {}", after.handle, after.drops)),
+        "{text}"
+    );
     assert!(text.contains("stepwise_qdisc_backlog_bytes{"), "{text}");
     assert_eq!(c.errors.get("qdisc", kind::NETLINK) + c.errors.get("qdisc", kind::PARSE), 0);
 }
@@ -295,7 +303,12 @@ fn veth_deleted_and_recreated_while_sampled_never_goes_backwards() {
                     qd.sweep().expect("qdisc sweep never fails on re-creation");
                     if let Some(cur) = nd.snapshot().into_iter().find(|s| s.netdev == "swa0") {
                         if let Some(p) = &prev_nd {
-                            for (name, was, now) in [("tx bytes", p.transmit_bytes, cur.transmit_bytes), ("rx bytes", p.receive_bytes, cur.receive_bytes), ("tx packets", p.transmit_packets, cur.transmit_packets), ("rx packets", p.receive_packets, cur.receive_packets)] {
+                            for (name, was, now) in [
+                                ("tx bytes", p.transmit_bytes, cur.transmit_bytes),
+                                ("rx bytes", p.receive_bytes, cur.receive_bytes),
+                                ("tx packets", p.transmit_packets, cur.transmit_packets),
+                                ("rx packets", p.receive_packets, cur.receive_packets),
+                            ] {
                                 assert!(now >= was, "netdev {name} went backwards: {was} → {now}");
                             }
                         }

@@ -14,7 +14,13 @@ use stepwise::sources::{tcp::TcpSource, Errors, Selector, Source, SourceContext}
 use stepwise_tests::netns::{Netns, Veth};
 
 fn ctx(sysfs: &Path) -> SourceContext {
-    SourceContext { sysfs_root: sysfs.to_path_buf(), selector: Selector::new(&[], &[], false).expect("selector"), errors: Errors::default(), interval: Duration::from_millis(100), rails: Default::default() }
+    SourceContext {
+        sysfs_root: sysfs.to_path_buf(),
+        selector: Selector::new(&[], &[], false).expect("selector"),
+        errors: Errors::default(),
+        interval: Duration::from_millis(100),
+        rails: Default::default(),
+    }
 }
 
 #[test]

@@ -20,7 +20,11 @@ fn markers(agent: &Agent) -> Vec<serde_json::Value> {
 
 fn config(dir: &Path) -> String {
     let p = dir.join("agent.toml");
-    std::fs::write(&p, format!("[sources]\nrdma = false\nethtool = false\n[collectives]\nenabled = false\n[api]\nmarkers_over_tcp = true\ntoken = \"{TOKEN}\"\n")).expect("config");
+    std::fs::write(
+        &p,
+        format!("[sources]\nrdma = false\nethtool = false\n[collectives]\nenabled = false\n[api]\nmarkers_over_tcp = true\ntoken = \"{TOKEN}\"\n"),
+    )
+    .expect("config");
     p.display().to_string()
 }
 
@@ -35,9 +39,16 @@ fn markers_arrive_by_socket_by_agent_mark_and_by_http() {
     let s = std::os::unix::net::UnixDatagram::unbound().expect("socket");
     s.send_to(br#"{"rank":0,"step":1,"phase":"begin"}"#, &sock).expect("send");
     // 2. agent mark over the socket and over HTTP.
-    let st = Command::new(agent_bin()).args(["mark", "--rank", "1", "--step", "1", "--phase", "begin", "--socket", sock.to_str().expect("utf8")]).status().expect("mark");
+    let st = Command::new(agent_bin())
+        .args(["mark", "--rank", "1", "--step", "1", "--phase", "begin", "--socket", sock.to_str().expect("utf8")])
+        .status()
+        .expect("mark");
     assert!(st.success());
-    let st = Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "end", "--agent", &agent.addr]).env("STEPWISE_TOKEN", TOKEN).status().expect("mark http");
+    let st = Command::new(agent_bin())
+        .args(["mark", "--rank", "0", "--step", "1", "--phase", "end", "--agent", &agent.addr])
+        .env("STEPWISE_TOKEN", TOKEN)
+        .status()
+        .expect("mark http");
     assert!(st.success());
     // 3. HTTP POST of an array.
     let r = http_request(&agent.addr, "POST", "/api/v1/markers", Some(r#"[{"rank":1,"step":1,"phase":"end","time":1764500000.5}]"#)).expect("post");
@@ -66,7 +77,8 @@ fn markers_arrive_by_socket_by_agent_mark_and_by_http() {
     assert_eq!(r.status, 413, "{}", r.status);
     assert_eq!(agent.get("/healthz").expect("healthz").status, 200);
     // agent mark to a socket nobody listens on: a clear error, non-zero exit.
-    let out = Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "begin", "--socket", "/nonexistent/m.sock"]).output().expect("mark");
+    let out =
+        Command::new(agent_bin()).args(["mark", "--rank", "0", "--step", "1", "--phase", "begin", "--socket", "/nonexistent/m.sock"]).output().expect("mark");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/m.sock"));
 }

@@ -44,7 +44,12 @@ fn python_path() -> PathBuf {
             .args(["opentelemetry-proto", "grpcio"])
             .output()
             .expect("python3 -m pip");
-        assert!(out.status.success(), "pip install opentelemetry-proto grpcio into {} failed (needs PyPI):\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pip install opentelemetry-proto grpcio into {} failed (needs PyPI):\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(check(), "grpc and opentelemetry.proto not importable from {} after pip install", dir.display());
     }
     dir
@@ -152,7 +157,22 @@ fn job(ns: &Netns, sock: &Path, steps: u32) {
     let out = workloads::run_ok(&mut workloads::mpi_steps(
         ns.name(),
         4,
-        &["--steps", &steps.to_string(), "--bytes", "1048576", "--compute-us", "20000", "--delay-rank", "2", "--delay-us", "30000", "--delay-every", "5", "--marker-socket", sock.to_str().expect("utf8")],
+        &[
+            "--steps",
+            &steps.to_string(),
+            "--bytes",
+            "1048576",
+            "--compute-us",
+            "20000",
+            "--delay-rank",
+            "2",
+            "--delay-us",
+            "30000",
+            "--delay-every",
+            "5",
+            "--marker-socket",
+            sock.to_str().expect("utf8"),
+        ],
     ))
     .expect("mpi job");
     assert!(String::from_utf8_lossy(&out.stdout).contains("summary"));
@@ -167,7 +187,10 @@ fn check_step_trace(all: &[Value], step: i64, transport: &str, agent: &Agent) {
         .unwrap_or_else(|| panic!("{transport}: no step span for step {step} among {} spans", all.len()));
     assert_eq!(attr_s(&root["attributes"], "stepwise.job"), Some("markers"));
     assert_eq!(attr_s(&root["attributes"], "stepwise.top_cause"), Some("readiness_skew"), "{root}");
-    let (start, end) = (root["start_time_unix_nano"].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0), root["end_time_unix_nano"].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0));
+    let (start, end) = (
+        root["start_time_unix_nano"].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0),
+        root["end_time_unix_nano"].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0),
+    );
     assert!(end > start && start > 1_600_000_000_000_000_000, "{transport}: step span times {start}..{end}");
     let children: Vec<&Value> = all.iter().filter(|s| s["trace_id"] == root["trace_id"] && s["parent_span_id"] == root["span_id"]).collect();
     let colls: Vec<&&Value> = children.iter().filter(|s| attr_s(&s["attributes"], "stepwise.span") == Some("collective")).collect();
@@ -180,14 +203,26 @@ fn check_step_trace(all: &[Value], step: i64, transport: &str, agent: &Agent) {
     assert!(attr_f(a, "stepwise.seconds").is_some_and(|s| s > 0.0));
     assert_eq!(attr_i(a, "stepwise.rank"), Some(2), "{transport}: the collective names the late rank");
     assert_eq!(ar["events"].as_array().map(Vec::len), Some(4), "{transport}: one arrival event per rank");
-    let causes: BTreeMap<&str, &&Value> = children.iter().filter(|s| attr_s(&s["attributes"], "stepwise.span") == Some("cause")).filter_map(|s| Some((attr_s(&s["attributes"], "stepwise.kind")?, s))).collect();
+    let causes: BTreeMap<&str, &&Value> = children
+        .iter()
+        .filter(|s| attr_s(&s["attributes"], "stepwise.span") == Some("cause"))
+        .filter_map(|s| Some((attr_s(&s["attributes"], "stepwise.kind")?, s)))
+        .collect();
     let kinds: BTreeSet<&str> = causes.keys().copied().collect();
-    assert_eq!(kinds, ["compute", "congestion", "ideal_comm", "in_flight_limit", "rail_imbalance", "readiness_skew", "unexplained"].into_iter().collect(), "{transport}: seven cause spans");
+    assert_eq!(
+        kinds,
+        ["compute", "congestion", "ideal_comm", "in_flight_limit", "rail_imbalance", "readiness_skew", "unexplained"].into_iter().collect(),
+        "{transport}: seven cause spans"
+    );
     let skew = &causes["readiness_skew"]["attributes"];
     assert_eq!(attr_i(skew, "stepwise.rank"), Some(2), "{transport}: readiness_skew span names rank 2: {skew}");
     // The span carries what the agent attributed (accuracy is e2e_straggler's subject).
     let api: Value = serde_json::from_str(&agent.get(&format!("/api/v1/steps?step={step}")).expect("steps").body).expect("json");
-    let want = api["steps"][0]["causes"].as_array().and_then(|c| c.iter().find(|c| c["kind"] == "readiness_skew")).and_then(|c| c["seconds"].as_f64()).expect("step in /api/v1/steps");
+    let want = api["steps"][0]["causes"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["kind"] == "readiness_skew"))
+        .and_then(|c| c["seconds"].as_f64())
+        .expect("step in /api/v1/steps");
     let got = attr_f(skew, "stepwise.seconds").unwrap_or(f64::NAN);
     assert!((got - want).abs() < 1e-9 && got > 0.015, "{transport}: readiness_skew span {got} s, attributed {want} s (30 ms injected)");
 }
@@ -224,12 +259,15 @@ fn check_metrics(rx: &Receiver, agent: &Agent, transport: &str) {
     let points = |name: &str, kind: &str| by_name.get(name).map(|m| m[kind]["data_points"].as_array().cloned().unwrap_or_default()).unwrap_or_default();
     let steps = points("stepwise_steps", "sum").first().and_then(|p| p["as_int"].as_str().and_then(|s| s.parse::<i64>().ok())).unwrap_or(0);
     assert!(steps >= 4, "{transport}: stepwise_steps = {steps}");
-    assert!(points("stepwise_step_attributed_seconds", "sum").iter().any(|p| attr_s(&p["attributes"], "cause") == Some("readiness_skew") && p["as_double"].as_f64().unwrap_or(0.0) > 0.015));
+    assert!(points("stepwise_step_attributed_seconds", "sum")
+        .iter()
+        .any(|p| attr_s(&p["attributes"], "cause") == Some("readiness_skew") && p["as_double"].as_f64().unwrap_or(0.0) > 0.015));
     assert!(points("stepwise_rank_late_seconds", "sum").iter().any(|p| attr_s(&p["attributes"], "rank") == Some("2")), "{transport}: rank label kept");
     let h = points("stepwise_step_duration_seconds", "histogram");
     let count = h.first().and_then(|p| p["count"].as_str().and_then(|s| s.parse::<i64>().ok())).unwrap_or(0);
     assert_eq!(count, steps, "{transport}: histogram count = steps");
-    let buckets: i64 = h.first().and_then(|p| p["bucket_counts"].as_array()).into_iter().flatten().filter_map(|b| b.as_str().and_then(|s| s.parse::<i64>().ok())).sum();
+    let buckets: i64 =
+        h.first().and_then(|p| p["bucket_counts"].as_array()).into_iter().flatten().filter_map(|b| b.as_str().and_then(|s| s.parse::<i64>().ok())).sum();
     assert_eq!(buckets, count, "{transport}: per-bucket counts add up to the count");
 }
 
@@ -242,7 +280,12 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     let sock = dir.path().join("markers.sock");
 
     // 1. gRPC.
-    let cfg = config(dir.path(), &ns, &sock, &format!("endpoint = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\n[otlp.headers]\nx-stepwise-test = \"grpc\"\n", rx.grpc));
+    let cfg = config(
+        dir.path(),
+        &ns,
+        &sock,
+        &format!("endpoint = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\n[otlp.headers]\nx-stepwise-test = \"grpc\"\n", rx.grpc),
+    );
     let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8")]).expect("agent starts");
     job(&ns, &sock, 10);
     let step_ids = |s: &[Value]| s.iter().filter(|s| s["name"] == "step").filter_map(|s| attr_i(&s["attributes"], "stepwise.step")).collect::<BTreeSet<i64>>();
@@ -257,14 +300,23 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     check_metrics(&rx, &agent, "grpc");
     let lines = rx.lines();
     assert!(requests(&lines, "grpc", "traces").iter().all(|l| l["headers"]["x-stepwise-test"] == "grpc"), "configured headers as gRPC metadata");
-    assert!(lines.iter().all(|l| l.get("error").is_none()), "every request decoded: {:?}", lines.iter().filter(|l| l.get("error").is_some()).collect::<Vec<_>>());
+    assert!(
+        lines.iter().all(|l| l.get("error").is_none()),
+        "every request decoded: {:?}",
+        lines.iter().filter(|l| l.get("error").is_some()).collect::<Vec<_>>()
+    );
     let m = agent.metrics().expect("metrics");
     assert!(sample(&m, "stepwise_otlp_exports_total", &[("signal", "traces")]).unwrap_or(0.0) >= 1.0);
     assert_eq!(sample(&m, "stepwise_otlp_export_errors_total", &[("signal", "metrics")]), Some(0.0));
     drop(agent);
 
     // 2. HTTP/protobuf (the endpoint with a trailing slash, as users write it).
-    let cfg = config(dir.path(), &ns, &sock, &format!("endpoint = \"http://127.0.0.1:{}/\"\nprotocol = \"http/protobuf\"\ninterval = \"1s\"\n[otlp.headers]\nx-stepwise-test = \"http\"\n", rx.http));
+    let cfg = config(
+        dir.path(),
+        &ns,
+        &sock,
+        &format!("endpoint = \"http://127.0.0.1:{}/\"\nprotocol = \"http/protobuf\"\ninterval = \"1s\"\n[otlp.headers]\nx-stepwise-test = \"http\"\n", rx.http),
+    );
     let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8")]).expect("agent starts");
     job(&ns, &sock, 10);
     let traces = wait_for(Duration::from_secs(20), "step 4's trace over HTTP", || {
@@ -276,7 +328,9 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     check_step_trace(&traces, 4, "http", &agent);
     check_metrics(&rx, &agent, "http");
     let lines = rx.lines();
-    assert!(requests(&lines, "http", "metrics").iter().all(|l| l["headers"]["x-stepwise-test"] == "http" && l["headers"]["content-type"] == "application/x-protobuf"));
+    assert!(requests(&lines, "http", "metrics")
+        .iter()
+        .all(|l| l["headers"]["x-stepwise-test"] == "http" && l["headers"]["content-type"] == "application/x-protobuf"));
     drop(agent);
 
     // 3. A collector that accepts and never answers: 1 s timeouts, a queue of 2 steps.
@@ -301,7 +355,8 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     let steps: Value = serde_json::from_str(&agent.get("/api/v1/steps?limit=100").expect("steps").body).expect("json");
     assert!(steps["steps"].as_array().map(Vec::len).unwrap_or(0) >= 9, "attribution went on: {}", steps["steps"]);
     let m = agent.metrics().expect("metrics");
-    let errors = sample(&m, "stepwise_otlp_export_errors_total", &[("signal", "metrics")]).unwrap_or(0.0) + sample(&m, "stepwise_otlp_export_errors_total", &[("signal", "traces")]).unwrap_or(0.0);
+    let errors = sample(&m, "stepwise_otlp_export_errors_total", &[("signal", "metrics")]).unwrap_or(0.0)
+        + sample(&m, "stepwise_otlp_export_errors_total", &[("signal", "traces")]).unwrap_or(0.0);
     let dropped = sample(&m, "stepwise_otlp_dropped_total", &[("signal", "traces")]).unwrap_or(0.0);
     assert!(errors >= 2.0, "timed-out exports counted: {errors}");
     assert!(dropped >= 1.0, "steps beyond the queue (or in failed exports) counted: {dropped}");

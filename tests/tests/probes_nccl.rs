@@ -50,8 +50,10 @@ fn start_agent(dir: &Path, ns: &Netns, library_dirs: &[&Path]) -> Agent {
     // /readyz answers after the first counter sweep, while the probe thread may still be
     // preloading library_dirs: a job started now could run before the probes exist.
     if !library_dirs.is_empty() {
-        wait_for(Duration::from_secs(30), "probes attached to the preloaded libraries", || (metric(&agent, "stepwise_probe_attached", &[("library", "nccl")]) > 0.0).then_some(()))
-            .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.proc.log_text()));
+        wait_for(Duration::from_secs(30), "probes attached to the preloaded libraries", || {
+            (metric(&agent, "stepwise_probe_attached", &[("library", "nccl")]) > 0.0).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.proc.log_text()));
     }
     agent
 }
@@ -154,7 +156,9 @@ fn wait_calls(agent: &Agent, pids: &[u32], n: usize) -> Vec<Value> {
 fn probe_counters(agent: &Agent) -> String {
     let m = agent.metrics().unwrap_or_default();
     let pick = |n: &str| stepwise_tests::harness::samples(&m, n).into_iter().map(|(l, v)| format!("{n}{{{l}}}={v}")).collect::<Vec<_>>().join(" ");
-    ["stepwise_probe_events_total", "stepwise_probe_drops_total", "stepwise_probe_decode_errors_total", "stepwise_probe_processes", "stepwise_probe_attached"].map(pick).join(" ")
+    ["stepwise_probe_events_total", "stepwise_probe_drops_total", "stepwise_probe_decode_errors_total", "stepwise_probe_processes", "stepwise_probe_attached"]
+        .map(pick)
+        .join(" ")
 }
 
 fn tempdir(tag: &str) -> tempfile::TempDir {
@@ -173,9 +177,22 @@ fn nccl_steps_allreduce_decoded_exactly_on_every_rank() {
     let (n, steps, bytes) = (4u32, 5u64, 65536u64 + 4 * 37); // count not a power of two
     let id = dir.path().join("nccl.id");
     let mut ranks = spawn_ranks(&ns, dir.path(), "nccl_steps", &build.join("nccl_steps"), n, &[("STEPS_COMPUTE", "sleep".into())], |r| {
-        ["--rank", &r.to_string(), "--nranks", &n.to_string(), "--id-file", id.to_str().expect("utf8"), "--steps", &steps.to_string(), "--bytes", &bytes.to_string(), "--compute-us", "2000"]
-            .map(String::from)
-            .to_vec()
+        [
+            "--rank",
+            &r.to_string(),
+            "--nranks",
+            &n.to_string(),
+            "--id-file",
+            id.to_str().expect("utf8"),
+            "--steps",
+            &steps.to_string(),
+            "--bytes",
+            &bytes.to_string(),
+            "--compute-us",
+            "2000",
+        ]
+        .map(String::from)
+        .to_vec()
     });
     let pids: Vec<u32> = ranks.iter().map(Proc::pid).collect();
     all_succeed(&mut ranks, Duration::from_secs(60));
@@ -206,11 +223,19 @@ fn nccl_steps_allreduce_decoded_exactly_on_every_rank() {
         let ar: Vec<&Value> = cs.iter().filter(|c| c["op"] == "all_reduce").collect();
         let seqs: Vec<u64> = ar.iter().map(|c| c["seq"].as_u64().expect("collective has a seq")).collect();
         assert_eq!(seqs, (0..steps).collect::<Vec<_>>(), "rank {r}: seq 0..S-1 in issue order");
-        assert!(ar.iter().all(|c| c["bytes"] == bytes), "rank {r}: bytes = count x 4 (float32): {:?}", ar.iter().map(|c| c["bytes"].clone()).collect::<Vec<_>>());
+        assert!(
+            ar.iter().all(|c| c["bytes"] == bytes),
+            "rank {r}: bytes = count x 4 (float32): {:?}",
+            ar.iter().map(|c| c["bytes"].clone()).collect::<Vec<_>>()
+        );
         assert!(cs.iter().filter(|c| c["op"] != "all_reduce").all(|c| c["seq"].is_null() && c["bytes"].is_null()));
     }
     let m = agent.metrics().expect("metrics");
-    assert_eq!(sample(&m, "stepwise_collective_calls_total", &[("library", "nccl"), ("op", "all_reduce")]), Some((u64::from(n) * steps) as f64), "calls counter");
+    assert_eq!(
+        sample(&m, "stepwise_collective_calls_total", &[("library", "nccl"), ("op", "all_reduce")]),
+        Some((u64::from(n) * steps) as f64),
+        "calls counter"
+    );
     assert_eq!(sample(&m, "stepwise_probe_drops_total", &[]), Some(0.0));
 }
 
@@ -233,7 +258,9 @@ fn abi_run() -> &'static AbiRun {
         let agent = start_agent(dir.path(), &ns, &[&build]);
         let id = dir.path().join("abi.id");
         let n = 4u32;
-        let mut ranks = spawn_ranks(&ns, dir.path(), "nccl_abi_test", &build.join("nccl_abi_test"), n, &[], |r| vec![r.to_string(), n.to_string(), id.display().to_string()]);
+        let mut ranks = spawn_ranks(&ns, dir.path(), "nccl_abi_test", &build.join("nccl_abi_test"), n, &[], |r| {
+            vec![r.to_string(), n.to_string(), id.display().to_string()]
+        });
         let pids: Vec<u32> = ranks.iter().map(Proc::pid).collect();
         all_succeed(&mut ranks, Duration::from_secs(120));
         for p in &ranks {
@@ -308,7 +335,9 @@ fn nccl_abi_test_every_op_and_dtype_decoded_exactly() {
         let world: Vec<&Value> = cs.iter().filter(|c| c["comm"] == run.world.as_str() || c["op"] == "comm_split").collect();
         let got: Vec<CallKey<String>> = world
             .iter()
-            .map(|c| (c["op"].as_str().unwrap_or("").to_string(), c["bytes"].as_u64(), c["seq"].as_u64(), c["ret"].as_i64().unwrap_or(-1), c["grouped"] == true))
+            .map(|c| {
+                (c["op"].as_str().unwrap_or("").to_string(), c["bytes"].as_u64(), c["seq"].as_u64(), c["ret"].as_i64().unwrap_or(-1), c["grouped"] == true)
+            })
             .collect();
         let want: Vec<CallKey<String>> = abi_world_calls().into_iter().map(|(o, b, s, ret, g)| (o.to_string(), b, s, ret, g)).collect();
         assert_eq!(got, want, "rank {r}: world-communicator calls (op, bytes, seq, ret, grouped), exactly once each");
@@ -331,22 +360,26 @@ fn nccl_abi_test_every_op_and_dtype_decoded_exactly() {
         // split; another thread aborts the communicator and the call returns
         // ncclRemoteError (6). The other ranks destroy their child.
         let abort_child = splits[2]["comm"].as_str().expect("abort split child").to_string();
-        let on_abort: Vec<&Value> = cs.iter().filter(|c| c["comm"] == abort_child.as_str() && c["op"] != "comm_split" && c["enter_ns"].as_u64() > splits[2]["enter_ns"].as_u64()).collect();
+        let on_abort: Vec<&Value> = cs
+            .iter()
+            .filter(|c| c["comm"] == abort_child.as_str() && c["op"] != "comm_split" && c["enter_ns"].as_u64() > splits[2]["enter_ns"].as_u64())
+            .collect();
         if r == 0 {
             let ar = on_abort.iter().find(|c| c["op"] == "all_reduce").unwrap_or_else(|| panic!("rank 0: the aborted all-reduce: {:#?}", dump()));
             assert_eq!((ar["bytes"].as_u64(), ar["ret"].as_i64(), ar["aborted"].as_bool()), (Some(16 << 20), Some(6), Some(false)), "{}", brief(ar));
-            let ab = on_abort.iter().find(|c| c["op"] == "comm_abort").unwrap_or_else(|| panic!("rank 0: ncclCommAbort from the watchdog thread: {:#?}", dump()));
+            let ab =
+                on_abort.iter().find(|c| c["op"] == "comm_abort").unwrap_or_else(|| panic!("rank 0: ncclCommAbort from the watchdog thread: {:#?}", dump()));
             assert_ne!(ab["tid"], ar["tid"], "abort came from another thread");
-            assert!(ab["enter_ns"].as_u64() > ar["enter_ns"].as_u64() && ab["enter_ns"].as_u64() < ar["exit_ns"].as_u64(), "abort issued while the call was in flight");
+            assert!(
+                ab["enter_ns"].as_u64() > ar["enter_ns"].as_u64() && ab["enter_ns"].as_u64() < ar["exit_ns"].as_u64(),
+                "abort issued while the call was in flight"
+            );
         } else {
             assert_eq!(on_abort.iter().map(|c| c["op"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["comm_destroy"], "rank {r}");
         }
 
         // The NULL-communicator call: ncclInvalidArgument, 1 float.
-        let null_comm = cs
-            .iter()
-            .filter(|c| c["op"] == "all_reduce" && c["ret"] == 4 && c["bytes"] == 4)
-            .collect::<Vec<_>>();
+        let null_comm = cs.iter().filter(|c| c["op"] == "all_reduce" && c["ret"] == 4 && c["bytes"] == 4).collect::<Vec<_>>();
         assert_eq!(null_comm.len(), 1, "rank {r}: the NULL-comm all-reduce seen once: {:#?}", dump());
         assert_ne!(null_comm[0]["comm"], run.world.as_str());
         // Nothing else: every call is accounted for above (by identity: with the split
@@ -360,7 +393,10 @@ fn nccl_abi_test_every_op_and_dtype_decoded_exactly() {
     assert_eq!(child(1), child(3));
     assert_ne!(child(0), child(1));
     // The bad dtype (99) is the only decode error (counted, the call still recorded).
-    assert_eq!(run.decode_errors.iter().filter(|(_, v)| **v > 0.0).map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>(), vec![("kind=\"bad_datatype\"".to_string(), n as f64)]);
+    assert_eq!(
+        run.decode_errors.iter().filter(|(_, v)| **v > 0.0).map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>(),
+        vec![("kind=\"bad_datatype\"".to_string(), n as f64)]
+    );
 }
 
 /// Two communicators must never share a CommId: `(CommId, seq)` joins calls across ranks,
@@ -421,7 +457,9 @@ fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     // it sends anything); the others wait for it inside the same all-reduce.
     let env = [("NCCL_ABI_DELAY_RANK", "3".to_string()), ("NCCL_ABI_DELAY_US", "60000000".into()), ("NCCL_ABI_TIMEOUT_MS", "60000".into())];
     let mut ranks = spawn_ranks(&ns, dir.path(), "kill", &build.join("nccl_steps"), n, &env, |r| {
-        ["--rank", &r.to_string(), "--nranks", &n.to_string(), "--id-file", id.to_str().expect("utf8"), "--steps", "3", "--bytes", "4096", "--compute-us", "0"].map(String::from).to_vec()
+        ["--rank", &r.to_string(), "--nranks", &n.to_string(), "--id-file", id.to_str().expect("utf8"), "--steps", "3", "--bytes", "4096", "--compute-us", "0"]
+            .map(String::from)
+            .to_vec()
     });
     let pids: Vec<u32> = ranks.iter().map(Proc::pid).collect();
     let victim = pids[3];
@@ -431,7 +469,7 @@ fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     let killed_at = Instant::now();
     ranks[3].child.kill().expect("SIGKILL rank 3");
     ranks[3].child.wait().expect("reap rank 3"); // as a launcher does
-    // The others fail promptly with ncclRemoteError (their peer's sockets closed).
+                                                 // The others fail promptly with ncclRemoteError (their peer's sockets closed).
     for p in ranks.iter_mut().take(3) {
         let st = wait_exit(p, Duration::from_secs(30)).expect("surviving rank exits");
         assert_eq!(st.code(), Some(1), "{}: {}", p.name, p.log_text());
@@ -444,13 +482,22 @@ fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     let took = killed_at.elapsed();
     assert!(took < Duration::from_millis(2500), "aborted call recorded {took:?} after the kill (rescan every 500 ms)");
     assert_eq!(aborted["op"], "all_reduce", "{}", brief(&aborted));
-    assert_eq!((aborted["bytes"].as_u64(), aborted["seq"].as_u64(), aborted["rank"].as_u64(), aborted["nranks"].as_u64()), (Some(4096), Some(0), Some(3), Some(4)), "{}", brief(&aborted));
+    assert_eq!(
+        (aborted["bytes"].as_u64(), aborted["seq"].as_u64(), aborted["rank"].as_u64(), aborted["nranks"].as_u64()),
+        (Some(4096), Some(0), Some(3), Some(4)),
+        "{}",
+        brief(&aborted)
+    );
     assert_eq!(aborted["comm"], comm.as_str());
     assert!(aborted["ret"].is_null(), "an aborted call never returned: {}", brief(&aborted));
     assert!(aborted["exit_ns"].as_u64() >= aborted["enter_ns"].as_u64());
     let all = calls(&agent);
     let victim_calls = calls_of(&all, victim);
-    assert_eq!(victim_calls.iter().map(|c| (c["op"].as_str().unwrap_or(""), c["aborted"] == true)).collect::<Vec<_>>(), [("comm_init", false), ("all_reduce", true)], "rank 3 recorded once");
+    assert_eq!(
+        victim_calls.iter().map(|c| (c["op"].as_str().unwrap_or(""), c["aborted"] == true)).collect::<Vec<_>>(),
+        [("comm_init", false), ("all_reduce", true)],
+        "rank 3 recorded once"
+    );
     // The survivors' all-reduce returned ncclRemoteError (6): returned, not aborted.
     for pid in &pids[..3] {
         let ar: Vec<Value> = calls_of(&all, *pid).into_iter().filter(|c| c["op"] == "all_reduce").collect();
@@ -466,7 +513,9 @@ fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     assert!(agent.proc.log_text().lines().all(|l| !l.contains("panicked")), "{}", agent.proc.log_text());
     let id2 = dir.path().join("next.id");
     let mut next = spawn_ranks(&ns, dir.path(), "next", &build.join("nccl_steps"), 2, &[("STEPS_COMPUTE", "sleep".into())], |r| {
-        ["--rank", &r.to_string(), "--nranks", "2", "--id-file", id2.to_str().expect("utf8"), "--steps", "2", "--bytes", "8192", "--compute-us", "1000"].map(String::from).to_vec()
+        ["--rank", &r.to_string(), "--nranks", "2", "--id-file", id2.to_str().expect("utf8"), "--steps", "2", "--bytes", "8192", "--compute-us", "1000"]
+            .map(String::from)
+            .to_vec()
     });
     let next_pids: Vec<u32> = next.iter().map(Proc::pid).collect();
     all_succeed(&mut next, Duration::from_secs(60));
@@ -474,7 +523,10 @@ fn rank_killed_inside_allreduce_leaves_an_aborted_call_and_a_healthy_agent() {
     let got = wait_calls(&agent, &next_pids, 2 * 4);
     for (r, pid) in next_pids.iter().enumerate() {
         let ar: Vec<Value> = calls_of(&got, *pid).into_iter().filter(|c| c["op"] == "all_reduce").collect();
-        assert_eq!(ar.iter().map(|c| (c["seq"].as_u64(), c["bytes"].as_u64(), c["rank"].as_u64(), c["comm"].as_str() == Some(comm2.as_str()))).collect::<Vec<_>>(), [(Some(0), Some(8192), Some(r as u64), true), (Some(1), Some(8192), Some(r as u64), true)]);
+        assert_eq!(
+            ar.iter().map(|c| (c["seq"].as_u64(), c["bytes"].as_u64(), c["rank"].as_u64(), c["comm"].as_str() == Some(comm2.as_str()))).collect::<Vec<_>>(),
+            [(Some(0), Some(8192), Some(r as u64), true), (Some(1), Some(8192), Some(r as u64), true)]
+        );
     }
     assert_eq!(metric(&agent, "stepwise_collective_aborted_calls_total", &[("library", "nccl")]), aborted1, "no further aborted calls");
 }
@@ -490,7 +542,9 @@ fn rank_killed_and_not_yet_reaped_still_leaves_an_aborted_call() {
     let id = dir.path().join("z.id");
     let env = [("NCCL_ABI_DELAY_RANK", "1".to_string()), ("NCCL_ABI_DELAY_US", "60000000".into()), ("NCCL_ABI_TIMEOUT_MS", "60000".into())];
     let mut ranks = spawn_ranks(&ns, dir.path(), "zombie", &build.join("nccl_steps"), 2, &env, |r| {
-        ["--rank", &r.to_string(), "--nranks", "2", "--id-file", id.to_str().expect("utf8"), "--steps", "1", "--bytes", "4096", "--compute-us", "0"].map(String::from).to_vec()
+        ["--rank", &r.to_string(), "--nranks", "2", "--id-file", id.to_str().expect("utf8"), "--steps", "1", "--bytes", "4096", "--compute-us", "0"]
+            .map(String::from)
+            .to_vec()
     });
     let victim = ranks[1].pid();
     wait_for(Duration::from_secs(30), "rank 1 initialised", || ranks[1].log_text().contains("init rank=1").then_some(())).expect("rank 1 init");
@@ -504,9 +558,13 @@ fn rank_killed_and_not_yet_reaped_still_leaves_an_aborted_call() {
         (st[st.rfind(')')? + 2..].starts_with('Z')).then_some(())
     })
     .expect("zombie");
-    let seen = wait_for(Duration::from_secs(3), "an aborted call of the killed (unreaped) rank", || calls(&agent).into_iter().find(|c| c["pid"] == victim && c["aborted"] == true));
+    let seen = wait_for(Duration::from_secs(3), "an aborted call of the killed (unreaped) rank", || {
+        calls(&agent).into_iter().find(|c| c["pid"] == victim && c["aborted"] == true)
+    });
     let _ = ranks[1].child.wait();
-    let after_reap = wait_for(Duration::from_secs(3), "the aborted call once reaped", || calls(&agent).into_iter().find(|c| c["pid"] == victim && c["aborted"] == true)).is_ok();
+    let after_reap =
+        wait_for(Duration::from_secs(3), "the aborted call once reaped", || calls(&agent).into_iter().find(|c| c["pid"] == victim && c["aborted"] == true))
+            .is_ok();
     let _ = wait_exit(&mut ranks[0], Duration::from_secs(30));
     seen.unwrap_or_else(|e| {
         panic!(
@@ -606,7 +664,17 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
     let attached = |agent: &Agent| metric(agent, "stepwise_probe_attached", &[("library", "nccl")]);
     assert_eq!(attached(&agent), 0.0, "nothing preloaded");
     let (rounds, per_round) = (3u32, 5u64);
-    let mut p = Proc::spawn("late", &mut in_netns(&ns, &[("NCCL_ABI_IFACE_ADDR", "127.0.0.1".into())], &exe, &[lib.display().to_string(), d.display().to_string(), rounds.to_string(), per_round.to_string()]), d.join("late.log")).expect("spawn late");
+    let mut p = Proc::spawn(
+        "late",
+        &mut in_netns(
+            &ns,
+            &[("NCCL_ABI_IFACE_ADDR", "127.0.0.1".into())],
+            &exe,
+            &[lib.display().to_string(), d.display().to_string(), rounds.to_string(), per_round.to_string()],
+        ),
+        d.join("late.log"),
+    )
+    .expect("spawn late");
     let pid = p.pid();
     let log = |p: &Proc| p.log_text();
     let lib_s = lib.to_string_lossy().into_owned();
@@ -619,7 +687,8 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
     };
     let mut probes_per_attach = 0.0;
     for round in 0..rounds {
-        wait_for(Duration::from_secs(15), &format!("loaded {round}"), || log(&p).contains(&format!("loaded {round}")).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", log(&p)));
+        wait_for(Duration::from_secs(15), &format!("loaded {round}"), || log(&p).contains(&format!("loaded {round}")).then_some(()))
+            .unwrap_or_else(|e| panic!("{e}: {}", log(&p)));
         // The agent finds the new mapping on a rescan (every 500 ms) and attaches. Steady
         // state: attached once more than detached, the gauge set, for three rescans (a
         // rescan that saw the gap before this dlopen may still be detaching).
@@ -640,7 +709,8 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
         }
         assert_eq!(n, probes_per_attach, "round {round}: one attachment, not two");
         touch(d, &format!("go{round}"));
-        wait_for(Duration::from_secs(15), &format!("closed {round}"), || log(&p).contains(&format!("closed {round}")).then_some(())).unwrap_or_else(|e| panic!("{e}: {}", log(&p)));
+        wait_for(Duration::from_secs(15), &format!("closed {round}"), || log(&p).contains(&format!("closed {round}")).then_some(()))
+            .unwrap_or_else(|e| panic!("{e}: {}", log(&p)));
         assert!(!maps_file(pid, &lib), "dlclose unmapped the library");
         if round == 0 {
             // Round 1 reloads after the agent saw the library go (detach when the last user
@@ -648,7 +718,8 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
             // 32 uprobe links took a minute on an overloaded VM (perf_uprobe_destroy waits for
             // RCU grace periods); the agent now closes them in the background, but old links
             // may still fire after a reload (their events are not calls), hence the limit.
-            wait_for(Duration::from_secs(180), "detach after dlclose", || (attached(&agent) == 0.0).then_some(())).unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.proc.log_text()));
+            wait_for(Duration::from_secs(180), "detach after dlclose", || (attached(&agent) == 0.0).then_some(()))
+                .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.proc.log_text()));
         }
         touch(d, &format!("next{round}"));
     }
@@ -662,7 +733,8 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
     for round in 0..rounds {
         let comm = comm_of_id_file(&d.join(format!("id{round}")));
         let mine: Vec<&Value> = cs.iter().filter(|c| c["comm"] == comm.as_str()).collect();
-        let got: Vec<(&str, Option<u64>, Option<u64>)> = mine.iter().map(|c| (c["op"].as_str().unwrap_or(""), c["bytes"].as_u64(), c["seq"].as_u64())).collect();
+        let got: Vec<(&str, Option<u64>, Option<u64>)> =
+            mine.iter().map(|c| (c["op"].as_str().unwrap_or(""), c["bytes"].as_u64(), c["seq"].as_u64())).collect();
         let mut want = vec![("comm_init", None, None)];
         want.extend((0..per_round).map(|s| ("all_reduce", Some((1000 + u64::from(round)) * 4), Some(s))));
         want.push(("comm_destroy", None, None));
@@ -673,7 +745,13 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
     let m = agent.metrics().expect("metrics");
     assert_eq!(sample(&m, "stepwise_collective_calls_total", &[("library", "nccl"), ("op", "all_reduce")]), Some(f64::from(rounds) * per_round as f64));
     // Entry + return per probed call; a 1-rank communicator moves nothing over the transport.
-    assert_eq!(sample(&m, "stepwise_probe_events_total", &[]), Some(2.0 * want_calls as f64), "probe program runs = 2 per call: {}\n{}", probe_counters(&agent), strip_ansi(&agent.proc.log_text()));
+    assert_eq!(
+        sample(&m, "stepwise_probe_events_total", &[]),
+        Some(2.0 * want_calls as f64),
+        "probe program runs = 2 per call: {}\n{}",
+        probe_counters(&agent),
+        strip_ansi(&agent.proc.log_text())
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -681,7 +759,9 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
 
 /// Cache directory for large downloads: `$STEPWISE_CACHE`, else `~/.cache/stepwise`.
 fn cache_dir() -> PathBuf {
-    std::env::var_os("STEPWISE_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/stepwise"))
+    std::env::var_os("STEPWISE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/stepwise"))
 }
 
 /// The real `libnccl.so.2` from the `nvidia-nccl-cu12` PyPI wheel (≈350 MB, downloaded once
@@ -692,14 +772,22 @@ fn real_libnccl() -> Result<PathBuf> {
     let wheels = cache.join("wheels");
     std::fs::create_dir_all(&wheels).with_context(|| format!("create {}", wheels.display()))?;
     let find = || -> Option<PathBuf> {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(&wheels).ok()?.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("nvidia_nccl_cu12-") && n.ends_with(".whl"))).collect();
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&wheels)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("nvidia_nccl_cu12-") && n.ends_with(".whl")))
+            .collect();
         v.sort();
         v.pop()
     };
     let wheel = match find() {
         Some(w) => w,
         None => {
-            let python = ["python3", "python"].into_iter().find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success())).ok_or_else(|| anyhow!("no python3 to run `pip download nvidia-nccl-cu12`"))?;
+            let python = ["python3", "python"]
+                .into_iter()
+                .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+                .ok_or_else(|| anyhow!("no python3 to run `pip download nvidia-nccl-cu12`"))?;
             eprintln!("downloading nvidia-nccl-cu12 (~350 MB) into {} ...", wheels.display());
             let out = Command::new(python)
                 .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "nvidia-nccl-cu12", "-d"])
@@ -768,7 +856,12 @@ fn real_libnccl_every_probe_point_resolves_and_attaches() {
         let push = starts_with_push(&bytes, off);
         let once = matches!(p.op, targets::Op::CommInit | targets::Op::CommSplit | targets::Op::CommDestroy | targets::Op::CommAbort);
         assert!(push || once, "{:?} at {off:#x} does not start with push: {:02x?}", p.symbols, &bytes[off as usize..off as usize + 8]);
-        report.push(format!("{:<40} {off:#x}{}{}", found[0].0, if p.sampled { " (sampled)" } else { "" }, if push { "" } else { " (first instruction not push: single-stepped)" }));
+        report.push(format!(
+            "{:<40} {off:#x}{}{}",
+            found[0].0,
+            if p.sampled { " (sampled)" } else { "" },
+            if push { "" } else { " (first instruction not push: single-stepped)" }
+        ));
         if p.sampled {
             sampled.insert(off);
         } else {
@@ -776,18 +869,26 @@ fn real_libnccl_every_probe_point_resolves_and_attaches() {
         }
     }
     eprintln!("{}:\n  {}", lib.display(), report.join("\n  "));
-    assert!(names.iter().any(|n| n.starts_with("_Z11ncclIbIsend")) && sampled.len() == 3, "ncclIbIsend/Irecv/Test are the sampled probes (per-chunk functions)");
+    assert!(
+        names.iter().any(|n| n.starts_with("_Z11ncclIbIsend")) && sampled.len() == 3,
+        "ncclIbIsend/Irecv/Test are the sampled probes (per-chunk functions)"
+    );
 
     // The agent attaches to the file found in library_dirs, before any process maps it.
     let dir = tempdir("realnccl");
     let ns = Netns::new().expect("netns (needs root and iproute2)");
     let libdir = lib.parent().expect("lib dir");
     let agent = start_agent(dir.path(), &ns, &[libdir]);
-    let n = wait_for(Duration::from_secs(20), "probes attached to the real libnccl.so.2", || Some(metric(&agent, "stepwise_probe_attached", &[("library", "nccl")])).filter(|n| *n > 0.0))
-        .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.proc.log_text()));
+    let n = wait_for(Duration::from_secs(20), "probes attached to the real libnccl.so.2", || {
+        Some(metric(&agent, "stepwise_probe_attached", &[("library", "nccl")])).filter(|n| *n > 0.0)
+    })
+    .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.proc.log_text()));
     assert_eq!(n, offsets.len() as f64, "stepwise_probe_attached{{library=\"nccl\"}} = distinct non-sampled offsets; agent log:\n{}", agent.proc.log_text());
     let log = agent.proc.log_text();
-    let line = log.lines().find(|l| l.contains("attached") && l.contains(&*lib.to_string_lossy())).unwrap_or_else(|| panic!("the log names the attached library:\n{log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("attached") && l.contains(&*lib.to_string_lossy()))
+        .unwrap_or_else(|| panic!("the log names the attached library:\n{log}"));
     let plain: String = strip_ansi(line);
     assert!(plain.contains(&format!("probes={}", offsets.len())) && plain.contains("sampled=3"), "{plain}");
     let bad: Vec<&str> = log.lines().filter(|l| l.contains("cannot attach") || l.contains("symbols not found") || l.contains("WARN")).collect();

@@ -60,7 +60,8 @@ fn secrets_in_a_traced_jobs_environment_appear_nowhere() {
         ),
     )
     .expect("config");
-    let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8"), "--db", db.to_str().expect("utf8"), "--log", "debug"]).expect("agent starts");
+    let agent =
+        Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8"), "--db", db.to_str().expect("utf8"), "--log", "debug"]).expect("agent starts");
 
     // The job, as `workloads::mpi_steps` runs it, plus the secrets (exported to every rank).
     let bin = workspace_root().join("tests/workloads/build/mpi_steps");
@@ -74,7 +75,22 @@ fn secrets_in_a_traced_jobs_environment_appear_nowhere() {
         cmd.args(["-x", k]);
     }
     cmd.args(["-np", "4"]).arg(&bin);
-    cmd.args(["--steps", "25", "--bytes", "1048576", "--compute-us", "20000", "--delay-rank", "2", "--delay-us", "30000", "--delay-every", "5", "--marker-socket", sock.to_str().expect("utf8")]);
+    cmd.args([
+        "--steps",
+        "25",
+        "--bytes",
+        "1048576",
+        "--compute-us",
+        "20000",
+        "--delay-rank",
+        "2",
+        "--delay-us",
+        "30000",
+        "--delay-every",
+        "5",
+        "--marker-socket",
+        sock.to_str().expect("utf8"),
+    ]);
     let mut job = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("mpirun");
     // Planting check: while the job runs, every secret is in the traced ranks' environment.
     let mut planted = 0;
@@ -101,7 +117,11 @@ fn secrets_in_a_traced_jobs_environment_appear_nowhere() {
     let steps = agent.get("/api/v1/steps?limit=1000").expect("steps").body;
     assert!(steps.contains("readiness_skew"), "steps attributed: {}", &steps[..steps.len().min(300)]);
     let log = agent.proc.log_text();
-    assert!(log.lines().any(|l| l.contains("process facts") && !l.contains("env=0")), "the agent read the ranks' environment (debug log):\n{}", &log[log.len().saturating_sub(3000)..]);
+    assert!(
+        log.lines().any(|l| l.contains("process facts") && !l.contains("env=0")),
+        "the agent read the ranks' environment (debug log):\n{}",
+        &log[log.len().saturating_sub(3000)..]
+    );
 
     let mut haystacks: Vec<(String, Vec<u8>)> = Vec::new();
     for path in [
@@ -119,7 +139,8 @@ fn secrets_in_a_traced_jobs_environment_appear_nowhere() {
         assert_eq!(r.status, 200, "{path}: {r:?}");
         haystacks.push((format!("GET {path}"), format!("{}\n{}", r.headers, r.body).into_bytes()));
     }
-    let om = stepwise_tests::harness::http_request_with(&agent.addr, "GET", "/metrics", &[("Accept", "application/openmetrics-text")], None).expect("openmetrics");
+    let om =
+        stepwise_tests::harness::http_request_with(&agent.addr, "GET", "/metrics", &[("Accept", "application/openmetrics-text")], None).expect("openmetrics");
     haystacks.push(("GET /metrics (OpenMetrics)".into(), om.body.into_bytes()));
     let diag = |args: &[&str]| {
         let o = Command::new(agent_bin()).arg("diagnose").args(args).output().expect("diagnose");
@@ -159,5 +180,10 @@ fn secrets_in_a_traced_jobs_environment_appear_nowhere() {
             assert!(!hay.windows(n.len()).any(|w| w == n.as_bytes()), "{n:?} leaked into {what}");
         }
     }
-    eprintln!("searched {} outputs ({} bytes) for {} needles: none found", haystacks.len(), haystacks.iter().map(|(_, b)| b.len()).sum::<usize>(), needles.len());
+    eprintln!(
+        "searched {} outputs ({} bytes) for {} needles: none found",
+        haystacks.len(),
+        haystacks.iter().map(|(_, b)| b.len()).sum::<usize>(),
+        needles.len()
+    );
 }

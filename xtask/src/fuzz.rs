@@ -38,7 +38,10 @@ pub enum Limit {
     Seconds(u64),
     Runs(u64),
     /// Whichever comes first.
-    RunsWithin { runs: u64, seconds: u64 },
+    RunsWithin {
+        runs: u64,
+        seconds: u64,
+    },
 }
 
 /// What one target's run did (libFuzzer's final stats).
@@ -232,7 +235,14 @@ pub fn run(plan: &Plan) -> Result<()> {
         if o.seconds <= 0.0 {
             o.seconds = t0.elapsed().as_secs_f64();
         }
-        eprintln!("    {t}: {} executions in {:.0} s ({:.0}/s), corpus {}, coverage {}", o.execs, o.seconds, o.execs as f64 / o.seconds.max(1.0), o.corpus, o.coverage);
+        eprintln!(
+            "    {t}: {} executions in {:.0} s ({:.0}/s), corpus {}, coverage {}",
+            o.execs,
+            o.seconds,
+            o.execs as f64 / o.seconds.max(1.0),
+            o.corpus,
+            o.coverage
+        );
         rows.push((t.clone(), o, t0.elapsed()));
     }
     eprintln!("\nfuzz: build {:.0?}; per target (0 crashes, 0 hangs):", built);

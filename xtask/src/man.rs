@@ -12,7 +12,8 @@ pub fn generate(dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let cmd = stepwise::cli::Cli::command().version(stepwise::cli::version());
     clap_mangen::generate_to(cmd, dir).with_context(|| format!("cannot write man pages to {}", dir.display()))?;
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "1")).collect();
+    let mut pages: Vec<PathBuf> =
+        std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "1")).collect();
     pages.sort();
     Ok(pages)
 }
@@ -37,7 +38,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let pages = generate(&dir).expect("generate");
         let names: Vec<String> = pages.iter().filter_map(|p| p.file_name()?.to_str().map(str::to_string)).collect();
-        for want in ["agent.1", "agent-run.1", "agent-check.1", "agent-diagnose.1", "agent-mark.1", "agent-completions.1", "agent-model.1", "agent-model-allreduce.1"] {
+        for want in
+            ["agent.1", "agent-run.1", "agent-check.1", "agent-diagnose.1", "agent-mark.1", "agent-completions.1", "agent-model.1", "agent-model-allreduce.1"]
+        {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
         let top = std::fs::read_to_string(dir.join("agent.1")).expect("agent.1");

@@ -175,7 +175,8 @@ pub fn run(minutes: f64) -> Result<()> {
     let jobs = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let jobs_thread = {
-        let (stop, jobs, failed, dir, ns_name, lib, sock) = (stop.clone(), jobs.clone(), failed.clone(), dir.to_path_buf(), ns.name().to_string(), lib.clone(), sock.clone());
+        let (stop, jobs, failed, dir, ns_name, lib, sock) =
+            (stop.clone(), jobs.clone(), failed.clone(), dir.to_path_buf(), ns.name().to_string(), lib.clone(), sock.clone());
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -216,7 +217,10 @@ pub fn run(minutes: f64) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut last_cpu = (Instant::now(), agent.stats().cpu_seconds);
     println!("soak: {minutes} min, agent pid {}, store {}, log {}", agent.pid(), db.display(), agent.proc.log.display());
-    println!("{:>6} {:>8} {:>8} {:>8} {:>6} {:>5} {:>8} {:>8} {:>8} {:>7} {:>5} {:>9}", "t_s", "rss_MiB", "anon_MiB", "hwm_MiB", "cpu_%", "fds", "db_KiB", "wal_KiB", "sweeps", "steps", "jobs", "drops");
+    println!(
+        "{:>6} {:>8} {:>8} {:>8} {:>6} {:>5} {:>8} {:>8} {:>8} {:>7} {:>5} {:>9}",
+        "t_s", "rss_MiB", "anon_MiB", "hwm_MiB", "cpu_%", "fds", "db_KiB", "wal_KiB", "sweeps", "steps", "jobs", "drops"
+    );
     let mut problems: Vec<String> = Vec::new();
     while Instant::now() < end {
         std::thread::sleep(SAMPLE_EVERY.min(end.saturating_duration_since(Instant::now())).max(Duration::from_millis(100)));
@@ -300,7 +304,12 @@ pub fn run(minutes: f64) -> Result<()> {
         }
         let db_max = rows.iter().map(|r| r.db).max().unwrap_or(0);
         if db_max > STORE_MAX_BYTES + STORE_SLACK_BYTES {
-            problems.push(format!("database file reached {} KiB > max_bytes {} KiB + {} KiB between retentions", db_max / 1024, STORE_MAX_BYTES / 1024, STORE_SLACK_BYTES / 1024));
+            problems.push(format!(
+                "database file reached {} KiB > max_bytes {} KiB + {} KiB between retentions",
+                db_max / 1024,
+                STORE_MAX_BYTES / 1024,
+                STORE_SLACK_BYTES / 1024
+            ));
         }
         let wal_max = rows.iter().map(|r| r.wal).max().unwrap_or(0);
         if wal_max > WAL_MAX_BYTES {
@@ -400,7 +409,11 @@ fn nccl_job(ns: &str, dir: &Path, lib: &Path, sock: &Path, n: u64, stop: &Atomic
 fn mpi_job(ns: &str, sock: &Path, stop: &AtomicBool) -> Result<bool> {
     let sock = sock.to_str().context("utf-8 socket path")?;
     let log = std::env::temp_dir().join(format!("stepwise-soak-mpi-{}.log", std::process::id()));
-    let mut p = vec![Proc::spawn("mpirun", &mut workloads::mpi_steps(ns, 4, &["--steps", "20", "--bytes", "262144", "--compute-us", "30000", "--marker-socket", sock]), log.clone())?];
+    let mut p = vec![Proc::spawn(
+        "mpirun",
+        &mut workloads::mpi_steps(ns, 4, &["--steps", "20", "--bytes", "262144", "--compute-us", "30000", "--marker-socket", sock]),
+        log.clone(),
+    )?];
     let res = wait_all(&mut p, stop);
     drop(p);
     let _ = std::fs::remove_file(&log);

@@ -106,7 +106,22 @@ pub fn demo(_args: &[String]) -> Result<()> {
     let out = stepwise_tests::workloads::run_ok(&mut stepwise_tests::workloads::mpi_steps(
         ns.name(),
         4,
-        &["--steps", "15", "--bytes", "1048576", "--compute-us", "20000", "--delay-rank", "2", "--delay-us", "30000", "--delay-every", "5", "--marker-socket", path_str(&sock)?],
+        &[
+            "--steps",
+            "15",
+            "--bytes",
+            "1048576",
+            "--compute-us",
+            "20000",
+            "--delay-rank",
+            "2",
+            "--delay-us",
+            "30000",
+            "--delay-every",
+            "5",
+            "--marker-socket",
+            path_str(&sock)?,
+        ],
     ))?;
     let summary = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("summary")).count();
     eprintln!("    job finished: {summary} ranks reported");
@@ -137,7 +152,9 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("counters") => bench_counters(),
         Some("models") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_models"])),
         Some("attribution") => bench_attribution(),
-        Some("probes") => build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..]))),
+        Some("probes") => {
+            build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
+        }
         _ => bail!("usage: cargo xtask bench <counters|models|attribution>"),
     }
 }
@@ -237,7 +254,11 @@ fn bench_counters() -> Result<()> {
     println!("bench counters: 16-NIC mlx5 fixture ({ports} RDMA devices, ports + hw_counters)");
     println!("  agent sweep (sampling only)          {:>9.1} µs CPU/sweep over {} sweeps", agent_sweep * 1e6, sweeps1 - sweeps0);
     println!("  agent scrape of /metrics             {:>9.1} µs CPU/scrape ({n_scrapes} scrapes, {:.0?} wall)", agent_scrape * 1e6, agent_scrape_wall);
-    println!("  node_exporter infiniband collector   {:>9.1} µs CPU/scrape ({n_scrapes} scrapes, {:.0?} wall, {ne_series} node_infiniband_ samples)", ne_sweep * 1e6, ne_wall);
+    println!(
+        "  node_exporter infiniband collector   {:>9.1} µs CPU/scrape ({n_scrapes} scrapes, {:.0?} wall, {ne_series} node_infiniband_ samples)",
+        ne_sweep * 1e6,
+        ne_wall
+    );
     println!("  ratio node_exporter / agent sweep            {:>6.1}x  (target >= 5x)", ne_sweep / agent_sweep.max(1e-9));
     println!("  ratio node_exporter / agent sweep+scrape     {:>6.1}x", ne_sweep / (agent_sweep + agent_scrape).max(1e-9));
     let _ = std::fs::remove_dir_all(&dir);

@@ -232,8 +232,11 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     // exit of that communicator's group). Its window can also hold other communicators'
     // collectives — another job on the host — which have their own steps: only the
     // communicator whose collective ends the step is attributed.
-    let own_comm: Option<&str> =
-        if d.step.source == StepSource::Period { d.collectives.iter().zip(&times).find(|(_, t)| (t.2 - t1).abs() < 1e-9).map(|(c, _)| c.comm.as_str()) } else { None };
+    let own_comm: Option<&str> = if d.step.source == StepSource::Period {
+        d.collectives.iter().zip(&times).find(|(_, t)| (t.2 - t1).abs() < 1e-9).map(|(c, _)| c.comm.as_str())
+    } else {
+        None
+    };
     let mut order: Vec<usize> = (0..d.collectives.len()).filter(|&i| own_comm.is_none_or(|o| d.collectives[i].comm == o)).collect();
     order.sort_by(|&a, &b| times[a].0.total_cmp(&times[b].0));
     let n_colls = order.len();
@@ -397,11 +400,20 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
                 CauseKind::Compute => ev(&[("outside_collectives_seconds", secs.into())]),
                 CauseKind::IdealComm => ev(&[("collectives", n_colls.into()), ("payload_bytes", bytes_total.into()), ("nics", nics_ev.clone().into())]),
                 CauseKind::ReadinessSkew => match &late {
-                    Some(r) => ev(&[("late_rank", r.rank.into()), ("late_host", r.host.clone().into()), ("late_rank_seconds", r.late_seconds.into()), ("ranks", ranks.len().into())]),
+                    Some(r) => ev(&[
+                        ("late_rank", r.rank.into()),
+                        ("late_host", r.host.clone().into()),
+                        ("late_rank_seconds", r.late_seconds.into()),
+                        ("ranks", ranks.len().into()),
+                    ]),
                     None => ev(&[("ranks", ranks.len().into())]),
                 },
                 CauseKind::RailImbalance => match &busiest {
-                    Some((n, b)) => ev(&[("busiest_nic", n.clone().into()), ("busiest_share", (if sum_nic > 0.0 { b / sum_nic } else { 0.0 }).into()), ("nics", nics_ev.clone().into())]),
+                    Some((n, b)) => ev(&[
+                        ("busiest_nic", n.clone().into()),
+                        ("busiest_share", (if sum_nic > 0.0 { b / sum_nic } else { 0.0 }).into()),
+                        ("nics", nics_ev.clone().into()),
+                    ]),
                     None => BTreeMap::new(),
                 },
                 CauseKind::Congestion => cong_ev.to_evidence(),
@@ -425,17 +437,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         .collect();
     causes.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     let _ = concurrency::inflight; // model used by evidence::InFlight
-    Attribution {
-        step: d.step.id,
-        begin: t0,
-        end: t1,
-        seconds: total,
-        causes,
-        ranks,
-        collectives: n_colls,
-        incomplete,
-        notes,
-    }
+    Attribution { step: d.step.id, begin: t0, end: t1, seconds: total, causes, ranks, collectives: n_colls, incomplete, notes }
 }
 
 #[cfg(test)]
@@ -468,7 +470,11 @@ mod per_host_view_tests {
     }
 
     fn nic(name: &str, tx: f64, rate: f64) -> NicWindow {
-        NicWindow { nic: NicInfo { name: name.into(), host: Some("a".into()), rail: None, rate_bytes_per_second: Some(rate) }, tx_bytes: tx, ..Default::default() }
+        NicWindow {
+            nic: NicInfo { name: name.into(), host: Some("a".into()), rail: None, rate_bytes_per_second: Some(rate) },
+            tx_bytes: tx,
+            ..Default::default()
+        }
     }
 
     fn sum(a: &Attribution) -> f64 {

@@ -114,13 +114,15 @@ fn healthy_step_has_no_problem_causes_and_negative_remainders_stay_visible() {
     let s = step(0.0, 0.012);
     // The NIC moved 1 MB at 1 GB/s = 1 ms: exactly ideal.
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
+    let a =
+        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
     assert!(a.top_problem(2e-5).is_none(), "{:?}", a.causes);
     assert!((sum(&a) - 0.012).abs() < 1e-12);
     // Faster than the nominal rate allows: the model error shows as negative unexplained.
     let c = coll(0, &[(0, "a", 0.010, 0.0105), (1, "b", 0.010, 0.0105)], 1_000_000);
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
+    let a =
+        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
     assert!(a.cause(CauseKind::Unexplained) < 0.0);
     assert!((sum(&a) - 0.012).abs() < 1e-12);
 }

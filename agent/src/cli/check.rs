@@ -71,17 +71,23 @@ fn kernel_release() -> String {
 
 fn mounted(path: &str, fstype: &str) -> bool {
     std::fs::read_to_string("/proc/self/mounts")
-        .map(|m| m.lines().any(|l| {
-            let mut f = l.split_whitespace();
-            let (_, mp, ty) = (f.next(), f.next(), f.next());
-            mp == Some(path) && ty == Some(fstype)
-        }))
+        .map(|m| {
+            m.lines().any(|l| {
+                let mut f = l.split_whitespace();
+                let (_, mp, ty) = (f.next(), f.next(), f.next());
+                mp == Some(path) && ty == Some(fstype)
+            })
+        })
         .unwrap_or(false)
 }
 
 fn try_mount(path: &str, fstype: &str) -> Result<(), String> {
     let st = std::process::Command::new("mount").args(["-t", fstype, "nodev", path]).status().map_err(|e| e.to_string())?;
-    if st.success() { Ok(()) } else { Err(format!("mount -t {fstype} {path} failed: {st}")) }
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("mount -t {fstype} {path} failed: {st}"))
+    }
 }
 
 /// Runs every check.
@@ -91,7 +97,11 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
 
     push("kernel", Status::Ok, kernel_release());
     let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    push("btf", if btf { Status::Ok } else { Status::Warn }, if btf { "/sys/kernel/btf/vmlinux present".into() } else { "no kernel BTF: CO-RE programs unavailable (uprobes still work)".into() });
+    push(
+        "btf",
+        if btf { Status::Ok } else { Status::Warn },
+        if btf { "/sys/kernel/btf/vmlinux present".into() } else { "no kernel BTF: CO-RE programs unavailable (uprobes still work)".into() },
+    );
 
     match effective_caps() {
         Some(mask) => {
@@ -111,7 +121,11 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
                 .map(|(_, n)| *n)
                 .collect();
             if !extra.is_empty() {
-                push("capabilities.containers", Status::Warn, format!("without {} the agent cannot read other containers' /proc/<pid>/root and maps", extra.join(", ")));
+                push(
+                    "capabilities.containers",
+                    Status::Warn,
+                    format!("without {} the agent cannot read other containers' /proc/<pid>/root and maps", extra.join(", ")),
+                );
             }
         }
         None => push("capabilities", Status::Warn, "cannot read /proc/self/status".into()),
@@ -133,13 +147,26 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
     }
 
     let uprobe_pmu = std::path::Path::new("/sys/bus/event_source/devices/uprobe/type").exists();
-    push("uprobes", if uprobe_pmu { Status::Ok } else { Status::Fail }, if uprobe_pmu { "uprobe PMU present".into() } else { "no uprobe PMU (CONFIG_UPROBE_EVENTS): collective probes cannot attach".into() });
+    push(
+        "uprobes",
+        if uprobe_pmu { Status::Ok } else { Status::Fail },
+        if uprobe_pmu { "uprobe PMU present".into() } else { "no uprobe PMU (CONFIG_UPROBE_EVENTS): collective probes cannot attach".into() },
+    );
 
     match crate::ebpf::self_test(100) {
-        Ok(t) if t.enter_events == t.calls && t.exit_events == t.calls && t.args_ok => {
-            push("ebpf", Status::Ok, format!("load + uprobe/uretprobe attach + RingBuf: {} calls → {} entry and {} return events, arguments decoded", t.calls, t.enter_events, t.exit_events))
-        }
-        Ok(t) => push("ebpf", Status::Fail, format!("self-test lost events: {} calls → {} entry, {} return events (args ok: {})", t.calls, t.enter_events, t.exit_events, t.args_ok)),
+        Ok(t) if t.enter_events == t.calls && t.exit_events == t.calls && t.args_ok => push(
+            "ebpf",
+            Status::Ok,
+            format!(
+                "load + uprobe/uretprobe attach + RingBuf: {} calls → {} entry and {} return events, arguments decoded",
+                t.calls, t.enter_events, t.exit_events
+            ),
+        ),
+        Ok(t) => push(
+            "ebpf",
+            Status::Fail,
+            format!("self-test lost events: {} calls → {} entry, {} return events (args ok: {})", t.calls, t.enter_events, t.exit_events, t.args_ok),
+        ),
         Err(e) => push("ebpf", Status::Fail, e.to_string()),
     }
 
@@ -163,7 +190,19 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
             (None, None) => "nic ?".into(),
         };
         let rate = nic.rate_bytes_per_second.map(|r| format!("{:.1} GB/s", r / 1e9)).unwrap_or_else(|| "rate unknown".into());
-        push(&name, Status::Ok, format!("rail {}, pci {}, numa {}, gpu {}, {}, {}", nic.rail, nic.pci.as_deref().unwrap_or("-"), nic.numa_node.map(|n| n.to_string()).unwrap_or("-".into()), nic.gpu.as_deref().unwrap_or("-"), nic.state.as_deref().unwrap_or("-"), rate));
+        push(
+            &name,
+            Status::Ok,
+            format!(
+                "rail {}, pci {}, numa {}, gpu {}, {}, {}",
+                nic.rail,
+                nic.pci.as_deref().unwrap_or("-"),
+                nic.numa_node.map(|n| n.to_string()).unwrap_or("-".into()),
+                nic.gpu.as_deref().unwrap_or("-"),
+                nic.state.as_deref().unwrap_or("-"),
+                rate
+            ),
+        );
     }
 
     // Counter groups: one real sweep of every source, on a throwaway registry.
@@ -174,7 +213,11 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
             let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors: errors.clone(), interval: cfg.interval, rails: cfg.rails.clone() };
             for mut s in sources::build_sources(&cfg, &ctx, &mut registry) {
                 match s.sweep() {
-                    Ok(r) => push(&format!("source {}", s.name()), if r.devices > 0 { Status::Ok } else { Status::Warn }, format!("{} devices, {} values read, {} skipped; {}", r.devices, r.values, r.skipped, s.status())),
+                    Ok(r) => push(
+                        &format!("source {}", s.name()),
+                        if r.devices > 0 { Status::Ok } else { Status::Warn },
+                        format!("{} devices, {} values read, {} skipped; {}", r.devices, r.values, r.skipped, s.status()),
+                    ),
                     Err(e) => push(&format!("source {}", s.name()), Status::Warn, e.to_string()),
                 }
             }
@@ -209,5 +252,9 @@ pub fn main(args: CheckArgs) -> ExitCode {
             }
         }
     }
-    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -149,12 +149,7 @@ impl Selection {
     pub fn from_args(a: &DiagnoseArgs, now: f64) -> Selection {
         let since = a.since.or(if a.step.is_none() { Some(DEFAULT_SINCE) } else { None });
         let slowest = a.slowest.or(if a.step.is_none() && a.since.is_none() { Some(1) } else { None });
-        Selection {
-            step: a.step,
-            slowest,
-            since: since.map(|d| now - d.as_secs_f64()),
-            since_label: since.map(|d| humantime::format_duration(d).to_string()),
-        }
+        Selection { step: a.step, slowest, since: since.map(|d| now - d.as_secs_f64()), since_label: since.map(|d| humantime::format_duration(d).to_string()) }
     }
 
     /// " in the last 10m", or "" without a range.
@@ -235,7 +230,9 @@ fn from_store(db: &std::path::Path, sel: &Selection, collectives: bool) -> Resul
         )));
     }
     let newest = st.steps(&StepQuery { limit: Some(1), ..Default::default() }).map_err(|e| store_err(&e))?.first().map(|a| a.begin);
-    let ago = newest.map(|t| format!("; the newest began {} ago", humantime::format_duration(Duration::from_secs((now_unix() - t).max(0.0) as u64)))).unwrap_or_default();
+    let ago = newest
+        .map(|t| format!("; the newest began {} ago", humantime::format_duration(Duration::from_secs((now_unix() - t).max(0.0) as u64))))
+        .unwrap_or_default();
     Err(none(match sel.step {
         Some(k) => format!("step {k} is not in the store at {}{} ({n} step(s) stored{ago})", db.display(), sel.since_phrase()),
         None => format!("time range empty: none of the {n} stored step(s) began{}{ago} (widen --since)", sel.since_phrase()),
@@ -296,7 +293,11 @@ fn cluster_report(peers: &[String], sel: &Selection, timeout: Duration, threshol
         return Err(DiagnoseError::NoSteps { why: format!("none of the {} peer(s) answered", peers.len()), report: Box::new(rep) });
     }
     // Period detection and --step need the range the calls were fetched for.
-    let sel = Selection { since: Some(since), since_label: sel.since_label.clone().or_else(|| Some(humantime::format_duration(DEFAULT_SINCE).to_string())), ..sel.clone() };
+    let sel = Selection {
+        since: Some(since),
+        since_label: sel.since_label.clone().or_else(|| Some(humantime::format_duration(DEFAULT_SINCE).to_string())),
+        ..sel.clone()
+    };
     match cluster::analyze(&answered, &sel, &Params::default()) {
         Ok(an) => {
             rep.steps = an.steps;

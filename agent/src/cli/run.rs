@@ -12,9 +12,9 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, Mutex},
     process::ExitCode,
     sync::atomic::Ordering,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -23,9 +23,12 @@ use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tracing::{error, info, warn};
 
 use crate::{
-    engine::Engine,
     config::{parse_duration, Config, Overrides},
-    export::{api, metrics::{AgentMetrics, SourceLabel}},
+    engine::Engine,
+    export::{
+        api,
+        metrics::{AgentMetrics, SourceLabel},
+    },
     sources::{
         self,
         collectives::{Collectives, CollectivesError},
@@ -64,7 +67,14 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn overrides(&self) -> Overrides {
-        Overrides { listen: self.listen, sysfs_root: self.sysfs_root.clone(), interval: self.interval, log: self.log.clone(), db: self.db.clone(), marker_socket: self.marker_socket.clone() }
+        Overrides {
+            listen: self.listen,
+            sysfs_root: self.sysfs_root.clone(),
+            interval: self.interval,
+            log: self.log.clone(),
+            db: self.db.clone(),
+            marker_socket: self.marker_socket.clone(),
+        }
     }
 }
 
@@ -196,7 +206,9 @@ struct Reload {
 fn restart_keys(old: &Config, new: &Config) -> Vec<String> {
     let (a, b) = (serde_json::to_value(old).unwrap_or_default(), serde_json::to_value(new).unwrap_or_default());
     let mut keys: Vec<String> = match (a.as_object(), b.as_object()) {
-        (Some(a), Some(b)) => a.iter().filter(|(k, v)| !matches!(k.as_str(), "log" | "steps") && b.get(k.as_str()) != Some(*v)).map(|(k, _)| k.clone()).collect(),
+        (Some(a), Some(b)) => {
+            a.iter().filter(|(k, v)| !matches!(k.as_str(), "log" | "steps") && b.get(k.as_str()) != Some(*v)).map(|(k, _)| k.clone()).collect()
+        }
         _ => Vec::new(),
     };
     if old.steps.marker_socket != new.steps.marker_socket {
@@ -295,9 +307,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());
 
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
     let mut store = open_store(&cfg);
@@ -517,7 +527,15 @@ fn enable_send_timestamps(sock: &tokio::net::UnixDatagram) -> std::io::Result<()
     use std::os::fd::AsRawFd;
     let on: libc::c_int = 1;
     // SAFETY: valid fd, option value of the documented type and size.
-    let r = unsafe { libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, (&on as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t) };
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {

@@ -152,10 +152,7 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &s.registry) {
         return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n")).into_response();
     }
-    let wants_openmetrics = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let wants_openmetrics = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("application/openmetrics-text"));
     if wants_openmetrics {
         ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], body).into_response()
     } else {
@@ -204,7 +201,8 @@ mod tests {
 
     #[test]
     fn counters_get_total_in_metadata_and_eof_goes() {
-        let om = "# HELP a_bytes Bytes.\n# TYPE a_bytes counter\n# UNIT a_bytes bytes\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
+        let om =
+            "# HELP a_bytes Bytes.\n# TYPE a_bytes counter\n# UNIT a_bytes bytes\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
         let t = openmetrics_to_text(om);
         assert_eq!(t, "# HELP a_bytes_total Bytes.\n# TYPE a_bytes_total counter\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n");
     }
@@ -312,7 +310,13 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
         v.truncate(k);
     }
     v.truncate(q.limit.unwrap_or(1000).min(MAX_COLLECTIVES_LIMIT));
-    let host = s.collectives.read().ok().and_then(|g| g.clone()).map(|h| h.lock().map(|h| h.host.to_string()).unwrap_or_default()).unwrap_or_else(crate::sources::collectives::hostname);
+    let host = s
+        .collectives
+        .read()
+        .ok()
+        .and_then(|g| g.clone())
+        .map(|h| h.lock().map(|h| h.host.to_string()).unwrap_or_default())
+        .unwrap_or_else(crate::sources::collectives::hostname);
     Json(serde_json::json!({"host": host, "steps": v})).into_response()
 }
 
@@ -343,7 +347,12 @@ async fn require_token(State(s): State<AppState>, req: axum::extract::Request, n
         )
             .into_response();
     };
-    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
     match given {
         Some((_, t)) if token.matches(t.trim()) => next.run(req).await,
         _ => (

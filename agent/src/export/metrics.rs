@@ -35,12 +35,7 @@ fn sweep_histogram() -> Histogram {
 impl AgentMetrics {
     pub fn register(registry: &mut Registry, ebpf_embedded: bool) -> Self {
         let build: Family<BuildLabels, Gauge> = Family::default();
-        build
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-                ebpf: if ebpf_embedded { "embedded" } else { "missing" },
-            })
-            .set(1);
+        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION"), ebpf: if ebpf_embedded { "embedded" } else { "missing" } }).set(1);
         registry.register("stepwise_build_info", "Build information (always 1)", build);
         let source_up = Family::<SourceLabel, Gauge>::default();
         registry.register("stepwise_source_up", "1 if the source's last sweep succeeded, 0 otherwise", source_up.clone());

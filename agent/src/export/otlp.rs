@@ -249,9 +249,9 @@ pub fn start(cfg: &crate::config::Config, state: &mut AppState, engine: &Arc<Mut
     let (stop_tx, stop_rx) = mpsc::channel();
     let endpoint = oc.endpoint();
     let protocol = oc.protocol;
-    let thread = std::thread::Builder::new()
-        .name("otlp-export".into())
-        .spawn(move || Loop { cfg: oc, client, registry, metrics, steps: rx, ids: Ids::default(), resource: resource(&host), start: unix_nanos(), warned: false }.run(stop_rx));
+    let thread = std::thread::Builder::new().name("otlp-export".into()).spawn(move || {
+        Loop { cfg: oc, client, registry, metrics, steps: rx, ids: Ids::default(), resource: resource(&host), start: unix_nanos(), warned: false }.run(stop_rx)
+    });
     match thread {
         Ok(t) => {
             tracing::info!(endpoint, ?protocol, "exporting metrics and step traces over OTLP");
@@ -347,7 +347,11 @@ impl Loop {
         let n = batch.len() as u64;
         let spans = batch.iter().flat_map(|s| spans::step_spans(s, &mut self.ids)).collect();
         let req = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans { resource: Some(self.resource.clone()), scope_spans: vec![ScopeSpans { scope: Some(scope()), spans, ..Default::default() }], ..Default::default() }],
+            resource_spans: vec![ResourceSpans {
+                resource: Some(self.resource.clone()),
+                scope_spans: vec![ScopeSpans { scope: Some(scope()), spans, ..Default::default() }],
+                ..Default::default()
+            }],
         };
         let r = self.client.export(false, req.encode_to_vec());
         if !self.outcome(&TRACES, r) {
@@ -393,7 +397,10 @@ mod tests {
         c.validate().expect("defaults validate");
         let h = OtlpConfig { protocol: Protocol::HttpProtobuf, ..Default::default() };
         assert_eq!(h.endpoint(), "http://localhost:4318");
-        let parsed: OtlpConfig = toml::from_str("enabled = true\nendpoint = \"http://collector:4317\"\nprotocol = \"http/protobuf\"\ninterval = \"2s\"\n[headers]\nauthorization = \"Bearer x\"\n").expect("toml");
+        let parsed: OtlpConfig = toml::from_str(
+            "enabled = true\nendpoint = \"http://collector:4317\"\nprotocol = \"http/protobuf\"\ninterval = \"2s\"\n[headers]\nauthorization = \"Bearer x\"\n",
+        )
+        .expect("toml");
         assert_eq!(parsed.protocol, Protocol::HttpProtobuf);
         assert_eq!(parsed.authority().expect("authority"), "collector:4317");
         assert_eq!(parsed.interval, Duration::from_secs(2));

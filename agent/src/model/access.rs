@@ -144,11 +144,7 @@ pub fn stage_in(t_remote: Seconds, t_stage: Seconds, t_local: Seconds, reuse: f6
     non_negative("local access time", t_local.0)?;
     non_negative("accesses", reuse)?;
     let gain = t_remote - t_local;
-    Ok(StageIn {
-        remote: t_remote * reuse,
-        staged: t_stage + t_local * reuse,
-        crossover: (gain.0 > 0.0).then(|| t_stage / gain),
-    })
+    Ok(StageIn { remote: t_remote * reuse, staged: t_stage + t_local * reuse, crossover: (gain.0 > 0.0).then(|| t_stage / gain) })
 }
 
 /// Connection state sizes (§6). `L` local processes, `P` peers, `e` bytes per endpoint, `r`

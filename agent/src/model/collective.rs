@@ -180,10 +180,7 @@ impl<'a> Fabric<'a> {
         let mut resources = Vec::new();
         for dir in ["tx", "rx"] {
             for r in 0..c.ranks() {
-                resources.push(Resource {
-                    name: format!("h{}.gpu{} local-{dir}", r / c.gpus_per_host, r % c.gpus_per_host),
-                    bandwidth: c.local,
-                });
+                resources.push(Resource { name: format!("h{}.gpu{} local-{dir}", r / c.gpus_per_host, r % c.gpus_per_host), bandwidth: c.local });
             }
         }
         for dir in ["tx", "rx"] {
@@ -265,8 +262,7 @@ fn ring_schedule(order: &[usize], m: Bytes) -> Vec<(&'static str, Vec<Transfer>)
         return Vec::new();
     }
     let chunk = m / p as f64;
-    let round: Vec<Transfer> =
-        (0..p).map(|i| Transfer::P2p { src: order[i], dst: order[(i + 1) % p], bytes: chunk }).collect();
+    let round: Vec<Transfer> = (0..p).map(|i| Transfer::P2p { src: order[i], dst: order[(i + 1) % p], bytes: chunk }).collect();
     let mut out = Vec::new();
     for phase in ["reduce-scatter", "all-gather"] {
         for _ in 0..p - 1 {
@@ -524,8 +520,7 @@ mod tests {
             let n = 1 + (crate::model::ecmp::xorshift(&mut seed) % 20) as usize;
             let b = BytesPerSecond(1e9 + (crate::model::ecmp::xorshift(&mut seed) % 1000) as f64 * 1e8);
             let res = [Resource { name: "cut".into(), bandwidth: b }];
-            let rounds: Vec<Vec<Bytes>> =
-                (0..n).map(|_| vec![Bytes((crate::model::ecmp::xorshift(&mut seed) % 1_000_000) as f64)]).collect();
+            let rounds: Vec<Vec<Bytes>> = (0..n).map(|_| vec![Bytes((crate::model::ecmp::xorshift(&mut seed) % 1_000_000) as f64)]).collect();
             let total: Bytes = rounds.iter().map(|r| r[0]).sum();
             close(rounds_time(&res, &rounds, Seconds(0.0)).0, (total / b).0, 1e-12, "cut bound");
         }

@@ -41,13 +41,7 @@ pub struct Inflight {
 
 /// §2.1–§2.2 for payload `m`, slot occupancy `T`, path bandwidth `B`, optionally `N` slots
 /// and a minimum issue interval `δ`.
-pub fn inflight(
-    m: Bytes,
-    t: Seconds,
-    b: BytesPerSecond,
-    slots: Option<u64>,
-    delta: Option<Seconds>,
-) -> Result<Inflight, ModelError> {
+pub fn inflight(m: Bytes, t: Seconds, b: BytesPerSecond, slots: Option<u64>, delta: Option<Seconds>) -> Result<Inflight, ModelError> {
     positive("payload per request", m.0)?;
     positive("slot occupancy time", t.0)?;
     positive("bandwidth", b.0)?;
@@ -194,13 +188,7 @@ pub fn completions(c: &Completions) -> Result<CompletionReport, ModelError> {
     let transfers_end = timeline.iter().map(|o| o.completed).fold(Seconds(0.0), Seconds::max);
     let slots_free = timeline.iter().map(|o| o.reaped).fold(Seconds(0.0), Seconds::max);
     let items = c.reap_batch as f64 / c.reap_period.0;
-    Ok(CompletionReport {
-        timeline,
-        transfers_end,
-        slots_free,
-        sustained_items_per_s: items,
-        sustained_rate: BytesPerSecond(items * c.size.0),
-    })
+    Ok(CompletionReport { timeline, transfers_end, slots_free, sustained_items_per_s: items, sustained_rate: BytesPerSecond(items * c.size.0) })
 }
 
 /// Completions per second needed to sustain `b` with items of `size`.

@@ -24,10 +24,7 @@ impl PeriodicSource {
         positive("source period", self.period.0)?;
         non_negative("source on-time", self.on.0)?;
         if self.on.0 > self.period.0 {
-            return Err(ModelError::Inconsistent {
-                what: "source on-time",
-                detail: format!("{} is longer than its period {}", self.on, self.period),
-            });
+            return Err(ModelError::Inconsistent { what: "source on-time", detail: format!("{} is longer than its period {}", self.on, self.period) });
         }
         Ok(())
     }
@@ -98,12 +95,7 @@ pub struct QueueRun {
 }
 
 /// Runs the fluid queue on `segments` into a link of bandwidth `link`, starting at `q0`.
-pub fn fluid_queue(
-    segments: &[(Seconds, BytesPerSecond)],
-    link: BytesPerSecond,
-    capacity: Option<Bytes>,
-    q0: Bytes,
-) -> Result<QueueRun, ModelError> {
+pub fn fluid_queue(segments: &[(Seconds, BytesPerSecond)], link: BytesPerSecond, capacity: Option<Bytes>, q0: Bytes) -> Result<QueueRun, ModelError> {
     positive("link bandwidth", link.0)?;
     non_negative("initial queue", q0.0)?;
     let cap = match capacity {
@@ -151,8 +143,7 @@ pub fn fluid_queue(
         t += d;
         points.push(QueuePoint { t: Seconds(t), queue: Bytes(q) });
     }
-    let (peak_i, peak) =
-        points.iter().enumerate().fold((0, 0.0f64), |(bi, bq), (i, p)| if p.queue.0 > bq { (i, p.queue.0) } else { (bi, bq) });
+    let (peak_i, peak) = points.iter().enumerate().fold((0, 0.0f64), |(bi, bq), (i, p)| if p.queue.0 > bq { (i, p.queue.0) } else { (bi, bq) });
     let peak_at = points[peak_i].t;
     let empty_after_peak = points[peak_i..].iter().find(|p| p.queue.0 <= 0.0).map(|p| p.t);
     Ok(QueueRun {
@@ -185,12 +176,7 @@ pub struct QueueReport {
     pub tolerated_overlap: Option<Seconds>,
 }
 
-pub fn queue(
-    sources: &[PeriodicSource],
-    link: BytesPerSecond,
-    buffer: Bytes,
-    horizon: Seconds,
-) -> Result<QueueReport, ModelError> {
+pub fn queue(sources: &[PeriodicSource], link: BytesPerSecond, buffer: Bytes, horizon: Seconds) -> Result<QueueReport, ModelError> {
     at_least("sources", sources.len(), 1)?;
     positive("link bandwidth", link.0)?;
     let segs = periodic_input(sources, horizon)?;
@@ -261,16 +247,7 @@ pub fn feedback(
     } else {
         Seconds(f64::INFINITY)
     };
-    Ok(FeedbackReport {
-        free,
-        time_to_full,
-        excess,
-        dropped,
-        queue_at_feedback,
-        drain_rate,
-        drain_time,
-        empty_at: delay + drain_time,
-    })
+    Ok(FeedbackReport { free, time_to_full, excess, dropped, queue_at_feedback, drain_rate, drain_time, empty_at: delay + drain_time })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -369,9 +346,8 @@ mod tests {
         let mut seed = 99u64;
         for _ in 0..200 {
             let mut rnd = || crate::model::ecmp::xorshift(&mut seed);
-            let segs: Vec<(Seconds, BytesPerSecond)> = (0..1 + rnd() % 30)
-                .map(|_| (Seconds::us((rnd() % 1000) as f64), BytesPerSecond((rnd() % 200) as f64 * 1e9)))
-                .collect();
+            let segs: Vec<(Seconds, BytesPerSecond)> =
+                (0..1 + rnd() % 30).map(|_| (Seconds::us((rnd() % 1000) as f64), BytesPerSecond((rnd() % 200) as f64 * 1e9))).collect();
             let cap = if rnd() % 3 == 0 { None } else { Some(Bytes((1 + rnd() % 10_000_000) as f64)) };
             let q0 = Bytes(cap.map_or(0.0, |c| c.0 * (rnd() % 100) as f64 / 100.0));
             let r = fluid_queue(&segs, BytesPerSecond((1 + rnd() % 100) as f64 * 1e9), cap, q0).unwrap();

@@ -216,30 +216,20 @@ pub fn step(input: &StepInput) -> Result<StepReport, ModelError> {
     let flat = allreduce(c, input.bytes, Algo::Ring)?.total;
     let hier = allreduce(c, input.bytes, Algo::Hierarchical)?.total;
     let limited_nic = c.nic.min(input.payload * input.slots as f64 / input.occupancy);
-    let limited =
-        allreduce(&Cluster { nic: limited_nic, ..c.clone() }, input.bytes, Algo::Hierarchical)?.total;
+    let limited = allreduce(&Cluster { nic: limited_nic, ..c.clone() }, input.bytes, Algo::Hierarchical)?.total;
     let one_nic = allreduce(&Cluster { ports_per_host: 1, ..c.clone() }, input.bytes, Algo::Hierarchical)?.total;
     let serial = |name: String, tn: Seconds| StepScenario { name, comm: tn, ready: None, step: step_serial(tc, tn, tu) };
     let overlap = |name: String, tn: Seconds| StepScenario { name, comm: tn, ready: Some(tr), step: step_overlap(tc, tr, tn, tu) };
     let scenarios = vec![
         serial("serial, flat ring".into(), flat),
         serial("serial, hierarchical".into(), hier),
-        serial(
-            format!("serial, hierarchical, {} in-flight {} requests per NIC ({limited_nic})", input.slots, input.payload),
-            limited,
-        ),
+        serial(format!("serial, hierarchical, {} in-flight {} requests per NIC ({limited_nic})", input.slots, input.payload), limited),
         overlap(format!("flat ring starting at {tr}"), flat),
         overlap(format!("hierarchical starting at {tr}"), hier),
         overlap(format!("hierarchical starting at {tr}, one NIC left"), one_nic),
     ];
     let comm_speedup = flat / hier;
-    Ok(StepReport {
-        scenarios,
-        latest_hidden_ready: tc - hier,
-        comm_speedup,
-        amdahl: amdahl(tc, flat, comm_speedup)?,
-        limited_nic,
-    })
+    Ok(StepReport { scenarios, latest_hidden_ready: tc - hier, comm_speedup, amdahl: amdahl(tc, flat, comm_speedup)?, limited_nic })
 }
 
 // ---------------------------------------------------------------------------------------

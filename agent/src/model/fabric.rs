@@ -73,10 +73,7 @@ pub fn rails(input: &RailsInput) -> Result<RailsReport, ModelError> {
         }
     }
     if input.pairing.len() != g {
-        return Err(ModelError::Inconsistent {
-            what: "pairing",
-            detail: format!("has {} entries for {g} GPUs per host", input.pairing.len()),
-        });
+        return Err(ModelError::Inconsistent { what: "pairing", detail: format!("has {} entries for {g} GPUs per host", input.pairing.len()) });
     }
     let mut failed = vec![false; g];
     for &f in &input.failed {
@@ -157,13 +154,7 @@ pub struct JobCut {
 /// Leaves of `k` ports split `d = k·r/(r+1)` down, `u = k/(r+1)` up. A 2-tier fabric has `k`
 /// leaves (one port each on `u` spines); a 3-tier fat-tree has `k` pods of `k/2` leaves and
 /// `u` aggregation switches, and `u·k/2` cores.
-pub fn clos(
-    k: usize,
-    tiers: usize,
-    r: f64,
-    port: BytesPerSecond,
-    job_gpus: Option<usize>,
-) -> Result<ClosReport, ModelError> {
+pub fn clos(k: usize, tiers: usize, r: f64, port: BytesPerSecond, job_gpus: Option<usize>) -> Result<ClosReport, ModelError> {
     at_least("switch ports", k, 2)?;
     positive("port bandwidth", port.0)?;
     positive("oversubscription", r)?;

@@ -121,14 +121,7 @@ pub fn spray(s: &Spray) -> Result<SprayReport, ModelError> {
     let packets = ends
         .into_iter()
         .enumerate()
-        .map(|(i, (path, sent))| Packet {
-            index: i,
-            path,
-            size: sizes[i],
-            sent,
-            arrived: sent + s.delays[path],
-            delivered: Seconds(0.0),
-        })
+        .map(|(i, (path, sent))| Packet { index: i, path, size: sizes[i], sent, arrived: sent + s.delays[path], delivered: Seconds(0.0) })
         .collect();
     Ok(report(packets, true, Bytes(0.0)))
 }
@@ -152,10 +145,7 @@ pub fn spray_with_loss(s: &Spray, lost: usize, rto: Seconds, repair: Repair) -> 
     let mut r = spray(s)?;
     let paths = s.delays.len();
     let Some(first) = r.packets.get(lost).cloned() else {
-        return Err(ModelError::Inconsistent {
-            what: "lost packet",
-            detail: format!("{lost} is not one of the {} packets", r.packets.len()),
-        });
+        return Err(ModelError::Inconsistent { what: "lost packet", detail: format!("{lost} is not one of the {} packets", r.packets.len()) });
     };
     let path_free = |p: usize, pk: &[Packet]| pk.iter().filter(|x| x.path == p).map(|x| x.sent).fold(Seconds(0.0), Seconds::max);
     let start = first.sent + rto;
@@ -219,12 +209,7 @@ mod tests {
     use crate::model::testutil::{close, digit};
 
     fn base(delays: &[f64]) -> Spray {
-        Spray {
-            bytes: Bytes::kib(32.0),
-            packet: Bytes::kib(4.0),
-            rate: BytesPerSecond::gb_s(50.0),
-            delays: delays.iter().map(|&d| Seconds::us(d)).collect(),
-        }
+        Spray { bytes: Bytes::kib(32.0), packet: Bytes::kib(4.0), rate: BytesPerSecond::gb_s(50.0), delays: delays.iter().map(|&d| Seconds::us(d)).collect() }
     }
 
     #[test]

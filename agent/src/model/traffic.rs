@@ -19,11 +19,7 @@ pub fn cut_time(v: Bytes, b: BytesPerSecond) -> Result<Seconds, ModelError> {
 
 /// Ports behind one shared interface (§1.1): each port is bounded by its own bandwidth and
 /// the interface by the *sum* of their traffic. Returns the binding time.
-pub fn shared_interface_time(
-    port_bytes: &[Bytes],
-    port_bw: BytesPerSecond,
-    interface_bw: BytesPerSecond,
-) -> Result<Seconds, ModelError> {
+pub fn shared_interface_time(port_bytes: &[Bytes], port_bw: BytesPerSecond, interface_bw: BytesPerSecond) -> Result<Seconds, ModelError> {
     positive("port bandwidth", port_bw.0)?;
     positive("interface bandwidth", interface_bw.0)?;
     let per_port = port_bytes.iter().map(|&v| v / port_bw).fold(Seconds(0.0), Seconds::max);
@@ -44,7 +40,10 @@ pub enum Path {
     Parallel(Vec<Path>),
     /// An NVLink-like hop to neighbours that then use their own NICs:
     /// `min(hop, Σ neighbours)`.
-    Relay { hop: Box<Path>, neighbours: Vec<Path> },
+    Relay {
+        hop: Box<Path>,
+        neighbours: Vec<Path>,
+    },
 }
 
 impl Path {
@@ -53,29 +52,19 @@ impl Path {
             Path::Link(b) => *b,
             Path::Serial(v) => v.iter().map(Path::bandwidth).reduce(BytesPerSecond::min).unwrap_or_default(),
             Path::Parallel(v) => v.iter().map(Path::bandwidth).sum(),
-            Path::Relay { hop, neighbours } => {
-                hop.bandwidth().min(neighbours.iter().map(Path::bandwidth).sum())
-            }
+            Path::Relay { hop, neighbours } => hop.bandwidth().min(neighbours.iter().map(Path::bandwidth).sum()),
         }
     }
 }
 
 /// The relay example of §1.2: own NIC in parallel with a relay over NVLink to neighbour NICs,
 /// all in series with the downstream link: `B_eff = min(B_D, direct + min(hop, Σ neighbours))`.
-pub fn relay_path(
-    direct: BytesPerSecond,
-    hop: BytesPerSecond,
-    neighbours: &[BytesPerSecond],
-    downstream: BytesPerSecond,
-) -> Path {
+pub fn relay_path(direct: BytesPerSecond, hop: BytesPerSecond, neighbours: &[BytesPerSecond], downstream: BytesPerSecond) -> Path {
     Path::Serial(vec![
         Path::Link(downstream),
         Path::Parallel(vec![
             Path::Link(direct),
-            Path::Relay {
-                hop: Box::new(Path::Link(hop)),
-                neighbours: neighbours.iter().map(|&b| Path::Link(b)).collect(),
-            },
+            Path::Relay { hop: Box::new(Path::Link(hop)), neighbours: neighbours.iter().map(|&b| Path::Link(b)).collect() },
         ]),
     ])
 }
@@ -153,13 +142,7 @@ pub fn pipeline(stages: usize, micro_batches: usize, tau: Seconds) -> Result<Pip
     at_least("micro-batches", micro_batches, 1)?;
     positive("stage time", tau.0)?;
     let slots = (micro_batches + stages - 1) as f64;
-    Ok(Pipeline {
-        stages,
-        micro_batches,
-        stage_time: tau,
-        time: tau * slots,
-        utilisation: micro_batches as f64 / slots,
-    })
+    Ok(Pipeline { stages, micro_batches, stage_time: tau, time: tau * slots, utilisation: micro_batches as f64 / slots })
 }
 
 /// Fewest micro-batches with `m/(m + p − 1) ≥ u`: `m ≥ u(p − 1)/(1 − u)`.
@@ -232,12 +215,7 @@ pub struct MatrixTime {
 }
 
 /// `time = max(load / bandwidth)` over every NIC, the slot and the cut (§1.9).
-pub fn matrix_time(
-    m: &TrafficMatrix,
-    nic: BytesPerSecond,
-    slot: Option<BytesPerSecond>,
-    cut: Option<BytesPerSecond>,
-) -> Result<MatrixTime, ModelError> {
+pub fn matrix_time(m: &TrafficMatrix, nic: BytesPerSecond, slot: Option<BytesPerSecond>, cut: Option<BytesPerSecond>) -> Result<MatrixTime, ModelError> {
     positive("NIC bandwidth", nic.0)?;
     let rows = m.row_sums();
     let cols = m.col_sums();
@@ -298,9 +276,7 @@ mod tests {
     #[test]
     fn check_relay_path() {
         // §1.2 [check]: 1.125 GiB at 50 / 100 / 150 GB/s downstream ≈ 24.2 / 12.1 / 8.1 ms.
-        let rows =
-            relay_table(Bytes::gib(1.125), gbs(50.0), gbs(450.0), &[gbs(50.0), gbs(50.0)], &[gbs(50.0), gbs(100.0), gbs(150.0)])
-                .unwrap();
+        let rows = relay_table(Bytes::gib(1.125), gbs(50.0), gbs(450.0), &[gbs(50.0), gbs(50.0)], &[gbs(50.0), gbs(100.0), gbs(150.0)]).unwrap();
         digit(rows[0].time.in_ms(), 24.2, 0.1, "50 GB/s");
         digit(rows[1].time.in_ms(), 12.1, 0.1, "100 GB/s");
         digit(rows[2].time.in_ms(), 8.1, 0.1, "150 GB/s");

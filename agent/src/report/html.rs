@@ -166,7 +166,9 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
                 out.push_str("<p class=\"note\">Arrivals on different hosts are placed by each host's clock.</p>");
             }
         }
-        None => out.push_str("<p class=\"note\">No per-rank timeline: this source does not carry the step's collectives (use the history store with --db, or --peers).</p>"),
+        None => out.push_str(
+            "<p class=\"note\">No per-rank timeline: this source does not carry the step's collectives (use the history store with --db, or --peers).</p>",
+        ),
     }
     out.push_str("<h3>Breakdown</h3>");
     out.push_str(&svg::stacked(r));
@@ -182,7 +184,13 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         out.push_str("<table class=\"nics\"><tr><th>nic</th><th>tx</th><th>share</th><th>rate</th></tr>");
         for n in &r.nics {
             let rate = n.rate_bytes_per_second.map(|b| format!("{:.2} GB/s", b / 1e9)).unwrap_or_default();
-            let _ = write!(out, "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{rate}</td></tr>", escape(&n.nic), bytes(n.tx_bytes), pct(n.share));
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{rate}</td></tr>",
+                escape(&n.nic),
+                bytes(n.tx_bytes),
+                pct(n.share)
+            );
         }
         out.push_str("</table>");
     }

@@ -74,14 +74,8 @@ pub struct NicBytes {
 
 /// Per-NIC bytes of a step, from the evidence the attribution keeps (`ideal_comm.nics`).
 pub fn nics_of(a: &Attribution) -> Vec<NicBytes> {
-    let list = a
-        .causes
-        .iter()
-        .find(|c| c.kind == CauseKind::IdealComm)
-        .and_then(|c| c.evidence.get("nics"))
-        .and_then(|v| v.as_array())
-        .cloned()
-        .unwrap_or_default();
+    let list =
+        a.causes.iter().find(|c| c.kind == CauseKind::IdealComm).and_then(|c| c.evidence.get("nics")).and_then(|v| v.as_array()).cloned().unwrap_or_default();
     let mut out: Vec<NicBytes> = list
         .iter()
         .filter_map(|v| {
@@ -165,7 +159,11 @@ pub fn bytes(b: f64) -> String {
         x /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{x:.0} B") } else { format!("{x:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{x:.0} B")
+    } else {
+        format!("{x:.1} {}", UNITS[u])
+    }
 }
 
 /// Evidence as (JSON key, value for humans) pairs: seconds in ms, bytes with units, rates in
@@ -244,7 +242,14 @@ pub(crate) mod fixtures {
                     }
                     _ => {}
                 }
-                Cause { kind: k, seconds: s, share: s / total, fix: fix_for(k, &evidence, Some(&late)), evidence, rank: (k == CauseKind::ReadinessSkew).then_some(5) }
+                Cause {
+                    kind: k,
+                    seconds: s,
+                    share: s / total,
+                    fix: fix_for(k, &evidence, Some(&late)),
+                    evidence,
+                    rank: (k == CauseKind::ReadinessSkew).then_some(5),
+                }
             })
             .collect();
         let ranks = (0..8)
@@ -264,7 +269,10 @@ pub(crate) mod fixtures {
         Report {
             source: "cluster of 3 peers".into(),
             steps: vec![StepReport::from_attribution(a)],
-            peers: Peers { answered: vec!["10.0.0.1:9477".into(), "10.0.0.2:9477".into()], failed: vec![PeerFailure { peer: "10.0.0.3:9477".into(), error: "timed out after 5s".into() }] },
+            peers: Peers {
+                answered: vec!["10.0.0.1:9477".into(), "10.0.0.2:9477".into()],
+                failed: vec![PeerFailure { peer: "10.0.0.3:9477".into(), error: "timed out after 5s".into() }],
+            },
             clock_error_seconds: Some(0.002),
             threshold_seconds: 0.001,
             notes: vec!["period steps".into()],
@@ -295,11 +303,15 @@ mod tests {
         assert_eq!(pct(0.152), "15.2 %");
         assert_eq!(bytes(64.0 * 1024.0 * 1024.0), "64.0 MiB");
         assert_eq!(bytes(12.0), "12 B");
-        let e: BTreeMap<String, serde_json::Value> =
-            [("late_rank_seconds", serde_json::json!(0.03)), ("busiest_share", serde_json::json!(0.75)), ("nics", serde_json::json!([])), ("path_bytes_per_second", serde_json::json!(12.5e9))]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect();
+        let e: BTreeMap<String, serde_json::Value> = [
+            ("late_rank_seconds", serde_json::json!(0.03)),
+            ("busiest_share", serde_json::json!(0.75)),
+            ("nics", serde_json::json!([])),
+            ("path_bytes_per_second", serde_json::json!(12.5e9)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
         let p = evidence_pairs(&e);
         assert!(p.contains(&("late_rank_seconds".into(), "30.0 ms".into())), "{p:?}");
         assert!(p.contains(&("busiest_share".into(), "75.0 %".into())), "{p:?}");

@@ -119,7 +119,14 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         let rows: Vec<Vec<String>> = r
             .nics
             .iter()
-            .map(|n| vec![n.nic.clone(), bytes(n.tx_bytes), pct(n.share), n.rate_bytes_per_second.map(|x| format!("{:.2} GB/s", x / 1e9)).unwrap_or_else(|| "?".into())])
+            .map(|n| {
+                vec![
+                    n.nic.clone(),
+                    bytes(n.tx_bytes),
+                    pct(n.share),
+                    n.rate_bytes_per_second.map(|x| format!("{:.2} GB/s", x / 1e9)).unwrap_or_else(|| "?".into()),
+                ]
+            })
             .collect();
         out.push_str(&table(&["nic", "tx", "share", "rate"], &rows, &[false, true, true, true], "  "));
     }

@@ -147,7 +147,10 @@ mod tests {
             library: "mpi".into(),
             bytes: Some(1 << 20),
             nranks: Some(enters.len() as u32),
-            arrivals: enters.iter().map(|&(rank, e)| Arrival { rank, host: format!("h{}", rank / 2), pid: 100 + rank, enter: begin + e, exit: begin + exit, aborted: false }).collect(),
+            arrivals: enters
+                .iter()
+                .map(|&(rank, e)| Arrival { rank, host: format!("h{}", rank / 2), pid: 100 + rank, enter: begin + e, exit: begin + exit, aborted: false })
+                .collect(),
         }
     }
 
@@ -163,7 +166,14 @@ mod tests {
         let phases = |row: &Row| row.segments.iter().map(|s| (s.phase, (s.start * 1e3).round(), (s.end * 1e3).round())).collect::<Vec<_>>();
         assert_eq!(
             phases(&r[0]),
-            vec![(Phase::Compute, 0.0, 100.0), (Phase::Wait, 100.0, 130.0), (Phase::Comm, 130.0, 150.0), (Phase::Compute, 150.0, 160.0), (Phase::Comm, 160.0, 170.0), (Phase::Update, 170.0, 200.0)]
+            vec![
+                (Phase::Compute, 0.0, 100.0),
+                (Phase::Wait, 100.0, 130.0),
+                (Phase::Comm, 130.0, 150.0),
+                (Phase::Compute, 150.0, 160.0),
+                (Phase::Comm, 160.0, 170.0),
+                (Phase::Update, 170.0, 200.0)
+            ]
         );
         assert_eq!(phases(&r[1])[..2], [(Phase::Compute, 0.0, 130.0), (Phase::Comm, 130.0, 150.0)], "the late rank never waits");
         assert_eq!(r[1].ready.iter().map(|x| (x.0 * 1e3).round()).collect::<Vec<_>>(), vec![130.0, 160.0]);

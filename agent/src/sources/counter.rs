@@ -49,7 +49,11 @@ impl Delta {
 }
 
 fn max_for(bits: u8) -> u64 {
-    if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 }
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
 }
 
 impl Semantics {
@@ -79,7 +83,11 @@ impl Semantics {
                 }
             }
             Semantics::Monotonic => {
-                if cur >= prev { Delta::Normal(cur - prev) } else { Delta::Reset(cur) }
+                if cur >= prev {
+                    Delta::Normal(cur - prev)
+                } else {
+                    Delta::Reset(cur)
+                }
             }
         }
     }

@@ -42,7 +42,12 @@ pub fn from_netdev(devs: Vec<super::netdev::NetdevSnapshot>, rate_of: impl Fn(&s
             let rate = rate_of(&d.netdev);
             (
                 info(d.netdev.clone(), None, rate),
-                NicSample { tx_bytes: d.transmit_bytes as f64, rx_bytes: d.receive_bytes as f64, drops: (d.transmit_drops + d.receive_drops) as f64, ..Default::default() },
+                NicSample {
+                    tx_bytes: d.transmit_bytes as f64,
+                    rx_bytes: d.receive_bytes as f64,
+                    drops: (d.transmit_drops + d.receive_drops) as f64,
+                    ..Default::default()
+                },
             )
         })
         .collect()

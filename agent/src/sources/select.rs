@@ -44,11 +44,7 @@ pub struct PatternError {
 
 impl Selector {
     pub fn new(include: &[String], exclude: &[String], probe_safe: bool) -> Result<Self, PatternError> {
-        let compile = |v: &[String]| {
-            v.iter()
-                .map(|p| Pattern::new(p).map_err(|err| PatternError { pattern: p.clone(), err }))
-                .collect::<Result<Vec<_>, _>>()
-        };
+        let compile = |v: &[String]| v.iter().map(|p| Pattern::new(p).map_err(|err| PatternError { pattern: p.clone(), err })).collect::<Result<Vec<_>, _>>();
         Ok(Selector { include: compile(include)?, exclude: compile(exclude)?, probe_safe, failures: Arc::default() })
     }
 
@@ -60,8 +56,7 @@ impl Selector {
 
     /// Whether probe-safe mode has given up on this device (key: `source/device`).
     pub fn disabled(&self, key: &str) -> bool {
-        self.probe_safe
-            && self.failures.lock().map(|m| m.get(key) == Some(&ProbeState::Disabled)).unwrap_or(false)
+        self.probe_safe && self.failures.lock().map(|m| m.get(key) == Some(&ProbeState::Disabled)).unwrap_or(false)
     }
 
     /// Records the outcome of one sweep of a device: `ok` if at least one read succeeded.

@@ -97,9 +97,7 @@ impl Store {
             conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL").map_err(sql(&path, "set auto_vacuum"))?;
         }
         if wal {
-            let mode: String = conn
-                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-                .map_err(|source| classify_open(&path, source))?;
+            let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(|source| classify_open(&path, source))?;
             if !mode.eq_ignore_ascii_case("wal") {
                 tracing::warn!(path = %path.display(), mode, "history store is not in WAL mode: readers may wait for writers");
             }

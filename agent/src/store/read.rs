@@ -171,7 +171,8 @@ impl Store {
     /// that began inside the step are kept (the same job and id may recur after a restart).
     pub fn collectives_of_step(&self, a: &Attribution) -> Result<Vec<Collective>, StoreError> {
         let Ok(step_id) = i64::try_from(a.step) else { return Ok(Vec::new()) };
-        let mut st = self.conn.prepare_cached("SELECT job_key FROM steps WHERE step_id = ?1 AND begin = ?2 LIMIT 1").map_err(sql_err(self, "prepare job query"))?;
+        let mut st =
+            self.conn.prepare_cached("SELECT job_key FROM steps WHERE step_id = ?1 AND begin = ?2 LIMIT 1").map_err(sql_err(self, "prepare job query"))?;
         let mut rows = st.query(rusqlite::params![step_id, a.begin]).map_err(sql_err(self, "query job"))?;
         let Some(row) = rows.next().map_err(sql_err(self, "read job"))? else { return Ok(Vec::new()) };
         let job: String = row.get(0).map_err(sql_err(self, "read job key"))?;
@@ -291,14 +292,7 @@ fn collective_row(row: &Row<'_>) -> Result<Collective, String> {
 
 /// `…, rank, host, pid, enter, exit, aborted` (columns 7..=12).
 fn arrival_row(row: &Row<'_>) -> Result<Arrival, String> {
-    Ok(Arrival {
-        rank: int(row, 7)?,
-        host: text(row, 8)?,
-        pid: int(row, 9)?,
-        enter: real(row, 10)?,
-        exit: real(row, 11)?,
-        aborted: int::<u8>(row, 12)? != 0,
-    })
+    Ok(Arrival { rank: int(row, 7)?, host: text(row, 8)?, pid: int(row, 9)?, enter: real(row, 10)?, exit: real(row, 11)?, aborted: int::<u8>(row, 12)? != 0 })
 }
 
 fn window_row(row: &Row<'_>) -> Result<NicWindow, String> {

@@ -104,10 +104,7 @@ impl Store {
     /// Copies the WAL into the database and truncates it (a no-op in memory). A reader
     /// holding an old snapshot makes it partial (busy), which the next pass finishes.
     pub(super) fn checkpoint(&self) -> Result<(), StoreError> {
-        let busy: i64 = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
-            .map_err(sql(&self.path, "wal_checkpoint"))?;
+        let busy: i64 = self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0)).map_err(sql(&self.path, "wal_checkpoint"))?;
         if busy != 0 {
             tracing::debug!(path = %self.path.display(), "wal checkpoint incomplete: a reader holds an old snapshot");
         }

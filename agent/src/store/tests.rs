@@ -108,10 +108,8 @@ fn round_trip_keeps_every_field() {
     assert_eq!(rows(&st, "causes"), a.causes.len() as i64);
     assert_eq!(rows(&st, "arrivals"), 12);
     // Causes are queryable by kind without parsing JSON.
-    let (secs, rank): (f64, Option<i64>) = st
-        .conn
-        .query_row("SELECT seconds, rank FROM causes WHERE kind = 'readiness_skew'", [], |r| Ok((r.get(0)?, r.get(1)?)))
-        .expect("skew cause row");
+    let (secs, rank): (f64, Option<i64>) =
+        st.conn.query_row("SELECT seconds, rank FROM causes WHERE kind = 'readiness_skew'", [], |r| Ok((r.get(0)?, r.get(1)?))).expect("skew cause row");
     assert_eq!(secs, a.cause(CauseKind::ReadinessSkew));
     assert_eq!(rank, Some(3), "late rank stored");
     let (skew, late): (f64, i64) =

@@ -78,10 +78,9 @@ impl Store {
             let step_ref: i64 = tx
                 .prepare_cached(UPSERT_STEP)
                 .and_then(|mut st| {
-                    st.query_row(
-                        params![job_key, step_id, att.begin, att.end, att.seconds, source, att.incomplete, att.collectives as i64, json, now()],
-                        |r| r.get(0),
-                    )
+                    st.query_row(params![job_key, step_id, att.begin, att.end, att.seconds, source, att.incomplete, att.collectives as i64, json, now()], |r| {
+                        r.get(0)
+                    })
                 })
                 .map_err(e("write step"))?;
 
@@ -89,8 +88,7 @@ impl Store {
             let mut st = tx.prepare_cached(INSERT_CAUSE).map_err(e("prepare cause insert"))?;
             for (i, c) in att.causes.iter().enumerate() {
                 let evidence = serde_json::to_string(&c.evidence).map_err(|source| StoreError::Encode { step, source })?;
-                st.execute(params![step_ref, i as i64, c.kind.as_str(), c.seconds, c.share, c.rank, evidence, c.fix])
-                    .map_err(e("write cause"))?;
+                st.execute(params![step_ref, i as i64, c.kind.as_str(), c.seconds, c.share, c.rank, evidence, c.fix]).map_err(e("write cause"))?;
             }
 
             let mut sc = tx.prepare_cached(UPSERT_COLLECTIVE).map_err(e("prepare collective upsert"))?;

@@ -45,7 +45,11 @@ impl Collective {
     }
     /// Readiness skew: last arrival − first arrival (models.md §3.2).
     pub fn skew(&self) -> f64 {
-        if self.arrivals.len() < 2 { 0.0 } else { self.last_arrival() - self.first_arrival() }
+        if self.arrivals.len() < 2 {
+            0.0
+        } else {
+            self.last_arrival() - self.first_arrival()
+        }
     }
     /// The rank that arrived last.
     pub fn late_rank(&self) -> Option<&Arrival> {

@@ -85,7 +85,13 @@ mod tests {
 
     #[test]
     fn bad_markers_are_clear_errors() {
-        for bad in [&b"not json"[..], br#"{"rank":0,"step":1,"phase":"middle"}"#, br#"{"rank":-1,"step":1,"phase":"end"}"#, br#"{"rank":0,"step":1,"phase":"end","extra":1}"#, b""] {
+        for bad in [
+            &b"not json"[..],
+            br#"{"rank":0,"step":1,"phase":"middle"}"#,
+            br#"{"rank":-1,"step":1,"phase":"end"}"#,
+            br#"{"rank":0,"step":1,"phase":"end","extra":1}"#,
+            b"",
+        ] {
             assert!(Marker::parse(bad, 1.0).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         assert!(matches!(Marker::parse(br#"{"rank":4294967295,"step":1,"phase":"end"}"#, 1.0), Err(MarkerError::Range { .. })));

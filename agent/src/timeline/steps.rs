@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{join::Collective, markers::{Marker, Phase}};
+use super::{
+    join::Collective,
+    markers::{Marker, Phase},
+};
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -157,7 +160,8 @@ mod tests {
 
     #[test]
     fn marker_steps_span_all_ranks() {
-        let ms = vec![m(0, 1, Phase::Begin, 10.0), m(1, 1, Phase::Begin, 10.01), m(0, 1, Phase::End, 10.5), m(1, 1, Phase::End, 10.52), m(0, 2, Phase::Begin, 10.6)];
+        let ms =
+            vec![m(0, 1, Phase::Begin, 10.0), m(1, 1, Phase::Begin, 10.01), m(0, 1, Phase::End, 10.5), m(1, 1, Phase::End, 10.52), m(0, 2, Phase::Begin, 10.6)];
         let s = steps_from_markers(&ms);
         assert_eq!(s.len(), 1, "step 2 has no end yet");
         assert_eq!((s[0].begin, s[0].end), (10.0, 10.52));

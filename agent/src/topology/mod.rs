@@ -79,9 +79,7 @@ pub fn discover(sysfs_root: &Path, rail_overrides: &BTreeMap<String, u32>) -> To
         for port_dir in sorted_dir(&dev.join("ports")) {
             let port: Option<u32> = file_name(&port_dir).parse().ok();
             // The port's netdev: gid_attrs/ndevs/0 (RoCE), else the PCI function's net/ entry.
-            let netdev = read_trim(&port_dir.join("gid_attrs/ndevs/0"))
-                .filter(|s| !s.is_empty())
-                .or_else(|| net_names.first().cloned());
+            let netdev = read_trim(&port_dir.join("gid_attrs/ndevs/0")).filter(|s| !s.is_empty()).or_else(|| net_names.first().cloned());
             if let Some(n) = &netdev {
                 netdevs_with_rdma.push(n.clone());
             }
@@ -137,10 +135,7 @@ pub fn discover(sysfs_root: &Path, rail_overrides: &BTreeMap<String, u32>) -> To
     let mut next_rail = 0u32;
     let taken: Vec<u32> = rail_overrides.values().copied().collect();
     for nic in nics.iter_mut() {
-        let over = [nic.ib_device.as_deref(), nic.netdev.as_deref()]
-            .into_iter()
-            .flatten()
-            .find_map(|n| rail_overrides.get(n).copied());
+        let over = [nic.ib_device.as_deref(), nic.netdev.as_deref()].into_iter().flatten().find_map(|n| rail_overrides.get(n).copied());
         nic.rail = match over {
             Some(r) => r,
             None => {

@@ -308,10 +308,8 @@ mod tests {
         for (name, _, _) in SCENARIOS {
             let dir = tempfile::tempdir().expect("tempdir");
             let root = dir.path().join("sys");
-            let args: Vec<String> = [name, "--root", root.to_str().expect("utf8"), "--duration", "1s", "--tick", "100ms", "--no-sleep"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+            let args: Vec<String> =
+                [name, "--root", root.to_str().expect("utf8"), "--duration", "1s", "--tick", "100ms", "--no-sleep"].iter().map(|s| s.to_string()).collect();
             run_cli(&args).unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(root.join("class/infiniband/mlx5_0/ports/1/counters/port_xmit_data").exists(), "{name}");
         }

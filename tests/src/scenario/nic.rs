@@ -93,8 +93,7 @@ pub const MLX5_Q_COUNTERS: [&str; 26] = [
 ];
 
 /// mlx5 cong (`cc_query_allowed`) and PPCNT counters: 64-bit.
-pub const MLX5_64BIT_COUNTERS: [&str; 5] =
-    ["rp_cnp_ignored", "rp_cnp_handled", "np_ecn_marked_roce_packets", "np_cnp_sent", "rx_icrc_encapsulated"];
+pub const MLX5_64BIT_COUNTERS: [&str; 5] = ["rp_cnp_ignored", "rp_cnp_handled", "np_ecn_marked_roce_packets", "np_cnp_sent", "rx_icrc_encapsulated"];
 
 /// Payload bytes per RoCE packet (4096-byte MTU), to derive packet counts from bytes.
 pub const MTU_BYTES: u64 = 4096;
@@ -131,7 +130,11 @@ pub struct Nic {
 }
 
 fn max_for(bits: u8) -> u64 {
-    if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 }
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
 }
 
 impl Nic {
@@ -247,10 +250,7 @@ impl Nic {
         let total = self.rx_rem + bytes;
         self.rx_rem = total % 4;
         let pkts = bytes.div_ceil(MTU_BYTES);
-        self.pma("port_rcv_data", total / 4)
-            .pma("port_rcv_packets", pkts)
-            .pma("unicast_rcv_packets", pkts)
-            .hw("rx_write_requests", bytes >> 20)
+        self.pma("port_rcv_data", total / 4).pma("port_rcv_packets", pkts).pma("unicast_rcv_packets", pkts).hw("rx_write_requests", bytes >> 20)
     }
 
     /// Transmits at `bytes_per_second` for the current step.

@@ -57,7 +57,22 @@ pub fn run_steps(ns: &Netns, sock: &Path, steps: usize) -> Job {
     let out = workloads::run_ok(&mut workloads::mpi_steps(
         ns.name(),
         4,
-        &["--steps", &steps.to_string(), "--bytes", "1048576", "--compute-us", "20000", "--delay-rank", "2", "--delay-us", "30000", "--delay-every", "5", "--marker-socket", sock.to_str().expect("utf8")],
+        &[
+            "--steps",
+            &steps.to_string(),
+            "--bytes",
+            "1048576",
+            "--compute-us",
+            "20000",
+            "--delay-rank",
+            "2",
+            "--delay-us",
+            "30000",
+            "--delay-every",
+            "5",
+            "--marker-socket",
+            sock.to_str().expect("utf8"),
+        ],
     ))
     .expect("mpi job");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -109,7 +124,11 @@ pub fn check(agent: &Agent, job: &Job) {
         if (id + 1) % 5 == 0 {
             assert!((skew_ms - want_ms).abs() <= 0.15 * want_ms, "step {id}: readiness skew {skew_ms:.1} ms vs injected excess {want_ms:.1} ms");
             assert_eq!(skew["rank"], 2, "step {id}: late rank");
-            let top = causes.iter().filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or(""))).max_by(|a, b| seconds(a).total_cmp(&seconds(b))).expect("top");
+            let top = causes
+                .iter()
+                .filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or("")))
+                .max_by(|a, b| seconds(a).total_cmp(&seconds(b)))
+                .expect("top");
             assert_eq!(top["kind"], "readiness_skew", "step {id}");
         } else {
             assert!((skew_ms - want_ms).abs() <= (0.15 * want_ms).max(1.0), "step {id}: readiness skew {skew_ms:.1} ms vs the workload's {want_ms:.1} ms");
@@ -140,7 +159,12 @@ pub fn check(agent: &Agent, job: &Job) {
     }
     let n = attributed.len() as f64;
     for r in 0..4 {
-        assert!((late[r] - truth_late[r]).abs() <= 0.1 * truth_late[r] + 1e-3 * n, "rank {r}: late {:.1} ms in the metric vs {:.1} ms by the workload's clock (all ranks: {late:?} vs {truth_late:?})", late[r] * 1e3, truth_late[r] * 1e3);
+        assert!(
+            (late[r] - truth_late[r]).abs() <= 0.1 * truth_late[r] + 1e-3 * n,
+            "rank {r}: late {:.1} ms in the metric vs {:.1} ms by the workload's clock (all ranks: {late:?} vs {truth_late:?})",
+            late[r] * 1e3,
+            truth_late[r] * 1e3
+        );
     }
     assert!(late[2] > 0.075, "rank 2 late {} s: the three injected 30 ms delays", late[2]);
     let argmax = |v: &[f64; 4]| (0..4).max_by(|a, b| v[*a].total_cmp(&v[*b])).unwrap_or(0);

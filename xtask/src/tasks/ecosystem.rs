@@ -34,7 +34,9 @@ pub fn run(agent: &Path, rust_tests: bool) -> Result<()> {
     step("deploy: container image", || image::check(&t, &work, agent))?;
     if rust_tests {
         step("dashboards on a real Prometheus; least privilege (cargo test --test dashboards --test capabilities)", || {
-            sh(cargo().args(["test", "-p", "stepwise-tests", "--test", "dashboards", "--test", "capabilities", "--", "--nocapture", "--test-threads=1"]).env("STEPWISE_AGENT_BIN", agent))
+            sh(cargo()
+                .args(["test", "-p", "stepwise-tests", "--test", "dashboards", "--test", "capabilities", "--", "--nocapture", "--test-threads=1"])
+                .env("STEPWISE_AGENT_BIN", agent))
         })?;
     } else {
         eprintln!("(tests/tests/dashboards.rs and capabilities.rs run in the integration tier)");

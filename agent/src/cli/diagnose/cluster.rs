@@ -9,9 +9,7 @@ use super::{Selection, MAX_STEPS};
 use crate::{
     attribution::{attribute, NetSample, Params, StepData},
     report::{nics_of, Skew, StepReport},
-    timeline::{
-        join::CallView, join_calls, steps_from_markers, steps_from_period, Collective, CounterLog, Marker, NicInfo, NicSample, NicWindow, Step,
-    },
+    timeline::{join::CallView, join_calls, steps_from_markers, steps_from_period, Collective, CounterLog, Marker, NicInfo, NicSample, NicWindow, Step},
 };
 
 /// What one peer answered.
@@ -165,8 +163,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         let lo = colls.partition_point(|c| c.first_arrival() < s.begin - 1e-6);
         let hi = colls.partition_point(|c| c.first_arrival() < s.end).max(lo);
         let cs: Vec<&Collective> = colls[lo..hi].iter().collect();
-        let windows: Vec<Vec<NicWindow>> =
-            cs.iter().map(|c| if have_counters { log.window(c.last_arrival(), c.last_exit()) } else { Vec::new() }).collect();
+        let windows: Vec<Vec<NicWindow>> = cs.iter().map(|c| if have_counters { log.window(c.last_arrival(), c.last_exit()) } else { Vec::new() }).collect();
         // In-flight limits are per connection: use one host's sampled requests (the host
         // with the most in the step) rather than summing outstanding requests over hosts.
         let net: Vec<NetSample> = nets

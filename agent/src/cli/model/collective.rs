@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::table::{kv, title, Table};
 use super::Output;
-use crate::model::collective::{allreduce as run_allreduce, break_even_local, AllReduceReport, Algo, Cluster};
+use crate::model::collective::{allreduce as run_allreduce, break_even_local, Algo, AllReduceReport, Cluster};
 use crate::model::ModelError;
 use crate::units::{parse_bytes_pos, parse_rate_pos, parse_seconds, Bytes, BytesPerSecond, Seconds};
 
@@ -65,11 +65,7 @@ impl ClusterArgs {
     pub fn cluster(&self) -> Cluster {
         let base = if self.pcie_reference { Cluster::pcie_reference() } else { Cluster::hgx() };
         let gpus_per_host = self.gpus_per_host.unwrap_or(base.gpus_per_host);
-        let ports_default = if self.gpus_per_host.is_some() && !self.pcie_reference {
-            gpus_per_host
-        } else {
-            base.ports_per_host
-        };
+        let ports_default = if self.gpus_per_host.is_some() && !self.pcie_reference { gpus_per_host } else { base.ports_per_host };
         Cluster {
             hosts: self.hosts.unwrap_or(base.hosts),
             gpus_per_host,
@@ -136,22 +132,11 @@ fn rounds_table(r: &AllReduceReport) -> String {
     while i < r.rounds.len() {
         let a = &r.rounds[i];
         let mut j = i + 1;
-        while j < r.rounds.len()
-            && r.rounds[j].phase == a.phase
-            && r.rounds[j].bottleneck == a.bottleneck
-            && (r.rounds[j].time.0 - a.time.0).abs() <= 1e-15
-        {
+        while j < r.rounds.len() && r.rounds[j].phase == a.phase && r.rounds[j].bottleneck == a.bottleneck && (r.rounds[j].time.0 - a.time.0).abs() <= 1e-15 {
             j += 1;
         }
         let range = if j - i == 1 { format!("{}", i + 1) } else { format!("{}–{}", i + 1, j) };
-        t.row(vec![
-            range,
-            a.phase.to_string(),
-            a.time.to_string(),
-            a.bottleneck.clone(),
-            a.bottleneck_bytes.to_string(),
-            a.bottleneck_bandwidth.to_string(),
-        ]);
+        t.row(vec![range, a.phase.to_string(), a.time.to_string(), a.bottleneck.clone(), a.bottleneck_bytes.to_string(), a.bottleneck_bandwidth.to_string()]);
         i = j;
     }
     t.render()

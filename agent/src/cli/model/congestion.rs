@@ -7,8 +7,8 @@ use super::Output;
 use crate::model::congestion::{self, IncastInput, PeriodicSource};
 use crate::model::ModelError;
 use crate::units::{
-    parse_bytes_pos, parse_metres, parse_rate, parse_rate_pos, parse_seconds, parse_seconds_list, parse_seconds_pos,
-    Bytes, BytesPerSecond, List, Metres, Seconds,
+    parse_bytes_pos, parse_metres, parse_rate, parse_rate_pos, parse_seconds, parse_seconds_list, parse_seconds_pos, Bytes, BytesPerSecond, List, Metres,
+    Seconds,
 };
 
 #[derive(Debug, Args)]
@@ -36,22 +36,13 @@ pub struct QueueArgs {
 }
 
 pub fn queue(a: QueueArgs) -> Result<Output, ModelError> {
-    let sources: Vec<PeriodicSource> =
-        a.phases.0.iter().map(|&phase| PeriodicSource { rate: a.rate, on: a.on, period: a.period, phase }).collect();
+    let sources: Vec<PeriodicSource> = a.phases.0.iter().map(|&phase| PeriodicSource { rate: a.rate, on: a.on, period: a.period, phase }).collect();
     let r = congestion::queue(&sources, a.link, a.buffer, a.horizon.unwrap_or(a.period))?;
     let phases: Vec<String> = a.phases.0.iter().map(ToString::to_string).collect();
     let opt = |s: Option<Seconds>| s.map_or_else(|| "never".to_string(), |s| s.to_string());
     let text = format!(
         "{}{}",
-        title(&format!(
-            "{} sources of {} for {} every {} (phases {}) into a {} link",
-            sources.len(),
-            a.rate,
-            a.on,
-            a.period,
-            phases.join(", "),
-            a.link
-        )),
+        title(&format!("{} sources of {} for {} every {} (phases {}) into a {} link", sources.len(), a.rate, a.on, a.period, phases.join(", "), a.link)),
         kv(&[
             ("mean load", format!("{} ({} of the link)", r.mean_load, pct(r.utilisation))),
             ("time with λ > B", r.overlap.to_string()),
@@ -59,13 +50,10 @@ pub fn queue(a: QueueArgs) -> Result<Output, ModelError> {
             ("drains after the peak in", opt(r.drain_after_peak)),
             ("dropped with the buffer", format!("{} with {}", r.bounded.dropped.dec(), r.buffer)),
             ("buffer tolerates overlap", opt(r.tolerated_overlap)),
-            ("bytes in = out + queued + dropped", format!(
-                "{} = {} + {} + {}",
-                r.bounded.bytes_in.dec(),
-                r.bounded.bytes_out.dec(),
-                r.bounded.queued.dec(),
-                r.bounded.dropped.dec()
-            )),
+            (
+                "bytes in = out + queued + dropped",
+                format!("{} = {} + {} + {}", r.bounded.bytes_in.dec(), r.bounded.bytes_out.dec(), r.bounded.queued.dec(), r.bounded.dropped.dec())
+            ),
         ])
     );
     Ok(Output::new(&r, text))
@@ -146,15 +134,7 @@ pub struct IncastArgs {
 }
 
 pub fn incast(a: IncastArgs) -> Result<Output, ModelError> {
-    let r = congestion::incast(&IncastInput {
-        senders: a.senders,
-        rate: a.rate,
-        egress: a.egress,
-        buffer: a.buffer,
-        cable: a.cable,
-        mtu: a.mtu,
-        rtt: a.rtt,
-    })?;
+    let r = congestion::incast(&IncastInput { senders: a.senders, rate: a.rate, egress: a.egress, buffer: a.buffer, cable: a.cable, mtu: a.mtu, rtt: a.rtt })?;
     let allowed = if r.allowed_feedback_delay.0.is_finite() { r.allowed_feedback_delay.to_string() } else { "unbounded (no excess)".into() };
     let text = format!(
         "{}{}",

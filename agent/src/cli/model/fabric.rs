@@ -52,12 +52,7 @@ pub fn rails(a: RailsArgs) -> Result<Output, ModelError> {
     })?;
     let mut t = Table::new(&["rail", "A NIC", "A bytes/dir", "B bytes/dir"]);
     for row in &r.rails {
-        t.row(vec![
-            row.rail.to_string(),
-            if row.failed { "failed".into() } else { "up".into() },
-            row.a_nic_bytes.to_string(),
-            row.b_nic_bytes.to_string(),
-        ]);
+        t.row(vec![row.rail.to_string(), if row.failed { "failed".into() } else { "up".into() }, row.a_nic_bytes.to_string(), row.b_nic_bytes.to_string()]);
     }
     let pairs: Vec<String> = pairing.iter().enumerate().map(|(i, j)| format!("{i}↔{}", j + a.gpus_per_host)).collect();
     let text = format!(
@@ -167,11 +162,7 @@ pub fn ecmp(a: EcmpArgs) -> Result<Output, ModelError> {
         let mean: f64 = mc.iter().take(a.flows).map(|c| 1.0 - c).sum();
         pairs.push(("Monte-Carlo E[L_max]", format!("{mean:.4} from {} trials", a.monte_carlo.unwrap_or(0))));
     }
-    let text = format!(
-        "{}{}\n{}",
-        title(&format!("ECMP: {} flows hashed onto {} uplinks (exact; rows with P ≥ 1e-6)", r.flows, r.uplinks)),
-        t.render(),
-        kv(&pairs)
-    );
+    let text =
+        format!("{}{}\n{}", title(&format!("ECMP: {} flows hashed onto {} uplinks (exact; rows with P ≥ 1e-6)", r.flows, r.uplinks)), t.render(), kv(&pairs));
     Ok(Output::new(&EcmpOut { report: r, monte_carlo: mc }, text))
 }

@@ -67,17 +67,11 @@ pub fn scale(a: ScaleArgs) -> Result<Output, ModelError> {
         Egress::Scales => format!("egress S × {}", a.nic),
         Egress::Fixed(b) => format!("egress {b} per supernode"),
     };
-    let head = title(&format!(
-        "1024 GPUs, TP{} × DP{}, 2^20 tokens/step, P = 32e9; {egress}, oversubscription {}:1",
-        a.tp,
-        1024 / a.tp.max(1),
-        a.oversubscription
-    ));
+    let head =
+        title(&format!("1024 GPUs, TP{} × DP{}, 2^20 tokens/step, P = 32e9; {egress}, oversubscription {}:1", a.tp, 1024 / a.tp.max(1), a.oversubscription));
     if a.sweep {
         let rows = scale::sweep(&input, &SWEEP)?;
-        let mut t = Table::new(&[
-            "S", "H", "q", "V_out", "B_out", "T_grad hier", "T_grad flat", "chosen", "step", "tokens/s", "R", "ε", "eff. tokens/s",
-        ]);
+        let mut t = Table::new(&["S", "H", "q", "V_out", "B_out", "T_grad hier", "T_grad flat", "chosen", "step", "tokens/s", "R", "ε", "eff. tokens/s"]);
         for r in &rows {
             t.row(vec![
                 r.supernode.to_string(),
@@ -160,20 +154,9 @@ pub fn access(a: AccessArgs) -> Result<Output, ModelError> {
     }
     let mut t = Table::new(&["path", "remote t_r·r", "staged t_s + t_l·r", "stage-in wins above r ="]);
     for (p, s) in paths.iter().zip(&stage) {
-        t.row(vec![
-            p.path.name().into(),
-            s.remote.to_string(),
-            s.staged.to_string(),
-            s.crossover.map_or_else(|| "never".into(), |x| format!("{x:.2}")),
-        ]);
+        t.row(vec![p.path.name().into(), s.remote.to_string(), s.staged.to_string(), s.crossover.map_or_else(|| "never".into(), |x| format!("{x:.2}"))]);
     }
-    text.push_str(&format!(
-        "Stage-in (t_s = {}, t_l = {}) vs remote, r = {} accesses\n\n{}",
-        a.stage_in,
-        a.local_access,
-        a.accesses,
-        t.render()
-    ));
+    text.push_str(&format!("Stage-in (t_s = {}, t_l = {}) vs remote, r = {} accesses\n\n{}", a.stage_in, a.local_access, a.accesses, t.render()));
     Ok(Output::new(&AccessOut { paths, stage_in: stage }, text))
 }
 

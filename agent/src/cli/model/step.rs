@@ -9,8 +9,7 @@ use super::Output;
 use crate::model::dependency::{self, small_message_crossover, small_messages, SmallMsgRow, StepInput};
 use crate::model::ModelError;
 use crate::units::{
-    parse_bytes_list, parse_bytes_pos, parse_rate_pos, parse_seconds, parse_seconds_list, parse_seconds_pos, Bytes,
-    BytesPerSecond, List, Seconds,
+    parse_bytes_list, parse_bytes_pos, parse_rate_pos, parse_seconds, parse_seconds_list, parse_seconds_pos, Bytes, BytesPerSecond, List, Seconds,
 };
 
 #[derive(Debug, Args)]
@@ -55,10 +54,7 @@ pub fn step(a: StepArgs) -> Result<Output, ModelError> {
     }
     let text = format!(
         "{}{}\n{}",
-        title(&format!(
-            "Step = max(T_c, t_r + T_n) + T_u (serial: T_c + T_n + T_u), T_c = {}, T_u = {}",
-            a.compute, a.update
-        )),
+        title(&format!("Step = max(T_c, t_r + T_n) + T_u (serial: T_c + T_n + T_u), T_c = {}, T_u = {}", a.compute, a.update)),
         t.render(),
         kv(&[
             ("latest t_r still hidden", format!("{} (hierarchical: T_c − T_n)", r.latest_hidden_ready)),
@@ -149,14 +145,7 @@ struct SmallmsgOut {
 pub fn smallmsg(a: SmallmsgArgs) -> Result<Output, ModelError> {
     let rows = small_messages(a.ranks, a.alpha, a.bandwidth, &a.bytes.0, a.speedup, a.count, a.lower_alpha)?;
     let crossover = small_message_crossover(a.ranks, a.alpha, a.bandwidth);
-    let mut t = Table::new(&[
-        "size",
-        "T_AR",
-        "latency share",
-        "faster link",
-        "× count",
-        "α saving × count",
-    ]);
+    let mut t = Table::new(&["size", "T_AR", "latency share", "faster link", "× count", "α saving × count"]);
     for r in &rows {
         t.row(vec![
             r.bytes.to_string(),

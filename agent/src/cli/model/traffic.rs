@@ -6,14 +6,12 @@ use serde::Serialize;
 use super::table::{kv, pct, title, Table};
 use super::Output;
 use crate::model::traffic::{
-    self, cut_time, ep_volume_each_way, matrix_time, message_crossover, message_time, micro_batches_for,
-    relay_table, shared_interface_time, strong_scaling, strong_scaling_crossover, MatrixTime, MessageCost,
-    PathRow, ScalingRow, TrafficMatrix,
+    self, cut_time, ep_volume_each_way, matrix_time, message_crossover, message_time, micro_batches_for, relay_table, shared_interface_time, strong_scaling,
+    strong_scaling_crossover, MatrixTime, MessageCost, PathRow, ScalingRow, TrafficMatrix,
 };
 use crate::model::ModelError;
 use crate::units::{
-    parse_bytes, parse_bytes_list, parse_bytes_pos, parse_rate_list, parse_rate_pos, parse_seconds, parse_seconds_pos,
-    Bytes, BytesPerSecond, List, Seconds,
+    parse_bytes, parse_bytes_list, parse_bytes_pos, parse_rate_list, parse_rate_pos, parse_seconds, parse_seconds_pos, Bytes, BytesPerSecond, List, Seconds,
 };
 
 #[derive(Debug, Args)]
@@ -70,17 +68,7 @@ pub fn path(a: PathArgs) -> Result<Output, ModelError> {
     for r in &out.relay {
         t.row(vec![r.downstream.to_string(), r.effective.to_string(), r.time.to_string()]);
     }
-    let mut text = format!(
-        "{}{}",
-        title(&format!(
-            "{} over min(B_D, {} + min({}, {}))",
-            a.bytes,
-            a.direct,
-            a.hop,
-            neigh.join(" + ")
-        )),
-        t.render()
-    );
+    let mut text = format!("{}{}", title(&format!("{} over min(B_D, {} + min({}, {}))", a.bytes, a.direct, a.hop, neigh.join(" + "))), t.render());
     for (name, c) in [("serial (min)", &out.serial), ("parallel (sum)", &out.parallel)] {
         if let Some(c) = c {
             text.push_str(&kv(&[(name, format!("{} → {}", c.bandwidth, c.time))]));
@@ -276,12 +264,7 @@ pub fn ep(a: EpArgs) -> Result<Output, ModelError> {
     let receivers = a.receivers.unwrap_or(a.nics);
     let spread = TrafficMatrix::even(v, a.nics, receivers)?;
     let scenarios = vec![
-        EpScenario {
-            name: "all to one NIC".into(),
-            senders: 1,
-            receivers: 1,
-            time: matrix_time(&TrafficMatrix::even(v, 1, 1)?, a.nic, None, None)?,
-        },
+        EpScenario { name: "all to one NIC".into(), senders: 1, receivers: 1, time: matrix_time(&TrafficMatrix::even(v, 1, 1)?, a.nic, None, None)? },
         EpScenario {
             name: format!("spread from {} to {} NICs", a.nics, receivers),
             senders: a.nics,
@@ -311,18 +294,8 @@ pub fn ep(a: EpArgs) -> Result<Output, ModelError> {
             v * 2.0
         )),
         t.render(),
-        kv(&[(
-            "traffic matrix (spread)",
-            format!("{} × {receivers} cells of {}; row sums = sent, column sums = received", a.nics, spread.v[0][0])
-        )])
+        kv(&[("traffic matrix (spread)", format!("{} × {receivers} cells of {}; row sums = sent, column sums = received", a.nics, spread.v[0][0]))])
     );
-    let out = EpOut {
-        each_way: v,
-        dispatch_and_combine: v * 2.0,
-        scenarios,
-        row_sums: spread.row_sums(),
-        col_sums: spread.col_sums(),
-        matrix: spread,
-    };
+    let out = EpOut { each_way: v, dispatch_and_combine: v * 2.0, scenarios, row_sums: spread.row_sums(), col_sums: spread.col_sums(), matrix: spread };
     Ok(Output::new(&out, text))
 }

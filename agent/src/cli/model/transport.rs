@@ -8,10 +8,7 @@ use super::Output;
 use crate::model::concurrency::{self, completions_needed, Bound, CompletionReport, Completions};
 use crate::model::multipath::{compare_paths, spray_with_loss, PathChoice, Repair, Spray, SprayReport};
 use crate::model::ModelError;
-use crate::units::{
-    parse_bytes_pos, parse_rate_pos, parse_seconds, parse_seconds_list, parse_seconds_pos, Bytes, BytesPerSecond, List,
-    Seconds,
-};
+use crate::units::{parse_bytes_pos, parse_rate_pos, parse_seconds, parse_seconds_list, parse_seconds_pos, Bytes, BytesPerSecond, List, Seconds};
 
 #[derive(Debug, Args)]
 pub struct SprayArgs {
@@ -122,23 +119,11 @@ pub fn multipath(a: MultipathArgs) -> Result<Output, ModelError> {
     let choice = compare_paths(&s)?;
     let mut t = Table::new(&["case", "in-order delivery", "resent", "peak reorder buffer"]);
     for (name, r) in [("no loss", &no_loss), ("selective retransmit", &selective), ("go-back-N", &go_back_n)] {
-        t.row(vec![
-            name.into(),
-            r.in_order.to_string(),
-            r.resent_bytes.to_string(),
-            format!("{} packets, {}", r.peak_reorder_packets, r.peak_reorder_bytes),
-        ]);
+        t.row(vec![name.into(), r.in_order.to_string(), r.resent_bytes.to_string(), format!("{} packets, {}", r.peak_reorder_packets, r.peak_reorder_bytes)]);
     }
     let text = format!(
         "{}{}\n{}",
-        title(&format!(
-            "{} over {} path(s) at {}; packet {} lost, resent {} after its first send",
-            a.spray.bytes,
-            s.delays.len(),
-            a.spray.rate,
-            a.lost,
-            a.rto
-        )),
+        title(&format!("{} over {} path(s) at {}; packet {} lost, resent {} after its first send", a.spray.bytes, s.delays.len(), a.spray.rate, a.lost, a.rto)),
         t.render(),
         kv(&choice_pairs(&choice))
     );
@@ -186,11 +171,7 @@ pub fn inflight(a: InflightArgs) -> Result<Output, ModelError> {
         Bound::IssueRate => "issue rate (m/δ)",
     };
     pairs.push(("effective bandwidth", format!("{} — bound: {binding}", r.effective)));
-    let text = format!(
-        "{}{}",
-        title(&format!("In flight: m = {}, T = {}, B = {}", a.payload, a.occupancy, a.bandwidth)),
-        kv(&pairs)
-    );
+    let text = format!("{}{}", title(&format!("In flight: m = {}, T = {}, B = {}", a.payload, a.occupancy, a.bandwidth)), kv(&pairs));
     Ok(Output::new(&r, text))
 }
 

@@ -256,9 +256,9 @@ pub fn to_metrics(fams: &[Family], start: u64, now: u64) -> Vec<Metric> {
                     is_monotonic: true,
                 }),
                 Kind::Histogram => Data::Histogram(Histogram { data_points: histogram_points(f, start, now), aggregation_temporality: cumulative }),
-                Kind::Gauge | Kind::Other => Data::Gauge(Gauge {
-                    data_points: f.samples.iter().filter(|s| s.suffix != "_created").map(|s| number_point(s, start, now)).collect(),
-                }),
+                Kind::Gauge | Kind::Other => {
+                    Data::Gauge(Gauge { data_points: f.samples.iter().filter(|s| s.suffix != "_created").map(|s| number_point(s, start, now)).collect() })
+                }
             };
             let name = if f.kind == Kind::Counter { f.name.strip_suffix("_total").unwrap_or(&f.name) } else { &f.name };
             Metric { name: name.to_string(), description: f.help.clone(), unit: ucum(&f.unit), data: Some(data), ..Default::default() }

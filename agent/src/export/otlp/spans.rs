@@ -86,7 +86,11 @@ fn kv_b(k: &str, v: bool) -> KeyValue {
 
 /// Wall seconds → Unix nanoseconds (0 for times before the epoch or not finite).
 pub fn nanos(t: f64) -> u64 {
-    if t.is_finite() && t > 0.0 { (t * 1e9).round() as u64 } else { 0 }
+    if t.is_finite() && t > 0.0 {
+        (t * 1e9).round() as u64
+    } else {
+        0
+    }
 }
 
 fn internal() -> i32 {
@@ -184,12 +188,8 @@ pub fn step_spans(s: &FinishedStep, ids: &mut Ids) -> Vec<Span> {
     for k in CauseKind::ALL {
         let Some(c) = a.causes.iter().find(|c| c.kind == k) else { continue };
         let secs = c.seconds.max(0.0);
-        let mut attributes = vec![
-            kv_str("stepwise.span", "cause"),
-            kv_str("stepwise.kind", k.as_str()),
-            kv_f("stepwise.seconds", c.seconds),
-            kv_f("stepwise.share", c.share),
-        ];
+        let mut attributes =
+            vec![kv_str("stepwise.span", "cause"), kv_str("stepwise.kind", k.as_str()), kv_f("stepwise.seconds", c.seconds), kv_f("stepwise.share", c.share)];
         if let Some(r) = c.rank {
             attributes.push(kv_i("stepwise.rank", r as i64));
         }

@@ -95,12 +95,7 @@ impl Grpc {
     pub fn new(authority: String, headers: Vec<(http::HeaderName, http::HeaderValue)>, timeout: Duration) -> Result<Grpc, ExportError> {
         // One worker keeps the connection task (pings, window updates) running between
         // exports; it is the exporter's own, so a stuck collector never touches the API's.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("otlp-h2")
-            .enable_all()
-            .build()
-            .map_err(ExportError::Runtime)?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("otlp-h2").enable_all().build().map_err(ExportError::Runtime)?;
         Ok(Grpc { authority, headers, timeout, rt, conn: None })
     }
 

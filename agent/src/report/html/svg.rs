@@ -76,7 +76,12 @@ pub fn timeline(r: &StepReport) -> Option<String> {
         let y = AXIS_H + i as f64 * ROW_H;
         let who = rank_name(row);
         let rank_attr = row.rank.map(|k| k.to_string()).unwrap_or_else(|| "?".into());
-        let _ = write!(s, r#"<g class="rank-row" data-rank="{rank_attr}" transform="translate(0,{y})"><text class="rank-label" x="0" y="15">{} · {}</text>"#, escape(&who), escape(&row.host));
+        let _ = write!(
+            s,
+            r#"<g class="rank-row" data-rank="{rank_attr}" transform="translate(0,{y})"><text class="rank-label" x="0" y="15">{} · {}</text>"#,
+            escape(&who),
+            escape(&row.host)
+        );
         for seg in &row.segments {
             let what = match seg.collective.and_then(|i| r.collectives.get(i)) {
                 Some(c) => format!(" in {} #{}{}", c.op, c.seq, c.bytes.map(|b| format!(" ({})", bytes(b as f64))).unwrap_or_default()),

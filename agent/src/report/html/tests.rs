@@ -17,7 +17,14 @@ fn with_collectives() -> Report {
         bytes: Some(64 << 20),
         nranks: Some(8),
         arrivals: (0..8)
-            .map(|r| Arrival { rank: r, host: if r < 4 { "node-a" } else { "node-b" }.into(), pid: 100 + r, enter: a.begin + enter(r), exit: a.begin + exit, aborted: false })
+            .map(|r| Arrival {
+                rank: r,
+                host: if r < 4 { "node-a" } else { "node-b" }.into(),
+                pid: 100 + r,
+                enter: a.begin + enter(r),
+                exit: a.begin + exit,
+                aborted: false,
+            })
             .collect(),
     };
     let colls = vec![c(1, &|r| if r == 5 { 0.130 } else { 0.100 }, 0.150), c(2, &|_| 0.160, 0.170)];

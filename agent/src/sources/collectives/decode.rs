@@ -334,7 +334,11 @@ impl CallDecoder {
                     let handle = ev.args[1];
                     let (id, global, rank, nranks) = match info.decoder {
                         Decoder::NcclInit { nranks, rank } => {
-                            let id = if p.ev.has_blob == 1 { CommId(fnv1a(&[&p.ev.blob[..BLOB_BYTES]])) } else { CommId(fnv1a(&[b"local", &ev.pid.to_le_bytes(), &handle.to_le_bytes()])) };
+                            let id = if p.ev.has_blob == 1 {
+                                CommId(fnv1a(&[&p.ev.blob[..BLOB_BYTES]]))
+                            } else {
+                                CommId(fnv1a(&[b"local", &ev.pid.to_le_bytes(), &handle.to_le_bytes()]))
+                            };
                             (id, p.ev.has_blob == 1, Some(arg(&p.ev, rank) as u32), Some(arg(&p.ev, nranks) as u32))
                         }
                         _ => {
@@ -343,7 +347,12 @@ impl CallDecoder {
                             let parent = p.comm.map(|c| c.0 .0).unwrap_or(0);
                             let nth = p.split_index.unwrap_or(0);
                             let color = p.ev.args[1] as u32;
-                            (CommId(fnv1a(&[b"split", &parent.to_le_bytes(), &nth.to_le_bytes(), &color.to_le_bytes()])), p.comm.is_some_and(|c| c.1), None, None)
+                            (
+                                CommId(fnv1a(&[b"split", &parent.to_le_bytes(), &nth.to_le_bytes(), &color.to_le_bytes()])),
+                                p.comm.is_some_and(|c| c.1),
+                                None,
+                                None,
+                            )
                         }
                     };
                     self.comms.insert((ev.pid, handle), CommState { id, global, rank, nranks, next_seq: 0, splits: 0 });
@@ -369,7 +378,11 @@ impl CallDecoder {
                     let v = ev.args[1] as u32;
                     let _ = self.comm_for(&info, &p.ev, handle, proc);
                     if let Some(c) = self.comms.get_mut(&(ev.pid, handle)) {
-                        if info.op == Op::CommRank { c.rank = Some(v) } else { c.nranks = Some(v) }
+                        if info.op == Op::CommRank {
+                            c.rank = Some(v)
+                        } else {
+                            c.nranks = Some(v)
+                        }
                     }
                 }
                 Ok(Decoded::Nothing)

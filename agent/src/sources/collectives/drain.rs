@@ -50,7 +50,8 @@ impl Drainer {
     /// Starts the drain thread; when the thread cannot be created the reader comes back
     /// with the error, so the caller can keep draining it itself.
     pub fn start(reader: RingReader) -> Result<Drainer, (std::io::Error, RingReader)> {
-        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), ready: Condvar::new(), requested: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        let shared =
+            Arc::new(Shared { queue: Mutex::new(Queue::default()), ready: Condvar::new(), requested: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let sh = shared.clone();
         // The reader passes through a slot: a failed spawn drops the closure, not the reader.
         let slot = Arc::new(Mutex::new(Some(reader)));

@@ -50,9 +50,7 @@ impl SymbolTable {
                 continue;
             }
             let off = if translate {
-                sym.section_index()
-                    .and_then(|i| obj.section_by_index(i).ok())
-                    .and_then(|s| s.file_range().map(|(o, _)| sym.address() - s.address() + o))
+                sym.section_index().and_then(|i| obj.section_by_index(i).ok()).and_then(|s| s.file_range().map(|(o, _)| sym.address() - s.address() + o))
             } else {
                 Some(sym.address())
             };

@@ -35,11 +35,7 @@ impl ClockMap {
         // SAFETY: valid pointer to a timex struct.
         let state = unsafe { libc::adjtimex(&mut tx) };
         let maxerror_s = tx.maxerror as f64 * 1e-6;
-        ClockMap {
-            offset_ns: r - (m0 + m1) / 2,
-            error_seconds: maxerror_s + (m1 - m0) as f64 * 1e-9,
-            synchronized: state != libc::TIME_ERROR,
-        }
+        ClockMap { offset_ns: r - (m0 + m1) / 2, error_seconds: maxerror_s + (m1 - m0) as f64 * 1e-9, synchronized: state != libc::TIME_ERROR }
     }
 
     /// Wall-clock seconds since the epoch for a CLOCK_MONOTONIC ns value.
@@ -116,7 +112,14 @@ impl History {
     pub fn new(host: String, cap: usize) -> History {
         let cap = cap.max(16);
         let reserve = cap.min(PREALLOC_MAX);
-        History { host: std::sync::Arc::from(host), cap, calls: VecDeque::with_capacity(reserve), net: VecDeque::with_capacity(reserve), clock: ClockMap::now(), evicted: 0 }
+        History {
+            host: std::sync::Arc::from(host),
+            cap,
+            calls: VecDeque::with_capacity(reserve),
+            net: VecDeque::with_capacity(reserve),
+            clock: ClockMap::now(),
+            evicted: 0,
+        }
     }
 
     pub fn push_call(&mut self, call: Call) {
@@ -167,7 +170,23 @@ mod tests {
     use crate::sources::collectives::targets::Family;
 
     fn call(enter_ns: u64) -> Call {
-        Call { pid: 1, tid: 1, library: Family::Mpi, op: "all_reduce".into(), bytes: Some(8), comm: None, comm_global: false, rank: Some(0), nranks: Some(2), seq: Some(enter_ns), enter_ns, exit_ns: enter_ns + 1000, ret: Some(0), aborted: false, grouped: false }
+        Call {
+            pid: 1,
+            tid: 1,
+            library: Family::Mpi,
+            op: "all_reduce".into(),
+            bytes: Some(8),
+            comm: None,
+            comm_global: false,
+            rank: Some(0),
+            nranks: Some(2),
+            seq: Some(enter_ns),
+            enter_ns,
+            exit_ns: enter_ns + 1000,
+            ret: Some(0),
+            aborted: false,
+            grouped: false,
+        }
     }
 
     #[test]

@@ -161,10 +161,8 @@ impl Collectives {
             });
         }
         targets.extend(cfg.user.iter().map(UserProbe::target));
-        let globs = targets
-            .iter()
-            .map(|t| glob::Pattern::new(&t.library).map_err(|_| CollectivesError::Glob(t.library.clone())))
-            .collect::<Result<Vec<_>, _>>()?;
+        let globs =
+            targets.iter().map(|t| glob::Pattern::new(&t.library).map_err(|_| CollectivesError::Glob(t.library.clone()))).collect::<Result<Vec<_>, _>>()?;
         let selector = cfg.select.resolve().map_err(CollectivesError::Select)?;
         let probes = Probes::load()?;
         let host = cfg.host.clone().unwrap_or_else(hostname);
@@ -382,7 +380,8 @@ impl Collectives {
             return false;
         }
         let found = procs::libs_of(&self.cfg.proc_root, pid, &self.globs);
-        let libs: Vec<(usize, u64, SymbolTable)> = found.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
+        let libs: Vec<(usize, u64, SymbolTable)> =
+            found.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
         let info = self.proc_info(pid, &libs);
         self.procs.insert(pid, info);
         true
@@ -453,9 +452,11 @@ impl Collectives {
                     self.attach_library(*ti, path, *key);
                 }
             }
-            let needs_info = !self.procs.contains_key(&f.pid) || self.procs.get(&f.pid).is_some_and(|p| p.ompi_world.is_none() && f.libs.iter().any(|(t, ..)| self.targets[*t].family == Family::Mpi));
+            let needs_info = !self.procs.contains_key(&f.pid)
+                || self.procs.get(&f.pid).is_some_and(|p| p.ompi_world.is_none() && f.libs.iter().any(|(t, ..)| self.targets[*t].family == Family::Mpi));
             if needs_info {
-                let libs: Vec<(usize, u64, SymbolTable)> = f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
+                let libs: Vec<(usize, u64, SymbolTable)> =
+                    f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
                 let info = self.proc_info(f.pid, &libs);
                 self.procs.insert(f.pid, info);
             }
@@ -596,7 +597,20 @@ impl Collectives {
         }
         info!(library = %path.display(), family = target.family.as_str(), probes = links.len() / 2, sampled = sampled.len(), "attached");
         debug!(?key, "attachment key");
-        self.attached.insert(key, Attachment { target: ti, path: path.to_path_buf(), links, sampled, sampled_links: Vec::new(), users: HashSet::new(), symbols, pinned: false, probe_ids });
+        self.attached.insert(
+            key,
+            Attachment {
+                target: ti,
+                path: path.to_path_buf(),
+                links,
+                sampled,
+                sampled_links: Vec::new(),
+                users: HashSet::new(),
+                symbols,
+                pinned: false,
+                probe_ids,
+            },
+        );
     }
 
     fn attach_sampled(&mut self) {

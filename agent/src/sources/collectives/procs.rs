@@ -217,7 +217,8 @@ mod tests {
 
     #[test]
     fn environ_keeps_only_the_allowlist_and_never_secrets() {
-        let raw = b"NCCL_IB_HCA=mlx5\0AWS_SECRET_ACCESS_KEY=abc\0NCCL_API_TOKEN=zzz\0OMPI_COMM_WORLD_RANK=3\0HOME=/root\0RANK=1\0RANKS=9\0garbage\0\xff\xfe=1\0";
+        let raw =
+            b"NCCL_IB_HCA=mlx5\0AWS_SECRET_ACCESS_KEY=abc\0NCCL_API_TOKEN=zzz\0OMPI_COMM_WORLD_RANK=3\0HOME=/root\0RANK=1\0RANKS=9\0garbage\0\xff\xfe=1\0";
         let env = parse_environ(raw);
         assert_eq!(env.get("NCCL_IB_HCA").map(String::as_str), Some("mlx5"));
         assert_eq!(env.get("OMPI_COMM_WORLD_RANK").map(String::as_str), Some("3"));

@@ -330,7 +330,11 @@ fn yes() -> bool {
 }
 
 fn arg_from_index(i: u8) -> Arg {
-    if i < 6 { Reg(i) } else { Stack(i - 6) }
+    if i < 6 {
+        Reg(i)
+    } else {
+        Stack(i - 6)
+    }
 }
 
 impl UserProbe {
@@ -433,7 +437,8 @@ mod tests {
 
     #[test]
     fn user_probe_args_map_to_registers_and_stack() {
-        let u = UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(7), elem_size: 4, comm_arg: Some(0), blocking: true };
+        let u =
+            UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(7), elem_size: 4, comm_arg: Some(0), blocking: true };
         let t = u.target();
         assert_eq!(t.probes[0].decoder, Decoder::Fixed { count: Some(Stack(1)), elem_size: 4, comm: Some(Reg(0)) });
         assert!(t.probes[0].reads_stack_args());
@@ -452,7 +457,8 @@ mod tests {
         let m = mpi();
         assert!(m.probes.iter().find(|p| p.op == Op::AllGather).expect("allgather").reads_stack_args());
         assert!(!m.probes.iter().find(|p| p.op == Op::AllReduce).expect("allreduce").reads_stack_args());
-        let u = UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(1), elem_size: 4, comm_arg: None, blocking: true };
+        let u =
+            UserProbe { library: "libx.so".into(), symbol: "f".into(), op: "halo".into(), count_arg: Some(1), elem_size: 4, comm_arg: None, blocking: true };
         assert!(!u.target().probes[0].reads_stack_args());
     }
 }

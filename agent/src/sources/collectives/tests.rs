@@ -126,7 +126,7 @@ fn mpi_world_comm_uses_job_env_and_ompi_datatype_addresses() {
     proc.env.insert("OMPI_COMM_WORLD_SIZE".into(), "4".into());
     proc.ompi_world = Some(0x5555_0000);
     proc.ompi_types.insert(0x5555_1000, 8); // MPI_DOUBLE
-    // MPI_Allreduce(send, recv, count=1000, MPI_DOUBLE, op, MPI_COMM_WORLD)
+                                            // MPI_Allreduce(send, recv, count=1000, MPI_DOUBLE, op, MPI_COMM_WORLD)
     d.feed(&ev(KIND_ENTER, id(Op::AllReduce), 5, 1, [0, 0, 1000, 0x5555_1000, 0, 0x5555_0000]), &proc).expect("enter");
     let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 5, 2, [0; 6]), &proc) else { panic!() };
     assert_eq!(c.bytes, Some(8000));

@@ -76,7 +76,11 @@ impl EthtoolSocket {
         // callers' buffers, and GSTRINGS/GSTATS buffers carry `capacity_for` headroom
         // (see there for the kernel's count race).
         let rc = unsafe { libc::ioctl(self.0.as_raw_fd(), SIOCETHTOOL as _, &mut req as *mut IfReq) };
-        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
     }
 
     /// The driver's name (`ETHTOOL_GDRVINFO`), and its legacy `n_stats`.
@@ -154,7 +158,11 @@ impl EthtoolSocket {
 }
 
 fn count(n: u32) -> StatsCount {
-    if n == 0 { StatsCount::NoStats } else { StatsCount::Count(n as usize) }
+    if n == 0 {
+        StatsCount::NoStats
+    } else {
+        StatsCount::Count(n as usize)
+    }
 }
 
 fn read_u32(buf: &[u8], at: usize) -> u32 {

@@ -93,18 +93,46 @@ pub struct Metrics {
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics::default();
-        registry.register("stepwise_nic_pfc_pause_frames", "PFC/global pause frames (ethtool -S rx/tx_prio<p>_pause, rx/tx_global_pause)", m.pause_frames.clone());
-        registry.register("stepwise_nic_pfc_pause_seconds", "Time paused by PFC/global pause (ethtool -S *_pause_duration, µs in the driver)", m.pause_seconds.clone());
-        registry.register("stepwise_nic_pfc_pause_transitions", "Pause Xoff→Xon transitions (ethtool -S rx_prio<p>_pause_transition)", m.pause_transitions.clone());
+        registry.register(
+            "stepwise_nic_pfc_pause_frames",
+            "PFC/global pause frames (ethtool -S rx/tx_prio<p>_pause, rx/tx_global_pause)",
+            m.pause_frames.clone(),
+        );
+        registry.register(
+            "stepwise_nic_pfc_pause_seconds",
+            "Time paused by PFC/global pause (ethtool -S *_pause_duration, µs in the driver)",
+            m.pause_seconds.clone(),
+        );
+        registry.register(
+            "stepwise_nic_pfc_pause_transitions",
+            "Pause Xoff→Xon transitions (ethtool -S rx_prio<p>_pause_transition)",
+            m.pause_transitions.clone(),
+        );
         registry.register("stepwise_nic_priority_bytes", "Bytes per PFC priority (ethtool -S rx/tx_prio<p>_bytes)", m.priority_bytes.clone());
         registry.register("stepwise_nic_priority_packets", "Packets per PFC priority (ethtool -S rx/tx_prio<p>_packets)", m.priority_packets.clone());
         // `stepwise_nic_ecn_marked_packets_total` belongs to the RDMA source (np_ecn_marked_roce_packets).
-        registry.register("stepwise_nic_prio_ecn_marked_packets", "ECN-marked packets received per priority (ethtool -S rx_prio<p>_marked)", m.ecn_marked.clone());
-        registry.register("stepwise_nic_discards", "Packets the NIC dropped, by reason (ethtool -S buf/cong discards, *_discards_phy, rx_out_of_buffer)", m.discards.clone());
+        registry.register(
+            "stepwise_nic_prio_ecn_marked_packets",
+            "ECN-marked packets received per priority (ethtool -S rx_prio<p>_marked)",
+            m.ecn_marked.clone(),
+        );
+        registry.register(
+            "stepwise_nic_discards",
+            "Packets the NIC dropped, by reason (ethtool -S buf/cong discards, *_discards_phy, rx_out_of_buffer)",
+            m.discards.clone(),
+        );
         registry.register("stepwise_nic_pause_storm_events", "Pause storm events (ethtool -S tx_pause_storm_<level>_events)", m.pause_storm.clone());
         registry.register("stepwise_nic_rdma_vport_bytes", "RoCE bytes through the vport (ethtool -S rx/tx_vport_rdma_unicast_bytes)", m.vport_bytes.clone());
-        registry.register("stepwise_nic_rdma_vport_packets", "RoCE packets through the vport (ethtool -S rx/tx_vport_rdma_unicast_packets)", m.vport_packets.clone());
-        registry.register("stepwise_nic_pause_ctrl_frames", "Link-level MAC control (pause) frames, all priorities (ethtool -S rx/tx_pause_ctrl_phy)", m.pause_ctrl.clone());
+        registry.register(
+            "stepwise_nic_rdma_vport_packets",
+            "RoCE packets through the vport (ethtool -S rx/tx_vport_rdma_unicast_packets)",
+            m.vport_packets.clone(),
+        );
+        registry.register(
+            "stepwise_nic_pause_ctrl_frames",
+            "Link-level MAC control (pause) frames, all priorities (ethtool -S rx/tx_pause_ctrl_phy)",
+            m.pause_ctrl.clone(),
+        );
         registry.register("stepwise_ethtool_stat", "Other driver statistics by name (ethtool -S), per-queue names excluded", m.generic.clone());
         m
     }
@@ -122,9 +150,15 @@ impl Metrics {
             Class::Typed(f) => match f {
                 Field::PauseFrames { direction, priority } => Sink::Count(self.pause_frames.get_or_create_owned(&dp(direction.as_str(), priority.label()))),
                 Field::PauseDuration { direction, priority } => Sink::Micros(self.pause_seconds.get_or_create_owned(&dp(direction.as_str(), priority.label()))),
-                Field::PauseTransitions { priority } => Sink::Count(self.pause_transitions.get_or_create_owned(&PrioLabels { netdev: nd(), priority: priority.label() })),
-                Field::PriorityBytes { direction, priority } => Sink::Count(self.priority_bytes.get_or_create_owned(&dp(direction.as_str(), prio_label(priority)))),
-                Field::PriorityPackets { direction, priority } => Sink::Count(self.priority_packets.get_or_create_owned(&dp(direction.as_str(), prio_label(priority)))),
+                Field::PauseTransitions { priority } => {
+                    Sink::Count(self.pause_transitions.get_or_create_owned(&PrioLabels { netdev: nd(), priority: priority.label() }))
+                }
+                Field::PriorityBytes { direction, priority } => {
+                    Sink::Count(self.priority_bytes.get_or_create_owned(&dp(direction.as_str(), prio_label(priority))))
+                }
+                Field::PriorityPackets { direction, priority } => {
+                    Sink::Count(self.priority_packets.get_or_create_owned(&dp(direction.as_str(), prio_label(priority))))
+                }
                 Field::EcnMarked { priority } => Sink::Count(self.ecn_marked.get_or_create_owned(&PrioLabels { netdev: nd(), priority: prio_label(priority) })),
                 Field::Discards { reason, .. } => Sink::Count(self.discards.get_or_create_owned(&ReasonLabels { netdev: nd(), reason: reason.as_str() })),
                 Field::PauseStorm { level } => Sink::Count(self.pause_storm.get_or_create_owned(&LevelLabels { netdev: nd(), level: level.as_str() })),

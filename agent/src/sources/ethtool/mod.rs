@@ -224,7 +224,11 @@ impl Source for EthtoolSource {
     fn sweep(&mut self) -> Result<SweepReport, SourceError> {
         let sock = match self.sock.take() {
             Some(s) => s,
-            None => EthtoolSocket::new().map_err(|err| SourceError::Io { source_name: SOURCE, what: "cannot open the AF_INET socket for SIOCETHTOOL".into(), err })?,
+            None => EthtoolSocket::new().map_err(|err| SourceError::Io {
+                source_name: SOURCE,
+                what: "cannot open the AF_INET socket for SIOCETHTOOL".into(),
+                err,
+            })?,
         };
         let result = self.sweep_with(&sock);
         self.sock = Some(sock);
@@ -267,7 +271,11 @@ impl Source for EthtoolSource {
 impl EthtoolSource {
     fn sweep_with(&mut self, sock: &EthtoolSocket) -> Result<SweepReport, SourceError> {
         let root = self.ctx.sysfs_root.clone();
-        let present = list_netdevs(&root).map_err(|err| SourceError::Io { source_name: SOURCE, what: format!("cannot list {}", root.join("class/net").display()), err })?;
+        let present = list_netdevs(&root).map_err(|err| SourceError::Io {
+            source_name: SOURCE,
+            what: format!("cannot list {}", root.join("class/net").display()),
+            err,
+        })?;
         let at = Instant::now();
         let mut report = SweepReport::default();
         let mut seen = HashSet::new();
@@ -313,7 +321,11 @@ impl EthtoolSource {
                     if !dev.missing {
                         dev.missing = true;
                         self.ctx.errors.inc(SOURCE, kind::NOT_AVAILABLE);
-                        tracing::warn!(netdev, "ethtool: {netdev} is under {}/class/net but not in the agent's network namespace (or just vanished)", root.display());
+                        tracing::warn!(
+                            netdev,
+                            "ethtool: {netdev} is under {}/class/net but not in the agent's network namespace (or just vanished)",
+                            root.display()
+                        );
                     }
                 }
                 Err(e) => {

@@ -174,8 +174,8 @@ pub fn classify(name: &str) -> Class {
 const NOT_COUNTERS: &[&str] = &["peer_ifindex"];
 
 fn typed(name: &str) -> Option<Field> {
-    use DiscardReason as R;
     use Direction::{Rx, Tx};
+    use DiscardReason as R;
     let simple = match name {
         "rx_discards_phy" => Some(Field::Discards { reason: R::DiscardsPhyRx, priority: None }),
         "tx_discards_phy" => Some(Field::Discards { reason: R::DiscardsPhyTx, priority: None }),
@@ -268,19 +268,56 @@ mod tests {
     /// Names in the order and shape mlx5 (ConnectX-6/7, en_stats.c) reports them, with PFC
     /// enabled on priority 3, one channel, and the trailing-space storm name of one release.
     const MLX5: &[&str] = &[
-        "rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "rx_out_of_buffer",
-        "rx_vport_unicast_packets", "rx_vport_rdma_unicast_packets", "rx_vport_rdma_unicast_bytes",
-        "tx_vport_rdma_unicast_packets", "tx_vport_rdma_unicast_bytes",
-        "rx_packets_phy", "rx_discards_phy", "tx_discards_phy", "rx_pause_ctrl_phy", "tx_pause_ctrl_phy",
-        "rx_64_bytes_phy", "rx_65_to_127_bytes_phy", "rx_buffer_passed_thres_phy",
-        "rx_prio0_bytes", "rx_prio0_packets", "rx_prio0_discards", "tx_prio0_bytes", "tx_prio0_packets",
-        "rx_prio3_bytes", "rx_prio3_packets", "rx_prio3_discards", "tx_prio3_bytes", "tx_prio3_packets",
-        "rx_prio3_pause", "rx_prio3_pause_duration", "tx_prio3_pause", "tx_prio3_pause_duration",
-        "rx_prio3_pause_transition", "rx_prio3_buf_discard", "rx_prio3_cong_discard", "rx_prio3_marked",
-        "tx_pause_storm_warning_events ", "tx_pause_storm_error_events",
-        "module_unplug", "outbound_pci_stalled_rd",
-        "ch0_events", "ch0_poll", "rx0_packets", "rx0_bytes", "rx0_ecn_mark", "rx0_xsk_buff_alloc_err",
-        "tx0_packets", "tx0_xmit_more", "qos_tx0_packets", "ptp_cq0_cqe",
+        "rx_packets",
+        "rx_bytes",
+        "tx_packets",
+        "tx_bytes",
+        "rx_out_of_buffer",
+        "rx_vport_unicast_packets",
+        "rx_vport_rdma_unicast_packets",
+        "rx_vport_rdma_unicast_bytes",
+        "tx_vport_rdma_unicast_packets",
+        "tx_vport_rdma_unicast_bytes",
+        "rx_packets_phy",
+        "rx_discards_phy",
+        "tx_discards_phy",
+        "rx_pause_ctrl_phy",
+        "tx_pause_ctrl_phy",
+        "rx_64_bytes_phy",
+        "rx_65_to_127_bytes_phy",
+        "rx_buffer_passed_thres_phy",
+        "rx_prio0_bytes",
+        "rx_prio0_packets",
+        "rx_prio0_discards",
+        "tx_prio0_bytes",
+        "tx_prio0_packets",
+        "rx_prio3_bytes",
+        "rx_prio3_packets",
+        "rx_prio3_discards",
+        "tx_prio3_bytes",
+        "tx_prio3_packets",
+        "rx_prio3_pause",
+        "rx_prio3_pause_duration",
+        "tx_prio3_pause",
+        "tx_prio3_pause_duration",
+        "rx_prio3_pause_transition",
+        "rx_prio3_buf_discard",
+        "rx_prio3_cong_discard",
+        "rx_prio3_marked",
+        "tx_pause_storm_warning_events ",
+        "tx_pause_storm_error_events",
+        "module_unplug",
+        "outbound_pci_stalled_rd",
+        "ch0_events",
+        "ch0_poll",
+        "rx0_packets",
+        "rx0_bytes",
+        "rx0_ecn_mark",
+        "rx0_xsk_buff_alloc_err",
+        "tx0_packets",
+        "tx0_xmit_more",
+        "qos_tx0_packets",
+        "ptp_cq0_cqe",
     ];
 
     fn gstrings(names: &[&str]) -> Vec<u8> {
@@ -326,7 +363,16 @@ mod tests {
         assert_eq!(typed("rx_vport_rdma_unicast_bytes"), Class::Typed(Field::RdmaVportBytes { direction: Rx }));
         assert_eq!(typed("tx_vport_rdma_unicast_packets"), Class::Typed(Field::RdmaVportPackets { direction: Tx }));
         assert_eq!(typed("tx_pause_ctrl_phy"), Class::Typed(Field::PauseCtrlFrames { direction: Tx }));
-        for generic in ["rx_packets", "tx_bytes", "rx_vport_unicast_packets", "rx_64_bytes_phy", "rx_65_to_127_bytes_phy", "rx_buffer_passed_thres_phy", "module_unplug", "outbound_pci_stalled_rd"] {
+        for generic in [
+            "rx_packets",
+            "tx_bytes",
+            "rx_vport_unicast_packets",
+            "rx_64_bytes_phy",
+            "rx_65_to_127_bytes_phy",
+            "rx_buffer_passed_thres_phy",
+            "module_unplug",
+            "outbound_pci_stalled_rd",
+        ] {
             assert_eq!(typed(generic), Class::Generic, "{generic}");
         }
         for q in ["ch0_events", "ch0_poll", "rx0_packets", "rx0_ecn_mark", "rx0_xsk_buff_alloc_err", "tx0_xmit_more", "qos_tx0_packets", "ptp_cq0_cqe"] {

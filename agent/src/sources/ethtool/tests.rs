@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use super::{
-    names::{split_gstrings, DiscardReason, Direction, Field, Priority, ETH_GSTRING_LEN},
+    names::{split_gstrings, Direction, DiscardReason, Field, Priority, ETH_GSTRING_LEN},
     *,
 };
 use crate::sources::{Errors, Selector};
@@ -33,9 +33,21 @@ fn table(names: &[&str]) -> Vec<String> {
 }
 
 const MLX5: &[&str] = &[
-    "rx_packets", "rx_prio3_pause", "rx_prio3_pause_duration", "tx_prio3_pause", "rx_prio3_pause_transition",
-    "rx_prio3_marked", "rx_prio2_buf_discard", "rx_prio3_buf_discard", "rx_discards_phy",
-    "tx_pause_storm_warning_events ", "rx_vport_rdma_unicast_bytes", "tx_prio3_bytes", "rx_global_pause_duration", "ch0_events", "rx0_bytes",
+    "rx_packets",
+    "rx_prio3_pause",
+    "rx_prio3_pause_duration",
+    "tx_prio3_pause",
+    "rx_prio3_pause_transition",
+    "rx_prio3_marked",
+    "rx_prio2_buf_discard",
+    "rx_prio3_buf_discard",
+    "rx_discards_phy",
+    "tx_pause_storm_warning_events ",
+    "rx_vport_rdma_unicast_bytes",
+    "tx_prio3_bytes",
+    "rx_global_pause_duration",
+    "ch0_events",
+    "rx0_bytes",
 ];
 
 fn text(reg: &Registry) -> String {

@@ -20,8 +20,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
-pub use self::sysfs::{list_netdevs, pci_address, read_ifindex};
 use self::rtnl::{Rtnl, RtnlError};
+pub use self::sysfs::{list_netdevs, pci_address, read_ifindex};
 use super::{
     counter::{Delta, Semantics},
     kind, Source, SourceContext, SourceError, SweepReport,
@@ -35,7 +35,8 @@ pub const MAX_NETDEVS: usize = 1024;
 pub const KIND_CARDINALITY: &str = "cardinality";
 
 /// The counters read per netdev, in this order in [`LinkReading::values`].
-pub const COUNTERS: [&str; 8] = ["receive_bytes", "transmit_bytes", "receive_packets", "transmit_packets", "receive_drops", "transmit_drops", "receive_errors", "transmit_errors"];
+pub const COUNTERS: [&str; 8] =
+    ["receive_bytes", "transmit_bytes", "receive_packets", "transmit_packets", "receive_drops", "transmit_drops", "receive_errors", "transmit_errors"];
 const HELP: [&str; 8] = [
     "Bytes received (IFLA_STATS64 rx_bytes)",
     "Bytes transmitted (IFLA_STATS64 tx_bytes)",
@@ -67,7 +68,9 @@ pub fn parse_link(msg: &LinkMessage) -> Option<LinkReading> {
             LinkAttribute::IfName(n) => name = Some(n.clone()),
             LinkAttribute::OperState(s) => oper = Some(*s),
             LinkAttribute::Stats64(s) => s64 = Some([s.rx_bytes, s.tx_bytes, s.rx_packets, s.tx_packets, s.rx_dropped, s.tx_dropped, s.rx_errors, s.tx_errors]),
-            LinkAttribute::Stats(s) => s32 = Some([s.rx_bytes, s.tx_bytes, s.rx_packets, s.tx_packets, s.rx_dropped, s.tx_dropped, s.rx_errors, s.tx_errors].map(u64::from)),
+            LinkAttribute::Stats(s) => {
+                s32 = Some([s.rx_bytes, s.tx_bytes, s.rx_packets, s.tx_packets, s.rx_dropped, s.tx_dropped, s.rx_errors, s.tx_errors].map(u64::from))
+            }
             _ => {}
         }
     }

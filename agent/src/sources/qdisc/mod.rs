@@ -153,7 +153,8 @@ const PACKETS: usize = 1;
 const DROPS: usize = 2;
 const OVERLIMITS: usize = 3;
 const REQUEUES: usize = 4;
-const SEMANTICS: [Semantics; 5] = [Semantics::Monotonic, Semantics::Monotonic, Semantics::Wrapping { bits: 32 }, Semantics::Wrapping { bits: 32 }, Semantics::Wrapping { bits: 32 }];
+const SEMANTICS: [Semantics; 5] =
+    [Semantics::Monotonic, Semantics::Monotonic, Semantics::Wrapping { bits: 32 }, Semantics::Wrapping { bits: 32 }, Semantics::Wrapping { bits: 32 }];
 
 struct Qdisc {
     ifindex: u32,
@@ -385,7 +386,11 @@ impl Source for QdiscSource {
     }
 
     fn status(&self) -> serde_json::Value {
-        let qs: Vec<_> = self.qdiscs.iter().map(|(l, q)| serde_json::json!({"netdev": l.netdev, "kind": l.kind, "handle": l.handle, "parent": l.parent, "present": q.present})).collect();
+        let qs: Vec<_> = self
+            .qdiscs
+            .iter()
+            .map(|(l, q)| serde_json::json!({"netdev": l.netdev, "kind": l.kind, "handle": l.handle, "parent": l.parent, "present": q.present}))
+            .collect();
         serde_json::json!({ "qdiscs": qs, "cap": MAX_QDISCS, "last_error": self.last_error })
     }
 }

@@ -32,7 +32,19 @@ fn tbf_message(bytes: u64, packets: u32, q: (u32, u32, u32, u32, u32), pkt64: Op
 }
 
 fn reading(bytes: u64, drops: u32, overlimits: u32) -> QdiscReading {
-    QdiscReading { ifindex: 7, kind: "tbf".into(), handle: "8001:".into(), parent: "root".into(), bytes, packets: bytes / 100, drops, overlimits, requeues: 0, backlog_bytes: 3000, backlog_packets: 2 }
+    QdiscReading {
+        ifindex: 7,
+        kind: "tbf".into(),
+        handle: "8001:".into(),
+        parent: "root".into(),
+        bytes,
+        packets: bytes / 100,
+        drops,
+        overlimits,
+        requeues: 0,
+        backlog_bytes: 3000,
+        backlog_packets: 2,
+    }
 }
 
 #[test]
@@ -47,7 +59,22 @@ fn handles_are_spelled_like_tc() {
 #[test]
 fn stats2_basic_queue_and_pkt64() {
     let r = parse_qdisc(&tbf_message(123_456, 99, (2, 3000, 17, 1, 40), None)).expect("reading");
-    assert_eq!(r, QdiscReading { ifindex: 7, kind: "tbf".into(), handle: "8001:".into(), parent: "root".into(), bytes: 123_456, packets: 99, drops: 17, overlimits: 40, requeues: 1, backlog_bytes: 3000, backlog_packets: 2 });
+    assert_eq!(
+        r,
+        QdiscReading {
+            ifindex: 7,
+            kind: "tbf".into(),
+            handle: "8001:".into(),
+            parent: "root".into(),
+            bytes: 123_456,
+            packets: 99,
+            drops: 17,
+            overlimits: 40,
+            requeues: 1,
+            backlog_bytes: 3000,
+            backlog_packets: 2
+        }
+    );
     // Past 2^32 packets the kernel adds TCA_STATS_PKT64 and truncates the u32.
     let r = parse_qdisc(&tbf_message(1, 5, (0, 0, 0, 0, 0), Some((1 << 32) + 5))).expect("reading");
     assert_eq!(r.packets, (1 << 32) + 5);

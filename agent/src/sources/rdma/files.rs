@@ -372,9 +372,7 @@ impl Dir {
 
     /// Whether `name` inside this directory is the directory `d`.
     fn has_dir(&self, name: &CStr, d: &Dir) -> bool {
-        open_at(self.raw(), name, libc::O_DIRECTORY | libc::O_PATH)
-            .and_then(|fd| fstat(fd.as_raw_fd()))
-            .is_ok_and(|st| (st.st_dev, st.st_ino) == d.id)
+        open_at(self.raw(), name, libc::O_DIRECTORY | libc::O_PATH).and_then(|fd| fstat(fd.as_raw_fd())).is_ok_and(|st| (st.st_dev, st.st_ino) == d.id)
     }
 }
 

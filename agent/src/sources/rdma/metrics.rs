@@ -89,27 +89,15 @@ impl Metrics {
         for (name, help, fam) in counters {
             registry.register(name, help, fam.clone());
         }
-        registry.register(
-            "stepwise_nic_retransmit_events",
-            "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)",
-            m.retransmit_events.clone(),
-        );
-        registry.register(
-            "stepwise_rdma_hw_stat",
-            "Every other RDMA hw_counters entry, by file name (at most 256 names)",
-            m.hw_counter.clone(),
-        );
+        registry.register("stepwise_nic_retransmit_events", "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)", m.retransmit_events.clone());
+        registry.register("stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)", m.hw_counter.clone());
         registry.register(
             "stepwise_rdma_port_stat",
             "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
             m.port_counter.clone(),
         );
         registry.register("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
-        registry.register(
-            "stepwise_nic_link_rate_bytes_per_second",
-            "RDMA port link rate (from the rate file, Gb/s x 125000000)",
-            m.link_rate.clone(),
-        );
+        registry.register("stepwise_nic_link_rate_bytes_per_second", "RDMA port link rate (from the rate file, Gb/s x 125000000)", m.link_rate.clone());
         m
     }
 

@@ -207,10 +207,7 @@ impl PortState {
 
     /// Sum of the retransmission reasons' totals.
     pub fn retransmits(&self) -> u64 {
-        (0..Typed::COUNT)
-            .filter(|i| matches!(Typed::from_index(*i), Some(Typed::Retransmit(_))))
-            .filter_map(|i| self.totals[i])
-            .fold(0u64, u64::saturating_add)
+        (0..Typed::COUNT).filter(|i| matches!(Typed::from_index(*i), Some(Typed::Retransmit(_)))).filter_map(|i| self.totals[i]).fold(0u64, u64::saturating_add)
     }
 
     pub fn total(&self, t: Typed) -> u64 {
@@ -243,12 +240,8 @@ impl PortState {
         if let Some(n) = topo.and_then(|t| t.netdev.as_ref()) {
             self.netdev = Some(n.clone());
         }
-        let labels = PortLabels {
-            device: dev.to_string(),
-            port: port.to_string(),
-            netdev: self.netdev.clone().unwrap_or_default(),
-            rail: self.rail.to_string(),
-        };
+        let labels =
+            PortLabels { device: dev.to_string(), port: port.to_string(), netdev: self.netdev.clone().unwrap_or_default(), rail: self.rail.to_string() };
         if self.labels.as_ref() == Some(&labels) {
             return;
         }
@@ -300,10 +293,10 @@ impl PortState {
         }
         if got.groups[0] {
             if let Some(files) = self.files.as_ref().and_then(|f| f.groups[0].as_ref()) {
-                self.ext |= files.files.iter().zip(&io.scratch.values[0]).any(|(f, v)| {
-                    spec::is_ext_only(&f.name)
-                        || (spec::is_pma_data_or_packets(&f.name) && v.as_ref().is_ok_and(|x| *x > u64::from(u32::MAX)))
-                });
+                self.ext |=
+                    files.files.iter().zip(&io.scratch.values[0]).any(|(f, v)| {
+                        spec::is_ext_only(&f.name) || (spec::is_pma_data_or_packets(&f.name) && v.as_ref().is_ok_and(|x| *x > u64::from(u32::MAX)))
+                    });
             }
         }
         if self.ext != self.spec_ext {
@@ -443,9 +436,8 @@ impl PortState {
                             Target::HwGeneric => Some(&io.metrics.hw_counter),
                             Target::PortGeneric => Some(&io.metrics.port_counter),
                         };
-                        let series = fam.map(|fam| {
-                            fam.get_or_create_owned(&CounterLabels { device: dev.to_string(), port: port.to_string(), counter: f.name.clone() })
-                        });
+                        let series =
+                            fam.map(|fam| fam.get_or_create_owned(&CounterLabels { device: dev.to_string(), port: port.to_string(), counter: f.name.clone() }));
                         f.tag = Tag::Counter(self.counters.len());
                         self.counters.push(CounterState {
                             group,

@@ -104,8 +104,7 @@ pub struct Spec {
 /// cause on mlx5 (retransmission and roce_accl groups). Receiver-side symptoms
 /// (`duplicate_request`) and "retries exceeded" errors stay in the generic family so a single
 /// retransmission is not counted twice.
-pub const RETRANSMIT_REASONS: [&str; 5] =
-    ["local_ack_timeout_err", "roce_adp_retrans", "packet_seq_err", "rnr_nak_retry_err", "implied_nak_seq_err"];
+pub const RETRANSMIT_REASONS: [&str; 5] = ["local_ack_timeout_err", "roce_adp_retrans", "packet_seq_err", "rnr_nak_retry_err", "implied_nak_seq_err"];
 
 /// mlx5 Q counters (basic, out_of_seq, retransmission, enhanced error, roce_accl): the driver
 /// reads them as 32-bit (`be32_to_cpu` in counters.c), so they roll over at 2^32.
@@ -157,8 +156,7 @@ pub fn is_ext_only(name: &str) -> bool {
 /// Width of a fixed-width PMA PortCounters field (the 32-bit table).
 fn pma_bits(name: &str) -> Option<u8> {
     Some(match name {
-        "symbol_error" | "port_rcv_errors" | "port_rcv_remote_physical_errors" | "port_rcv_switch_relay_errors"
-        | "port_xmit_discards" | "VL15_dropped" => 16,
+        "symbol_error" | "port_rcv_errors" | "port_rcv_remote_physical_errors" | "port_rcv_switch_relay_errors" | "port_xmit_discards" | "VL15_dropped" => 16,
         "link_error_recovery" | "link_downed" | "port_xmit_constraint_errors" | "port_rcv_constraint_errors" => 8,
         "local_link_integrity_errors" | "excessive_buffer_overrun_errors" => 4,
         "port_xmit_wait" => 32,

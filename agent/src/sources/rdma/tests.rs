@@ -32,7 +32,14 @@ impl Host {
         self.put(dev, "rate", "400 Gb/sec (4X NDR)\n");
         self.put(dev, "link_layer", "Ethernet\n");
         self.put(dev, "gid_attrs/ndevs/0", &format!("{netdev}\n"));
-        for (f, v) in [("port_xmit_data", 100), ("port_rcv_data", 50), ("port_xmit_packets", 10), ("port_rcv_packets", 5), ("port_xmit_wait", 0), ("unicast_xmit_packets", 10)] {
+        for (f, v) in [
+            ("port_xmit_data", 100),
+            ("port_rcv_data", 50),
+            ("port_xmit_packets", 10),
+            ("port_rcv_packets", 5),
+            ("port_xmit_wait", 0),
+            ("unicast_xmit_packets", 10),
+        ] {
             self.put(dev, &format!("counters/{f}"), &format!("{v}\n"));
         }
         for (f, v) in [("lifespan", 10), ("out_of_buffer", 0), ("np_cnp_sent", 0), ("local_ack_timeout_err", 0), ("rx_read_requests", 7)] {
@@ -49,13 +56,7 @@ impl Host {
     fn source_with(&self, interval: Duration, selector: Selector) -> (RdmaSource, Errors, Registry) {
         let mut reg = Registry::default();
         let errors = Errors::register(&mut reg);
-        let ctx = SourceContext {
-            sysfs_root: self.root().to_path_buf(),
-            selector,
-            errors: errors.clone(),
-            interval,
-            rails: Default::default(),
-        };
+        let ctx = SourceContext { sysfs_root: self.root().to_path_buf(), selector, errors: errors.clone(), interval, rails: Default::default() };
         (RdmaSource::new(ctx, &mut reg), errors, reg)
     }
     fn source(&self) -> (RdmaSource, Errors, Registry) {

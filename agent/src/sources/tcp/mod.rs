@@ -80,7 +80,12 @@ impl Source for TcpSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         self.totals
             .iter()
-            .map(|(n, v)| (crate::timeline::NicInfo { name: n.clone(), ..Default::default() }, crate::timeline::NicSample { retransmits: *v as f64, ..Default::default() }))
+            .map(|(n, v)| {
+                (
+                    crate::timeline::NicInfo { name: n.clone(), ..Default::default() },
+                    crate::timeline::NicSample { retransmits: *v as f64, ..Default::default() },
+                )
+            })
             .collect()
     }
     fn name(&self) -> &'static str {

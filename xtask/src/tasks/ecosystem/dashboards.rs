@@ -23,14 +23,18 @@ pub fn check(t: &Tools, work: &Path) -> Result<()> {
             bail!("dashboards/{f} differs from what dashboards/gen/generate.mjs writes: run `node dashboards/gen/generate.mjs` and commit");
         }
     }
-    let extra: Vec<String> = std::fs::read_dir(&dir)?.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".json") && !FILES.contains(&n.as_str())).collect();
+    let extra: Vec<String> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json") && !FILES.contains(&n.as_str()))
+        .collect();
     if !extra.is_empty() {
         bail!("dashboards/ has JSON the generator does not write: {extra:?}");
     }
     eprintln!("{} dashboards identical to the generator's output", FILES.len());
 
     // 2. schemaVersion is the one @grafana/schema defines (defaultDashboard).
-    let esm = std::fs::read_to_string(t.npm.join("node_modules/@grafana/schema/dist/esm/raw/dashboard/x/types.gen.mjs")).context("@grafana/schema dashboard types")?;
+    let esm = std::fs::read_to_string(t.npm.join("node_modules/@grafana/schema/dist/esm/raw/dashboard/x/types.gen.mjs"))
+        .context("@grafana/schema dashboard types")?;
     let want: u64 = esm
         .split("defaultDashboard =")
         .nth(1)
@@ -52,7 +56,11 @@ pub fn check(t: &Tools, work: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(&ts);
     std::fs::create_dir_all(&ts)?;
     std::fs::copy(dir.join("gen/schema.ts"), ts.join("schema.ts"))?;
-    write(&ts, "tsconfig.json", r#"{"compilerOptions": {"strict": true, "noEmit": true, "target": "es2022", "module": "esnext", "moduleResolution": "bundler", "skipLibCheck": true, "types": []}, "include": ["*.ts"]}"#)?;
+    write(
+        &ts,
+        "tsconfig.json",
+        r#"{"compilerOptions": {"strict": true, "noEmit": true, "target": "es2022", "module": "esnext", "moduleResolution": "bundler", "skipLibCheck": true, "types": []}, "include": ["*.ts"]}"#,
+    )?;
     let as_ts = |json: &str| format!("import type {{ StepwiseDashboard }} from './schema';\nexport const dashboard: StepwiseDashboard = {json};\n");
     for f in FILES {
         write(&ts, &f.replace(".json", ".ts"), &as_ts(&std::fs::read_to_string(dir.join(f))?))?;
@@ -94,12 +102,16 @@ pub fn check(t: &Tools, work: &Path) -> Result<()> {
 
     // 5. Provisioning files: the keys Grafana's provisioning reads.
     let ds = t.yaml_docs(&std::fs::read_to_string(dir.join("provisioning/datasources/stepwise.yaml"))?)?;
-    let ok = ds.first().is_some_and(|d| d["apiVersion"] == 1 && d["datasources"].as_array().is_some_and(|v| v.iter().any(|s| s["type"] == "prometheus" && s["url"].is_string())));
+    let ok = ds.first().is_some_and(|d| {
+        d["apiVersion"] == 1 && d["datasources"].as_array().is_some_and(|v| v.iter().any(|s| s["type"] == "prometheus" && s["url"].is_string()))
+    });
     if !ok {
         bail!("provisioning/datasources/stepwise.yaml: expected apiVersion 1 and a prometheus data source with a url: {ds:?}");
     }
     let pv = t.yaml_docs(&std::fs::read_to_string(dir.join("provisioning/dashboards/stepwise.yaml"))?)?;
-    let ok = pv.first().is_some_and(|d| d["apiVersion"] == 1 && d["providers"].as_array().is_some_and(|v| v.iter().any(|p| p["type"] == "file" && p["options"]["path"].is_string())));
+    let ok = pv.first().is_some_and(|d| {
+        d["apiVersion"] == 1 && d["providers"].as_array().is_some_and(|v| v.iter().any(|p| p["type"] == "file" && p["options"]["path"].is_string()))
+    });
     if !ok {
         bail!("provisioning/dashboards/stepwise.yaml: expected apiVersion 1 and a file provider with options.path: {pv:?}");
     }

@@ -33,13 +33,21 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     }
     eprintln!("helm lint --strict: clean (no INFO, WARNING or ERROR)");
     let template = |extra: &[&str]| -> Result<String> {
-        Ok(stdout(&run_ok(Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "stepwise", "--set", "createNamespace=true"]).args(extra))?))
+        Ok(stdout(&run_ok(
+            Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "stepwise", "--set", "createNamespace=true"]).args(extra),
+        )?))
     };
     let helm = template(&[])?;
     let helm_pm = template(&["--set", "serviceMonitor.enabled=false", "--set", "podMonitor.enabled=true"])?;
     let helm_plain = stdout(&run_ok(Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "gpu-observability"]))?);
 
-    let renders = [("kustomize base", &base), ("kustomize + podmonitor component", &base_pm), ("helm template", &helm), ("helm template (podMonitor)", &helm_pm), ("helm template (defaults, other namespace)", &helm_plain)];
+    let renders = [
+        ("kustomize base", &base),
+        ("kustomize + podmonitor component", &base_pm),
+        ("helm template", &helm),
+        ("helm template (podMonitor)", &helm_pm),
+        ("helm template (defaults, other namespace)", &helm_plain),
+    ];
     validate(t, work, &renders)?;
     for (name, yaml) in renders {
         let docs = t.yaml_docs(yaml)?;
@@ -81,7 +89,8 @@ fn validate(t: &Tools, work: &Path, renders: &[(&str, &String)]) -> Result<()> {
         let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
         let unvalidated: Vec<&str> = text.lines().filter(|l| l.contains("Couldn't find schema")).collect();
         let passed = text.lines().filter(|l| l.contains(" passed for resource ")).count();
-        if !out.status.success() || text.contains("ERROR") || unvalidated.iter().any(|l| !(l.contains("kind ServiceMonitor") || l.contains("kind PodMonitor"))) {
+        if !out.status.success() || text.contains("ERROR") || unvalidated.iter().any(|l| !(l.contains("kind ServiceMonitor") || l.contains("kind PodMonitor")))
+        {
             bail!("kubernetes-validate --strict -k {v} failed:\n{text}");
         }
         if passed != core {
@@ -97,7 +106,13 @@ fn monitors(t: &Tools, work: &Path, name: &str, docs: &[Value]) -> Result<()> {
     let monitors: Vec<&Value> = docs.iter().filter(|d| d["apiVersion"] == "monitoring.coreos.com/v1").collect();
     let script = "const docs = JSON.parse(require('fs').readFileSync(0, 'utf8'));\nfor (const d of docs) {\n  const { [d.kind]: Model } = require(process.argv[2] + '/node_modules/@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/' + d.kind);\n  new Model(d).validate();\n  console.log(d.kind + '/' + d.metadata.name + ' valid');\n}\n";
     let js = write(work, "validate-monitors.js", script)?;
-    let mut child = Command::new("node").arg(&js).arg(&t.npm).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn()?;
+    let mut child = Command::new("node")
+        .arg(&js)
+        .arg(&t.npm)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
     {
         use std::io::Write;
         child.stdin.take().context("stdin")?.write_all(serde_json::to_string(&monitors)?.as_bytes())?;
@@ -144,7 +159,9 @@ fn security_context(name: &str, ds: &Value) -> Result<()> {
         let v = volumes.iter().find(|v| v["hostPath"]["path"] == host)?;
         mounts.iter().find(|m| m["name"] == v["name"])
     };
-    for (host, ro) in [("/sys", true), ("/proc", true), ("/sys/kernel/tracing", true), ("/sys/fs/bpf", true), ("/var/lib/stepwise", false), ("/run/stepwise", false)] {
+    for (host, ro) in
+        [("/sys", true), ("/proc", true), ("/sys/kernel/tracing", true), ("/sys/fs/bpf", true), ("/var/lib/stepwise", false), ("/run/stepwise", false)]
+    {
         match mount_of(host) {
             Some(m) => want((m["readOnly"] == true) == ro, &format!("hostPath {host} mounted {}", if ro { "read-only" } else { "read-write" })),
             None => want(false, &format!("hostPath {host} mounted")),
@@ -153,7 +170,9 @@ fn security_context(name: &str, ds: &Value) -> Result<()> {
     if !errs.is_empty() {
         bail!("{name}: the DaemonSet's security context / pod spec is wrong:\n  {}", errs.join("\n  "));
     }
-    eprintln!("{name}: DaemonSet not privileged, no escalation, read-only root, uid 0, drop ALL, add exactly {CAPS:?}; host /sys, /proc, tracefs, bpffs read-only");
+    eprintln!(
+        "{name}: DaemonSet not privileged, no escalation, read-only root, uid 0, drop ALL, add exactly {CAPS:?}; host /sys, /proc, tracefs, bpffs read-only"
+    );
     Ok(())
 }
 
@@ -167,12 +186,19 @@ fn config(t: &Tools, work: &Path, agent: &Path, name: &str, ds: &Value, cm: &Val
     if let Some(bad) = report["checks"].as_array().and_then(|v| v.iter().find(|c| c["name"] == "config")) {
         bail!("{name}: the agent refuses the ConfigMap's agent.toml: {}", bad["detail"]);
     }
-    let parsed = stdout(&run_ok(Command::new(&t.python).args(["-c", "import sys, tomllib, json; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"]).arg(&file))?);
+    let parsed = stdout(&run_ok(
+        Command::new(&t.python).args(["-c", "import sys, tomllib, json; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"]).arg(&file),
+    )?);
     let cfg: Value = serde_json::from_str(&parsed)?;
     let c = &ds["spec"]["template"]["spec"]["containers"][0];
     let mounted = |path: &str| c["volumeMounts"].as_array().is_some_and(|v| v.iter().any(|m| m["mountPath"].as_str().is_some_and(|p| path.starts_with(p))));
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
-    for (key, path) in [("sysfs_root", s(&cfg["sysfs_root"])), ("collectives.proc_root", s(&cfg["collectives"]["proc_root"])), ("steps.marker_socket", s(&cfg["steps"]["marker_socket"])), ("store.path", s(&cfg["store"]["path"]))] {
+    for (key, path) in [
+        ("sysfs_root", s(&cfg["sysfs_root"])),
+        ("collectives.proc_root", s(&cfg["collectives"]["proc_root"])),
+        ("steps.marker_socket", s(&cfg["steps"]["marker_socket"])),
+        ("store.path", s(&cfg["store"]["path"])),
+    ] {
         if path.is_empty() || !mounted(&path) {
             bail!("{name}: agent.toml {key} = {path:?} is not under any volume the DaemonSet mounts");
         }
@@ -239,7 +265,8 @@ pub fn systemd(agent: &Path, work: &Path) -> Result<()> {
             bail!("stepwise-agent.service: {k} = {got:?}, expected {want:?} (the DaemonSet's)");
         }
     }
-    for (k, v) in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("StateDirectory", "stepwise"), ("RuntimeDirectory", "stepwise"), ("User", "root")] {
+    for (k, v) in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("StateDirectory", "stepwise"), ("RuntimeDirectory", "stepwise"), ("User", "root")]
+    {
         if keys(k) != [v.to_string()] {
             bail!("stepwise-agent.service: expected {k}={v}, found {:?}", keys(k));
         }

@@ -39,7 +39,9 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
                 bail!("the image's agent did not print its default config");
             }
         }
-        (None, why) => eprintln!("no image builder here ({}): deploy/Dockerfile is not built; testing the image's contents with the same binary instead", why.join("; ")),
+        (None, why) => {
+            eprintln!("no image builder here ({}): deploy/Dockerfile is not built; testing the image's contents with the same binary instead", why.join("; "))
+        }
     }
     libraries(agent)?;
     run_like_the_pod(t, work, agent)
@@ -84,7 +86,8 @@ fn shape(recipe: &str) -> Result<()> {
 /// Every NEEDED library of the binary is in the runtime base.
 fn libraries(agent: &Path) -> Result<()> {
     let dynamic = stdout(&run_ok(Command::new("readelf").arg("-d").arg(agent))?);
-    let needed: Vec<String> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).filter_map(|l| l.split('[').nth(1).map(|s| s.trim_end_matches(']').to_string())).collect();
+    let needed: Vec<String> =
+        dynamic.lines().filter(|l| l.contains("(NEEDED)")).filter_map(|l| l.split('[').nth(1).map(|s| s.trim_end_matches(']').to_string())).collect();
     let foreign: Vec<&String> = needed.iter().filter(|n| !RUNTIME_LIBS.contains(&n.as_str())).collect();
     if needed.is_empty() || !foreign.is_empty() {
         bail!("the agent needs libraries the runtime image lacks: {foreign:?} (needed: {needed:?})");
@@ -100,17 +103,15 @@ fn run_like_the_pod(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     let toml = docs.iter().find(|d| d["kind"] == "ConfigMap").and_then(|d| d["data"]["agent.toml"].as_str()).context("ConfigMap agent.toml")?;
     let port = stepwise_tests::harness::free_port();
     // Host paths as this machine has them (the pod mounts the host's at /host/...).
-    let cfg = toml
-        .replace("\"/host/sys\"", "\"/sys\"")
-        .replace("/host/proc", "/proc")
-        .replace("0.0.0.0:9477", &format!("127.0.0.1:{port}"));
+    let cfg = toml.replace("\"/host/sys\"", "\"/sys\"").replace("/host/proc", "/proc").replace("0.0.0.0:9477", &format!("127.0.0.1:{port}"));
     // The pod's writable volumes (state, markers, the /tmp emptyDir) as one tmpfs mounted at
     // `rw` inside the private mount namespace. Not over /tmp itself: the checkout — and so the
     // binary and its config — may live under /tmp (CI clones there).
     let rw = work.join("pod-rw");
     std::fs::create_dir_all(&rw)?;
     let rw_s = rw.to_str().context("work dir is not UTF-8")?;
-    let cfg = cfg.replace("/var/lib/stepwise/agent.db", &format!("{rw_s}/state/agent.db")).replace("/run/stepwise/markers.sock", &format!("{rw_s}/run/markers.sock"));
+    let cfg =
+        cfg.replace("/var/lib/stepwise/agent.db", &format!("{rw_s}/state/agent.db")).replace("/run/stepwise/markers.sock", &format!("{rw_s}/run/markers.sock"));
     let cfg_file = write(work, "pod-agent.toml", &cfg)?;
     let caps = std::iter::once("-all".to_string()).chain(CAPS.iter().map(|c| format!("+{}", c.to_ascii_lowercase()))).collect::<Vec<_>>().join(",");
     let script = format!(

@@ -33,7 +33,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("STEPWISE_CACHE_DIR") {
         return PathBuf::from(d);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache"));
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache"));
     base.join("stepwise")
 }
 
@@ -72,7 +74,9 @@ pub fn ensure() -> Result<Tools> {
     let missing: Vec<String> = NPM.iter().filter(|(p, v)| npm_version(&npm, p).as_deref() != Some(*v)).map(|(p, v)| format!("{p}@{v}")).collect();
     if !missing.is_empty() {
         eprintln!("ecosystem: npm install {}", missing.join(" "));
-        run_ok(Command::new("npm").args(["install", "--prefix"]).arg(&npm).args(["--no-audit", "--no-fund", "--save-exact", "--loglevel=error"]).args(&missing))?;
+        run_ok(
+            Command::new("npm").args(["install", "--prefix"]).arg(&npm).args(["--no-audit", "--no-fund", "--save-exact", "--loglevel=error"]).args(&missing),
+        )?;
     }
     let tsc = npm.join("node_modules/.bin/tsc");
 
@@ -110,7 +114,11 @@ pub fn ensure() -> Result<Tools> {
             apt(&["python3-venv"])?;
             run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
         }
-        run_ok(Command::new(&python).args(["-m", "pip", "install", "-q", "--disable-pip-version-check"]).arg(format!("kubernetes-validate=={KUBERNETES_VALIDATE}")))?;
+        run_ok(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                .arg(format!("kubernetes-validate=={KUBERNETES_VALIDATE}")),
+        )?;
     }
     eprintln!(
         "ecosystem tools (cache {}): @grafana/schema {}, typescript {}, @kubernetes-models/prometheus-operator {}, helm {HELM_VERSION}, kubernetes-validate {KUBERNETES_VALIDATE}, kubectl {}",
