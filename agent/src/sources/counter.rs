@@ -14,6 +14,9 @@
 //!   decrease is a reset (driver reload, `ethtool` clear): the delta is `cur`.
 //!
 //! Adding 2^32 to a reset 64-bit counter would invent 4 GiB of traffic; these rules never do.
+//!
+//! On top of these, [`Guarded`] refuses glitches: a value wider than the counter, or a delta
+//! beyond the link rate × elapsed time ([`rate_bound`]), is counted and never added.
 
 /// How a counter behaves at its limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +60,14 @@ fn max_for(bits: u8) -> u64 {
 }
 
 impl Semantics {
+    /// The largest value the counter can hold.
+    pub fn max(self) -> u64 {
+        match self {
+            Semantics::Wrapping { bits } | Semantics::Saturating { bits } => max_for(bits),
+            Semantics::Monotonic => u64::MAX,
+        }
+    }
+
     /// Delta from `prev` to `cur` under these semantics.
     pub fn delta(self, prev: u64, cur: u64) -> Delta {
         match self {
@@ -93,9 +104,114 @@ impl Semantics {
     }
 }
 
+/// The most a counter can plausibly advance in `elapsed` on a link of `rate_bytes_per_s`, in
+/// bytes: twice the line rate over the interval plus one second (a firmware-cached counter may
+/// cover more than the measured interval). `None` when the rate is unknown or zero.
+pub fn rate_bound(rate_bytes_per_s: Option<f64>, elapsed_ns: u64) -> Option<u64> {
+    let rate = rate_bytes_per_s.filter(|r| r.is_finite() && *r > 0.0)?;
+    let bound = rate * (2.0 * elapsed_ns as f64 / 1e9 + 1.0);
+    // `as` saturates a too-large float at u64::MAX.
+    Some(bound as u64)
+}
+
+/// A counter's previous reading, guarded against glitches: a value wider than the counter, or
+/// a delta beyond what the link could carry, is not added. The reading is remembered as a
+/// suspect: if the next one continues from it (plausibly), the counter really jumped and
+/// counts on from there; if it continues from the last good reading, the glitch was a misread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Guarded {
+    prev: u64,
+    suspect: Option<u64>,
+}
+
+impl Guarded {
+    pub fn new(first: u64) -> Self {
+        Guarded { prev: first, suspect: None }
+    }
+
+    /// The last reading taken as good.
+    pub fn prev(&self) -> u64 {
+        self.prev
+    }
+
+    /// The delta to `cur`, or `None` for a glitch (count it, add nothing). `max`: the most the
+    /// counter (in its own unit) can plausibly advance since the previous reading.
+    pub fn next(&mut self, sem: Semantics, cur: u64, max: Option<u64>) -> Option<Delta> {
+        if cur > sem.max() {
+            // Impossible for the counter's width: not even a suspect.
+            return None;
+        }
+        let plausible = |d: Delta| max.is_none_or(|m| d.value() <= m);
+        let d = sem.delta(self.prev, cur);
+        if plausible(d) {
+            (self.prev, self.suspect) = (cur, None);
+            return Some(d);
+        }
+        if let Some(s) = self.suspect {
+            let from_suspect = sem.delta(s, cur);
+            if matches!(from_suspect, Delta::Normal(_)) && plausible(from_suspect) {
+                (self.prev, self.suspect) = (cur, None);
+                return Some(from_suspect);
+            }
+        }
+        self.suspect = Some(cur);
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jump_to_u64_max_and_back_adds_nothing_and_the_series_continues() {
+        let mut g = Guarded::new(500);
+        let max = rate_bound(Some(50e9), 1_000_000_000);
+        assert_eq!(g.next(Semantics::Monotonic, u64::MAX - 10, max), None);
+        assert_eq!(g.next(Semantics::Monotonic, 1000, max), Some(Delta::Normal(500)));
+        assert_eq!(g.next(Semantics::Monotonic, 2000, max), Some(Delta::Normal(1000)));
+        assert_eq!(g.prev(), 2000);
+    }
+
+    #[test]
+    fn a_real_jump_is_followed_from_the_second_reading_on() {
+        let mut g = Guarded::new(500);
+        let max = rate_bound(Some(1e9), 1_000_000_000);
+        let far = 1u64 << 50;
+        assert_eq!(g.next(Semantics::Monotonic, far, max), None);
+        assert_eq!(g.next(Semantics::Monotonic, far + 100, max), Some(Delta::Normal(100)));
+        assert_eq!(g.next(Semantics::Monotonic, far + 300, max), Some(Delta::Normal(200)));
+    }
+
+    #[test]
+    fn a_32_bit_counter_reading_wider_than_32_bits_is_a_glitch() {
+        let mut g = Guarded::new(10);
+        let s = Semantics::Wrapping { bits: 32 };
+        assert_eq!(g.next(s, u64::MAX, None), None);
+        assert_eq!(g.next(s, u64::MAX, None), None, "never confirmed: the width forbids it");
+        assert_eq!(g.next(s, 25, None), Some(Delta::Normal(15)));
+        let mut sat = Guarded::new(10);
+        assert_eq!(sat.next(Semantics::Saturating { bits: 32 }, 1 << 33, None), None);
+    }
+
+    #[test]
+    fn without_a_rate_only_the_width_is_checked() {
+        let mut g = Guarded::new(0);
+        assert_eq!(rate_bound(None, 1), None);
+        assert_eq!(rate_bound(Some(0.0), 1), None);
+        assert_eq!(g.next(Semantics::Monotonic, 1 << 60, None), Some(Delta::Normal(1 << 60)));
+        // A reset is still a reset, and its value is plausible.
+        assert_eq!(g.next(Semantics::Monotonic, 7, rate_bound(Some(1e9), 1)), Some(Delta::Reset(7)));
+    }
+
+    #[test]
+    fn rate_bound_has_margin_for_a_full_interval_at_line_rate() {
+        // 400 Gb/s for 1 s is 5e10 bytes: within the bound, twice it plus a second is not.
+        let b = rate_bound(Some(50e9), 1_000_000_000).unwrap();
+        assert!(b >= 50_000_000_000 * 2);
+        assert!(b < 50_000_000_000 * 4);
+        assert_eq!(rate_bound(Some(f64::MAX), u64::MAX), Some(u64::MAX));
+    }
 
     #[test]
     fn wrapping_32_bit_counter_wraps_once() {

@@ -65,6 +65,9 @@ pub mod kind {
     pub const IOCTL: &str = "ioctl";
     /// A counter was reset or saturated between two sweeps.
     pub const COUNTER_RESET: &str = "counter_reset";
+    /// A reading was impossible (wider than the counter, or more than the link could carry
+    /// since the previous one): not added (see [`counter::Guarded`](super::counter::Guarded)).
+    pub const COUNTER_GLITCH: &str = "counter_glitch";
 }
 
 /// What every source gets at construction.

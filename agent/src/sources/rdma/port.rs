@@ -22,7 +22,7 @@ use super::{
     TopoEntry, KIND_CARDINALITY, MAX_COUNTER_NAMES, SOURCE,
 };
 use crate::sources::{
-    counter::{Delta, Semantics},
+    counter::{rate_bound, Delta, Guarded, Semantics},
     kind, Errors,
 };
 
@@ -35,7 +35,9 @@ const HW: usize = 2;
 pub(super) struct CounterState {
     pub group: Group,
     pub name: String,
-    prev: u64,
+    prev: Guarded,
+    /// Monotonic time of the last reading (good or not), for the rate bound.
+    at_ns: u64,
     /// Cumulative value in the metric's unit.
     pub total: u64,
     target: Target,
@@ -392,6 +394,7 @@ impl PortState {
     fn apply_group(&mut self, io: &mut Io, dev: &str, port: u32, g: usize) -> (usize, usize) {
         let group = GROUPS[g];
         let (mut read, mut skipped) = (0, 0);
+        let now = now_ns().0;
         let Some(dir) = self.files.as_mut().and_then(|f| f.groups[g].as_mut()) else { return (0, 0) };
         for (f, value) in dir.files.iter_mut().zip(&io.scratch.values[g]) {
             if f.tag == Tag::New && group == Group::Hw && spec::is_hw_control_file(&f.name) {
@@ -442,7 +445,8 @@ impl PortState {
                         self.counters.push(CounterState {
                             group,
                             name: f.name.clone(),
-                            prev: v,
+                            prev: Guarded::new(v),
+                            at_ns: now,
                             total: v.saturating_mul(sp.scale),
                             target: sp.target,
                             semantics: sp.semantics,
@@ -456,7 +460,12 @@ impl PortState {
             };
             read += 1;
             let Some(c) = self.counters.get_mut(i) else { continue };
-            let d = c.semantics.delta(c.prev, v);
+            let max = if c.target.is_line_rate_bound() { rate_bound(self.rate, now.saturating_sub(c.at_ns)).map(|b| b / c.scale.max(1)) } else { None };
+            c.at_ns = now;
+            let Some(d) = c.prev.next(c.semantics, v, max) else {
+                io.err(kind::COUNTER_GLITCH);
+                continue;
+            };
             match d {
                 Delta::Reset(_) => io.err(kind::COUNTER_RESET),
                 // Entering saturation: the true count is lost from here until a reset.
@@ -464,7 +473,6 @@ impl PortState {
                 _ => {}
             }
             c.total = c.total.saturating_add(d.value().saturating_mul(c.scale));
-            c.prev = v;
         }
         (read, skipped)
     }

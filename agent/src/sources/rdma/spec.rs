@@ -91,6 +91,14 @@ pub enum Target {
     HwGeneric,
 }
 
+impl Target {
+    /// Bytes and packets cannot advance faster than the link carries bytes (a packet is at
+    /// least one byte); other counters (wait ticks, events) get only the width check.
+    pub fn is_line_rate_bound(self) -> bool {
+        matches!(self, Target::Typed(Typed::TransmitBytes | Typed::ReceiveBytes | Typed::TransmitPackets | Typed::ReceivePackets))
+    }
+}
+
 /// How to turn one counter file into a cumulative value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Spec {

@@ -422,3 +422,38 @@ fn files_over_the_descriptor_budget_are_opened_for_each_read() {
     assert_eq!(errors.get("rdma", "read"), 0);
     assert!(src.open_files() <= 6 + 2 * 4, "directories plus at most the budget: {}", src.open_files());
 }
+
+#[test]
+fn a_bogus_data_reading_is_a_glitch_and_the_series_continues() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    let (mut src, errors, reg) = h.source();
+    src.sweep().expect("sweep");
+    // The issue's reading: 2^64 − 11 words, then back to 1000 and 2000.
+    for (v, want) in [("18446744073709551605", 400), ("1000", 4000), ("2000", 8000)] {
+        h.put("mlx5_0", "counters/port_xmit_data", v);
+        src.sweep().expect("sweep");
+        assert_eq!(port(&src.ports(), "mlx5_0").transmit_bytes, want, "after {v}");
+    }
+    assert_eq!(errors.get("rdma", "counter_glitch"), 1);
+    assert_eq!(errors.get("rdma", "counter_reset"), 0, "back to 1000 is the series going on, not a reset");
+    let t = text(&reg);
+    assert!(t.contains(r#"stepwise_nic_transmit_bytes_total{device="mlx5_0",port="1",netdev="eth0",rail="0"} 8000"#), "{t}");
+    assert!(t.contains(r#"stepwise_errors_total{source="rdma",kind="counter_glitch"} 1"#), "{t}");
+}
+
+#[test]
+fn a_32_bit_hw_counter_at_two_to_the_64_is_a_glitch_not_an_increase() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    h.put("mlx5_0", "hw_counters/out_of_buffer", "10\n");
+    let (mut src, errors, _reg) = h.source();
+    src.sweep().expect("sweep");
+    h.put("mlx5_0", "hw_counters/out_of_buffer", &format!("{}\n", u64::MAX));
+    src.sweep().expect("sweep");
+    assert_eq!(hw(&src, "mlx5_0", "out_of_buffer"), 10);
+    h.put("mlx5_0", "hw_counters/out_of_buffer", "12\n");
+    src.sweep().expect("sweep");
+    assert_eq!(hw(&src, "mlx5_0", "out_of_buffer"), 12);
+    assert_eq!(errors.get("rdma", "counter_glitch"), 1);
+}
