@@ -48,6 +48,25 @@ pub(super) struct CounterState {
     series: Option<Counter>,
 }
 
+impl CounterState {
+    /// Adds the delta to reading `v` at monotonic `now`, or counts it as a glitch.
+    fn fold(&mut self, io: &Io, v: u64, rate: Option<f64>, now: u64) {
+        let max = if self.target.is_line_rate_bound() { rate_bound(rate, now.saturating_sub(self.at_ns)).map(|b| b / self.scale.max(1)) } else { None };
+        self.at_ns = now;
+        let Some(d) = self.prev.next(self.semantics, v, max) else {
+            io.err(kind::COUNTER_GLITCH);
+            return;
+        };
+        match d {
+            Delta::Reset(_) => io.err(kind::COUNTER_RESET),
+            // Entering saturation: the true count is lost from here until a reset.
+            Delta::Saturated(x) if x > 0 => io.err(kind::COUNTER_RESET),
+            _ => {}
+        }
+        self.total = self.total.saturating_add(d.value().saturating_mul(self.scale));
+    }
+}
+
 /// A port's series under its current labels, created on first use.
 #[derive(Debug, Default)]
 struct Series {
@@ -459,20 +478,9 @@ impl PortState {
                 },
             };
             read += 1;
-            let Some(c) = self.counters.get_mut(i) else { continue };
-            let max = if c.target.is_line_rate_bound() { rate_bound(self.rate, now.saturating_sub(c.at_ns)).map(|b| b / c.scale.max(1)) } else { None };
-            c.at_ns = now;
-            let Some(d) = c.prev.next(c.semantics, v, max) else {
-                io.err(kind::COUNTER_GLITCH);
-                continue;
-            };
-            match d {
-                Delta::Reset(_) => io.err(kind::COUNTER_RESET),
-                // Entering saturation: the true count is lost from here until a reset.
-                Delta::Saturated(x) if x > 0 => io.err(kind::COUNTER_RESET),
-                _ => {}
+            if let Some(c) = self.counters.get_mut(i) {
+                c.fold(io, v, self.rate, now);
             }
-            c.total = c.total.saturating_add(d.value().saturating_mul(c.scale));
         }
         (read, skipped)
     }
