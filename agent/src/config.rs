@@ -106,7 +106,7 @@ impl ApiConfig {
     /// Reads `token_file` (first line, trimmed) into `file_token`.
     fn read_token_file(&mut self) -> Result<(), ConfigError> {
         let Some(path) = &self.token_file else { return Ok(()) };
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+        let text = read_regular(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
         let t = Secret(text.lines().next().unwrap_or("").trim().to_string());
         t.check("api.token_file")?;
         self.file_token = Some(t);
@@ -270,7 +270,7 @@ impl Config {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
         };
-        let mut cfg = match std::fs::read_to_string(&path) {
+        let mut cfg = match read_regular(&path) {
             Ok(text) => Config::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Config::default(),
             Err(source) => return Err(ConfigError::Read { path, source }),
@@ -339,6 +339,20 @@ impl Config {
     pub fn default_toml() -> String {
         toml::to_string_pretty(&Config::default()).unwrap_or_default()
     }
+}
+
+/// Reads a file the operator points at without blocking on it: opened `O_NONBLOCK` and refused
+/// unless a regular file (a FIFO at the config path hung SIGHUP's reload, and with it the HTTP
+/// server, until something wrote to it twice).
+fn read_regular(path: &Path) -> std::io::Result<String> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
+    if !f.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// Parses a human duration (`1s`, `250ms`, `2m`) for flags and env.
@@ -491,5 +505,20 @@ mod tests {
         assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Invalid { field: "api.token", .. })));
         std::fs::write(&cfg, "[api]\nmarkers_over_tcp = true\ntoken_file = \"/nonexistent/token\"\n").expect("cfg");
         assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Read { .. })));
+    }
+
+    #[test]
+    fn a_fifo_at_the_config_or_token_path_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        // A blocking open would wait here for a writer that never comes.
+        assert!(matches!(Config::load(Some(&fifo), &Overrides::default()), Err(ConfigError::Read { .. })));
+        let cfg = dir.path().join("a.toml");
+        std::fs::write(&cfg, format!("[api]\nmarkers_over_tcp = true\ntoken_file = \"{}\"\n", fifo.display())).expect("cfg");
+        assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Read { .. })));
+        assert!(matches!(Config::load(Some(dir.path()), &Overrides::default()), Err(ConfigError::Read { .. })));
     }
 }

@@ -4,6 +4,7 @@
 pub mod collectives;
 pub mod counter;
 pub mod ethtool;
+pub mod fsread;
 pub mod netdev;
 pub mod nic;
 pub mod qdisc;
@@ -146,7 +147,7 @@ pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry:
 /// Nominal rate of a netdev in bytes/s from sysfs `speed` (Mb/s); `None` when unknown
 /// (veth and virtual devices report -1 or nothing).
 pub fn nic_rate(sysfs_root: &std::path::Path, netdev: &str) -> Option<f64> {
-    let s = std::fs::read_to_string(sysfs_root.join("class/net").join(netdev).join("speed")).ok()?;
+    let s = fsread::read_to_string(&sysfs_root.join("class/net").join(netdev).join("speed")).ok()?;
     let mbps: i64 = s.trim().parse().ok()?;
     (mbps > 0).then(|| mbps as f64 * 1e6 / 8.0)
 }

@@ -61,7 +61,7 @@ impl Topology {
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    crate::sources::fsread::read_to_string(p).ok().map(|s| s.trim().to_string())
 }
 
 /// Discovers the topology under `sysfs_root`. Missing pieces are `None`, never errors:

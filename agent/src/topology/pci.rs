@@ -34,7 +34,7 @@ impl PciDevice {
             .filter(|s| is_pci_address(s))
             .collect();
         let address = chain.last()?.clone();
-        let numa_node = std::fs::read_to_string(real.join("numa_node")).ok().and_then(|s| s.trim().parse().ok());
+        let numa_node = crate::sources::fsread::read_to_string(&real.join("numa_node")).ok().and_then(|s| s.trim().parse().ok());
         Some(PciDevice { address, numa_node, chain })
     }
 
@@ -60,8 +60,8 @@ pub fn nvidia_gpus(sysfs_root: &Path) -> Vec<PciDevice> {
             rd.filter_map(|e| e.ok())
                 .filter_map(|e| {
                     let p: PathBuf = e.path();
-                    let vendor = std::fs::read_to_string(p.join("vendor")).ok()?;
-                    let class = std::fs::read_to_string(p.join("class")).ok()?;
+                    let vendor = crate::sources::fsread::read_to_string(&p.join("vendor")).ok()?;
+                    let class = crate::sources::fsread::read_to_string(&p.join("class")).ok()?;
                     if vendor.trim() != "0x10de" || !class.trim().starts_with("0x03") {
                         return None;
                     }

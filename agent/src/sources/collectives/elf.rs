@@ -3,7 +3,7 @@
 //! Both `.dynsym` and `.symtab` are searched: NCCL's internal transport functions are local
 //! `.symtab` symbols.
 
-use std::{collections::HashMap, fs::File, path::Path};
+use std::{collections::HashMap, path::Path};
 
 use object::{Object, ObjectKind, ObjectSection, ObjectSegment, ObjectSymbol};
 
@@ -37,7 +37,7 @@ impl SymbolTable {
     /// libnccl.so.2 has 25 000 symbols in a 474 MB file).
     pub fn read(path: &Path, wanted: &[&str]) -> Result<SymbolTable, ElfError> {
         let p = path.display().to_string();
-        let file = File::open(path).map_err(|source| ElfError::Open { path: p.clone(), source })?;
+        let file = crate::sources::fsread::open_regular(path).map_err(|source| ElfError::Open { path: p.clone(), source })?;
         // SAFETY: read-only private mapping of a library file; a concurrent truncation could
         // fault, which is the same risk every ELF reader (and the dynamic loader) takes.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ElfError::Open { path: p.clone(), source })?;

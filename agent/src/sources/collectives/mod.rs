@@ -389,7 +389,7 @@ impl Collectives {
 
     fn proc_info(&mut self, pid: u32, libs: &[(usize, u64, SymbolTable)]) -> ProcInfo {
         let dir = self.cfg.proc_root.join(pid.to_string());
-        let raw = std::fs::read(dir.join("environ")).unwrap_or_default();
+        let raw = super::fsread::read(&dir.join("environ")).unwrap_or_default();
         let mut info = ProcInfo { env: procs::parse_environ(&raw), ..Default::default() };
         for (ti, base, syms) in libs {
             if self.targets[*ti].family != Family::Mpi {
@@ -428,7 +428,7 @@ impl Collectives {
         let exe = dir.join("exe");
         let md = std::fs::metadata(&exe).ok()?;
         let key = FileKey { dev: md.dev(), inode: md.ino() };
-        let maps = std::fs::read_to_string(dir.join("maps")).ok()?;
+        let maps = super::fsread::read_to_string(&dir.join("maps")).ok()?;
         let base = procs::parse_maps(&maps).into_iter().find(|m| m.inode == key.inode && m.offset == 0)?.start;
         if !self.exe_cache.contains_key(&key) {
             let mut wanted: Vec<&str> = OMPI_DATATYPES.iter().map(|(n, _)| *n).collect();

@@ -103,7 +103,7 @@ impl Selector {
             }
         }
         if let Some(prefix) = &self.cgroup {
-            let cg = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+            let cg = crate::sources::fsread::read_to_string(&dir.join("cgroup")).unwrap_or_default();
             if !cg.lines().any(|l| l.splitn(3, ':').nth(2).is_some_and(|p| p.starts_with(prefix.as_str()))) {
                 return false;
             }
@@ -162,7 +162,7 @@ pub struct Found {
 /// namespace, file key, load base).
 pub fn libs_of(proc_root: &Path, pid: u32, globs: &[glob::Pattern]) -> Vec<(usize, PathBuf, FileKey, u64)> {
     let dir = proc_root.join(pid.to_string());
-    let Ok(maps) = std::fs::read_to_string(dir.join("maps")) else { return Vec::new() };
+    let Ok(maps) = crate::sources::fsread::read_to_string(&dir.join("maps")) else { return Vec::new() };
     let mut libs: Vec<(usize, PathBuf, FileKey, u64)> = Vec::new();
     for m in parse_maps(&maps) {
         let name = Path::new(&m.path).file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -204,7 +204,7 @@ pub fn scan(proc_root: &Path, globs: &[glob::Pattern], sel: &Selector, self_pid:
 /// Whether a pid is still a running process. A zombie (killed, not yet reaped by its parent
 /// — `mpirun` may take its time) has exited: its calls in flight are aborted now.
 pub fn alive(proc_root: &Path, pid: u32) -> bool {
-    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
+    match crate::sources::fsread::read_to_string(&proc_root.join(pid.to_string()).join("stat")) {
         // "pid (comm) S …": the state follows the last ')' (comm may contain parentheses).
         Ok(s) => s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()).is_some_and(|st| st != "Z" && st != "X"),
         Err(_) => false,

@@ -31,7 +31,7 @@ fn is_pci_address(s: &str) -> bool {
 
 /// `class/net/<n>/ifindex`.
 pub fn read_ifindex(sysfs_root: &Path, netdev: &str) -> Option<u64> {
-    std::fs::read_to_string(sysfs_root.join("class/net").join(netdev).join("ifindex")).ok()?.trim().parse().ok()
+    crate::sources::fsread::read_to_string(&sysfs_root.join("class/net").join(netdev).join("ifindex")).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]

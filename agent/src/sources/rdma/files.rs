@@ -434,10 +434,15 @@ impl File {
                 _ => ReadError::Io,
             });
         }
-        let fd = open_at(dir.raw(), &self.cname, 0).map_err(|e| match e.raw_os_error() {
+        // Non-blocking, and only a regular file: a FIFO in a counter's place must not stall
+        // the sweep (a blocking open waits for a writer).
+        let fd = open_at(dir.raw(), &self.cname, libc::O_NONBLOCK).map_err(|e| match e.raw_os_error() {
             Some(libc::ENODEV | libc::ESTALE) => ReadError::Stale,
             _ => ReadError::Io,
         })?;
+        if fstat(fd.as_raw_fd()).map_or(true, |st| st.st_mode & libc::S_IFMT != libc::S_IFREG) {
+            return Err(ReadError::Io);
+        }
         let r = pread_all(fd.as_raw_fd(), out).map_err(|_| ReadError::Io);
         if budget.try_take() {
             self.fd = Some(Held { fd, budget: budget.0.clone() });

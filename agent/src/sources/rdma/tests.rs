@@ -457,3 +457,27 @@ fn a_32_bit_hw_counter_at_two_to_the_64_is_a_glitch_not_an_increase() {
     assert_eq!(hw(&src, "mlx5_0", "out_of_buffer"), 12);
     assert_eq!(errors.get("rdma", "counter_glitch"), 1);
 }
+
+#[test]
+fn a_fifo_in_place_of_a_counter_is_a_failed_read_and_the_sweep_goes_on() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    h.add_nic("mlx5_1", "eth1");
+    let fifo = h.port("mlx5_1").join("counters/port_rcv_data");
+    std::fs::remove_file(&fifo).expect("rm");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let (mut src, errors, _reg) = h.source();
+    // A blocking open would wait here forever for a writer.
+    for _ in 0..2 {
+        let r = src.sweep().expect("sweep");
+        assert_eq!(r.devices, 2);
+        assert!(r.skipped >= 1, "{r:?}");
+    }
+    h.put("mlx5_0", "counters/port_xmit_data", "200");
+    src.sweep().expect("sweep");
+    assert_eq!(port(&src.ports(), "mlx5_0").transmit_bytes, 800, "the other device is still swept");
+    assert_eq!(port(&src.ports(), "mlx5_1").transmit_bytes, 400, "and the rest of this one");
+    assert!(errors.get("rdma", "read") >= 3);
+}
