@@ -318,6 +318,10 @@ struct Kind {
     example: &'static str,
     known: &'static str,
     table: &'static [(&'static str, f64)],
+    /// What a number without a unit means, if anything: bytes for a size (`--mtu 1500`, as
+    /// people type an MTU or a buffer); a bare bandwidth, time or length is refused as
+    /// ambiguous (bit/s or B/s? s or ms?).
+    bare: Option<f64>,
 }
 
 const BYTE_UNITS: &[(&str, f64)] = &[
@@ -373,17 +377,19 @@ const LENGTH_UNITS: &[(&str, f64)] = &[("m", 1.0), ("km", 1e3), ("cm", 1e-2), ("
 const BYTES: Kind = Kind {
     name: "size",
     example: "192MiB or 8KiB",
-    known: "B, KB, MB, GB, TB (decimal), KiB, MiB, GiB, TiB (binary), bit, Kbit, Mbit, Gbit",
+    known: "B (or none: a bare number is bytes), KB, MB, GB, TB (decimal), KiB, MiB, GiB, TiB (binary), bit, Kbit, Mbit, Gbit",
     table: BYTE_UNITS,
+    bare: Some(1.0),
 };
 const RATE: Kind = Kind {
     name: "bandwidth",
     example: "50GB/s or 400Gbit/s",
     known: "B/s, KB/s, MB/s, GB/s, TB/s (decimal), KiB/s, MiB/s, GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s, Tbit/s, Gb/s, Gbps",
     table: RATE_UNITS,
+    bare: None,
 };
-const TIME: Kind = Kind { name: "time", example: "0.833us, 0.833µs or 20ms", known: "s, ms, us, µs, ns, ps, min, h", table: TIME_UNITS };
-const LENGTH: Kind = Kind { name: "length", example: "30m", known: "m, km, cm, mm", table: LENGTH_UNITS };
+const TIME: Kind = Kind { name: "time", example: "0.833us, 0.833µs or 20ms", known: "s, ms, us, µs, ns, ps, min, h", table: TIME_UNITS, bare: None };
+const LENGTH: Kind = Kind { name: "length", example: "30m", known: "m, km, cm, mm", table: LENGTH_UNITS, bare: None };
 
 /// Length of the leading number (sign, digits, point, exponent) in `s`.
 fn number_len(s: &str) -> usize {
@@ -419,11 +425,13 @@ fn parse_kind(input: &str, kind: Kind) -> Result<f64, UnitError> {
     let n = number_len(s);
     let num: f64 = s[..n].parse().map_err(|_| UnitError::BadNumber { input: input.to_string(), kind: kind.name, example: kind.example })?;
     let unit = s[n..].trim();
-    if unit.is_empty() {
-        return Err(UnitError::MissingUnit { input: input.to_string(), kind: kind.name, example: kind.example });
-    }
-    let Some(&(_, k)) = kind.table.iter().find(|(u, _)| *u == unit) else {
-        return Err(UnitError::UnknownUnit { input: input.to_string(), kind: kind.name, unit: unit.to_string(), known: kind.known });
+    let k = match (unit, kind.bare) {
+        ("", Some(k)) => k,
+        ("", None) => return Err(UnitError::MissingUnit { input: input.to_string(), kind: kind.name, example: kind.example }),
+        _ => match kind.table.iter().find(|(u, _)| *u == unit) {
+            Some(&(_, k)) => k,
+            None => return Err(UnitError::UnknownUnit { input: input.to_string(), kind: kind.name, unit: unit.to_string(), known: kind.known }),
+        },
     };
     let v = num * k;
     if !v.is_finite() {
@@ -443,7 +451,8 @@ fn positive(input: &str, kind: Kind) -> Result<f64, UnitError> {
     Ok(v)
 }
 
-/// A size (`192MiB`, `8KiB`, `1.125GiB`, `256B`); zero allowed, negative rejected.
+/// A size (`192MiB`, `8KiB`, `1.125GiB`, `256B`, or `1500`: a bare number is bytes); zero
+/// allowed, negative rejected.
 pub fn parse_bytes(s: &str) -> Result<Bytes, UnitError> {
     parse_kind(s, BYTES).map(Bytes)
 }
@@ -570,11 +579,29 @@ mod tests {
         assert!(e.to_string().contains("cannot be negative"), "{e}");
         let e = parse_rate_pos("0GB/s").unwrap_err();
         assert!(e.to_string().contains("greater than zero"), "{e}");
-        let e = parse_bytes("256").unwrap_err();
+        let e = parse_rate("400").unwrap_err();
         assert!(e.to_string().contains("no unit"), "{e}");
+        assert!(parse_seconds("20").unwrap_err().to_string().contains("no unit"), "a bare time stays ambiguous (s? ms?)");
         let e = parse_rate("fastGB/s").unwrap_err();
         assert!(matches!(e, UnitError::BadNumber { .. }));
         assert!(matches!(parse_bytes(""), Err(UnitError::Empty { .. })));
+    }
+
+    #[test]
+    fn a_bare_number_is_a_size_in_bytes() {
+        assert_eq!(parse_bytes("1500"), Ok(Bytes(1500.0)), "an MTU as people type it");
+        assert_eq!(parse_bytes_pos(" 4096 "), Ok(Bytes(4096.0)));
+        assert_eq!(parse_bytes("0"), Ok(Bytes(0.0)));
+        assert_eq!(parse_bytes("1e3"), Ok(Bytes(1000.0)));
+        assert_eq!(parse_bytes_list("1500,9000*2").map(|l| l.0), Ok(vec![Bytes(1500.0), Bytes(9000.0), Bytes(9000.0)]));
+        // Still refused: garbage, a sign alone, negatives, zero where it must be positive.
+        assert!(matches!(parse_bytes("abc"), Err(UnitError::BadNumber { .. })));
+        assert!(matches!(parse_bytes("-"), Err(UnitError::BadNumber { .. })));
+        assert!(matches!(parse_bytes("1500 furlongs"), Err(UnitError::UnknownUnit { .. })));
+        assert!(matches!(parse_bytes("-1500"), Err(UnitError::Negative { .. })));
+        assert!(matches!(parse_bytes_pos("0"), Err(UnitError::NotPositive { .. })));
+        assert!(matches!(parse_bytes("1500.0.0"), Err(UnitError::BadNumber { .. })));
+        assert!(matches!(parse_bytes("1e999"), Err(UnitError::NotFinite { .. })));
     }
 
     #[test]

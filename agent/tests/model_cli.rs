@@ -204,6 +204,9 @@ fn inflight() {
     let big = json(&["inflight", "--payload", "4KiB"]);
     digit(num(&big, "max_issue_interval") * 1e9, 82.0, 1.0, "δ for 4 KiB");
     exact(num(&big, "required_slots"), 25.0, "slots for 4 KiB");
+    // A bare number of bytes is a size, as people type an MTU or a buffer.
+    assert_eq!(json(&["inflight", "--payload", "256"]), json(&["inflight", "--payload", "256B"]));
+    assert_eq!(num(&json(&["incast", "--mtu", "9000"]), "hop_delay"), num(&json(&["incast", "--mtu", "9000B"]), "hop_delay"));
 }
 
 #[test]
@@ -328,11 +331,52 @@ fn scale_sweep() {
     assert_eq!(fixed["grad_algo"], Value::String("flat ring".into()));
 }
 
+/// Nanoseconds rounded to `decimals`, to compare with the chapter's printed value exactly.
+fn ns_at(seconds: f64, decimals: i32) -> f64 {
+    let k = 10f64.powi(decimals);
+    (seconds * 1e9 * k).round() / k
+}
+
+#[test]
+fn access_paths_match_the_stage_table() {
+    // models.md §6 stage table at L = 100 ns, unrounded pipeline cycles at 322 MHz, printed
+    // to the whole ns: PCIe NIC 2 222, UB async read 746, UB load 419, NIC-internal 1 572.
+    let v = json(&["access", "--link-latency", "100ns"]);
+    let names: Vec<&str> = v["paths"].as_array().unwrap().iter().map(|p| p["path"].as_str().unwrap()).collect();
+    assert_eq!(names, ["pcie-nic", "ub-async", "load", "nic-internal"]);
+    for (i, want) in [2222.0, 746.0, 419.0, 1572.0].into_iter().enumerate() {
+        assert_eq!(ns_at(num(&v, &format!("paths.{i}.total")), 0), want, "{} total", names[i]);
+    }
+    // Per-category sums of the PCIe path (ns): software post 50+30+50, PCIe 150+500+500+250+250,
+    // NIC pipeline 4 × 27.95, wire 2L, memory and completion 30+70+30.
+    let cats = v["paths"][0]["by_category"].as_array().unwrap();
+    let got: Vec<(&str, f64)> = cats.iter().map(|c| (c["category"].as_str().unwrap(), ns_at(num(c, "latency"), 2))).collect();
+    assert_eq!(
+        got,
+        [("software-post", 130.0), ("pcie-crossing", 1650.0), ("on-chip-bus", 0.0), ("nic-pipeline", 111.8), ("wire", 200.0), ("memory-and-completion", 130.0)]
+    );
+    // PCIe crossings are 1650 / 2221.80 ns = 74.3 % of the PCIe path.
+    assert_eq!((num(&v, "paths.0.by_category.1.share") * 1000.0).round() / 10.0, 74.3);
+    let stages = v["paths"][0]["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 17);
+    assert_eq!(stages.iter().filter(|s| s["category"] == "nic-pipeline").count(), 4);
+    assert_eq!(stages[4]["cycles"].as_f64(), Some(9.0));
+    // Stage-in crossover r* = t_s/(t_r − t_l) at the defaults t_s = 10 µs, t_l = 100 ns.
+    for (i, want) in [4.71, 15.49, 31.31, 6.79].into_iter().enumerate() {
+        assert_eq!((num(&v, &format!("stage_in.{i}.crossover")) * 100.0).round() / 100.0, want, "{} crossover", names[i]);
+        assert_eq!(v["stage_in"][i]["path"], v["paths"][i]["path"]);
+    }
+    // The text output has the table and the stacked breakdown.
+    let (rc, out, _) = agent(&["access"]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("Stacked by category") && out.contains("1.65 µs (74.3 %)"), "{out}");
+}
+
 #[test]
 fn access_and_state() {
     let a = json(&["access", "--link-latency", "0ns"]);
     let b = json(&["access", "--link-latency", "1us"]);
-    for i in 0..3 {
+    for i in 0..4 {
         exact(num(&b, &format!("paths.{i}.total")) - num(&a, &format!("paths.{i}.total")), 2e-6, "fixed + 2L");
     }
     let s = json(&["state"]);
@@ -380,7 +424,8 @@ fn bad_input_exits_2_with_a_message() {
         (vec!["msg", "--bandwidth", "0Gbit/s"], "greater than zero"),
         (vec!["msg", "--bytes", "12furlongs"], "unknown size unit 'furlongs'"),
         (vec!["step", "--compute", "20fortnights"], "unknown time unit"),
-        (vec!["inflight", "--payload", "256"], "has no unit"),
+        (vec!["inflight", "--bandwidth", "50"], "has no unit"),
+        (vec!["inflight", "--payload", "256 bytes"], "unknown size unit 'bytes'"),
         (vec!["ecmp", "--flows", "0"], "flows must be at least 1"),
         (vec!["ecmp", "--uplinks", "0"], "uplinks must be at least 1"),
         (vec!["ecmp", "--flows", "-3"], "cannot be negative"),

@@ -26,7 +26,7 @@ use crate::model::ModelError;
 
 #[derive(Debug, Args)]
 #[command(after_help = "Quantities take units: 192MiB, 8KiB, 50GB/s, 400Gbit/s, 0.833us, 20ms, 30m; \
-lists as 1us,2us (x*N repeats x). GB/s is decimal, MiB binary (models.md).")]
+a bare number is a size in bytes (--mtu 1500); lists as 1us,2us (x*N repeats x). GB/s is decimal, MiB binary (models.md).")]
 pub struct ModelArgs {
     /// Machine-readable output: every number in base units (B, s, B/s, fractions).
     #[arg(long, global = true)]
