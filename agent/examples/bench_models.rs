@@ -1,5 +1,5 @@
 //! `cargo xtask bench models` (runs `cargo run --release -p agent --example bench_models`):
-//! times the exact ECMP distribution for n = 1024 flows on m = 64 uplinks (models.md §1.12)
+//! times the exact ECMP distribution for n = 1024 flows on m = 64 uplinks (docs/models.md §1.12)
 //! and the full `agent model scale --sweep` (§5). Both must stay well under 100 ms.
 //!
 //! Prints min and median over several repetitions and a last machine-readable line:

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/stepwise/agent.toml";
 
 /// mlx5 `hw_counters/lifespan` default (10 ms): two reads inside it return the same cached
-/// values, so sampling faster than this measures nothing (platform-facts.md §1).
+/// values, so sampling faster than this measures nothing (docs/platform-facts.md §1).
 pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 /// The agent's configuration.

@@ -1,6 +1,6 @@
 //! Stepwise: a per-host daemon that attributes distributed-training step time to causes.
 //!
-//! Data flows one way (architecture.md): `sources` → `timeline` → `attribution` → sinks
+//! Data flows one way (docs/architecture.md): `sources` → `timeline` → `attribution` → sinks
 //! (`export`, `store`, `report`). `model` is pure and used by attribution and `agent model`.
 
 pub mod attribution;

@@ -1,7 +1,7 @@
 //! Typed units: bytes, seconds, bytes per second and metres, and the parser for quantities
 //! written with their unit (`192MiB`, `50GB/s`, `400Gbit/s`, `0.833µs`, `30m`).
 //!
-//! models.md "Units": `GB/s` is decimal (1 GB/s = 1e9 B/s) while `KiB/MiB/GiB` are binary
+//! docs/models.md "Units": `GB/s` is decimal (1 GB/s = 1e9 B/s) while `KiB/MiB/GiB` are binary
 //! (1 MiB = 2^20 B). Both spellings are accepted and kept apart exactly; nothing guesses.
 //! Every value is an `f64` in base units (B, s, B/s, m): the models divide volumes into
 //! shards (`2(p−1)/p · M`), so fractional bytes are normal and integer types would round.
@@ -102,7 +102,7 @@ quantity!(
     BytesPerSecond
 );
 quantity!(
-    /// A length in metres (cable runs, for the PFC hop delay of models.md §4.3).
+    /// A length in metres (cable runs, for the PFC hop delay of docs/models.md §4.3).
     Metres
 );
 
@@ -162,7 +162,7 @@ impl Seconds {
 }
 
 impl BytesPerSecond {
-    /// Decimal gigabytes per second (models.md: 1 GB/s = 1e9 B/s).
+    /// Decimal gigabytes per second (docs/models.md: 1 GB/s = 1e9 B/s).
     pub fn gb_s(x: f64) -> BytesPerSecond {
         BytesPerSecond(x * GB)
     }
@@ -274,7 +274,7 @@ impl fmt::Display for Seconds {
 }
 
 impl fmt::Display for BytesPerSecond {
-    /// Decimal, as models.md defines bandwidth (`50 GB/s`).
+    /// Decimal, as docs/models.md defines bandwidth (`50 GB/s`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&scaled(self.0, &[(TB, "TB/s"), (GB, "GB/s"), (MB, "MB/s"), (KB, "KB/s"), (1.0, "B/s")]))
     }

@@ -1,4 +1,4 @@
-//! `agent model … --json` reproduces every **[check]** value of models.md through the built
+//! `agent model … --json` reproduces every **[check]** value of docs/models.md through the built
 //! binary, and bad input exits 2 with a clear message on stderr.
 
 use std::process::Command;
@@ -339,7 +339,7 @@ fn ns_at(seconds: f64, decimals: i32) -> f64 {
 
 #[test]
 fn access_paths_match_the_stage_table() {
-    // models.md §6 stage table at L = 100 ns, unrounded pipeline cycles at 322 MHz, printed
+    // docs/models.md §6 stage table at L = 100 ns, unrounded pipeline cycles at 322 MHz, printed
     // to the whole ns: PCIe NIC 2 222, UB async read 746, UB load 419, NIC-internal 1 572.
     let v = json(&["access", "--link-latency", "100ns"]);
     let names: Vec<&str> = v["paths"].as_array().unwrap().iter().map(|p| p["path"].as_str().unwrap()).collect();

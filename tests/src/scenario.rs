@@ -1,5 +1,5 @@
 //! The scenario writer: writes sysfs trees shaped like a host with mlx5 ConnectX-7 NICs and
-//! NVIDIA GPUs (platform-facts.md §1) and evolves them over time. It is a fake of the
+//! NVIDIA GPUs (docs/platform-facts.md §1) and evolves them over time. It is a fake of the
 //! kernel's files, not of our code: it knows nothing about the agent.
 //!
 //! ```no_run

@@ -825,7 +825,7 @@ fn real_libnccl() -> Result<PathBuf> {
 }
 
 /// Whether the code at a file offset starts with `push` (optionally after `endbr64`), the
-/// first instructions x86 uprobes emulate instead of single-stepping (platform-facts §6).
+/// first instructions x86 uprobes emulate instead of single-stepping (docs/platform-facts.md §6).
 fn starts_with_push(file: &[u8], off: u64) -> bool {
     let mut b = &file[off as usize..off as usize + 8];
     if b.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the NCCL-ABI library the way the agent will use it (platform-facts §3, §6):
+# Checks the NCCL-ABI library the way the agent will use it (docs/platform-facts.md §3, §6):
 #  - soname libnccl.so.2; .dynsym exports only nccl*, pnccl* and the three ncclIb* symbols;
 #  - every API function exists as a strong pnccl* (T) and a weak nccl* (W) at one address;
 #  - ncclIbIsend/ncclIbIrecv/ncclIbTest carry NCCL's mangled names and demangle to its

@@ -21,7 +21,7 @@ pub struct NetSample {
     pub send: bool,
 }
 
-/// Bytes a ring collective is expected to put on the NICs of `hosts` (models.md §1.4: each
+/// Bytes a ring collective is expected to put on the NICs of `hosts` (docs/models.md §1.4: each
 /// rank sends 2(p−1)/p·M to its successor; only edges whose successor is on another host
 /// leave the host). A rank that no arrival shows runs on another host: each host's agent
 /// sees every rank of its own host, so one agent's partial view of a multi-host job still

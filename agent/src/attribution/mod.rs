@@ -1,6 +1,6 @@
-//! Step + collectives + counter windows → seconds per cause (architecture.md "What a cause's
+//! Step + collectives + counter windows → seconds per cause (docs/architecture.md "What a cause's
 //! seconds mean"). Each cause is a counterfactual on the step's dependency graph
-//! (models.md §3): the seconds that would disappear if that cause were removed.
+//! (docs/models.md §3): the seconds that would disappear if that cause were removed.
 //!
 //! The step's time is split exactly:
 //! - the union of collective intervals is communication; the rest is `compute` (compute,
@@ -126,7 +126,7 @@ impl Attribution {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Params {
-    /// Per-round launch latency α (models.md §0: 0.833 µs).
+    /// Per-round launch latency α (docs/models.md §0: 0.833 µs).
     pub alpha: f64,
     /// Duration of one `port_xmit_wait` tick in seconds. The unit is implementation-defined
     /// and not documented for ConnectX [unverified]; 4 ns is assumed (the same assumption as

@@ -1,8 +1,8 @@
-//! `agent model`: the chapter's models (models.md) for what-if questions — "what would
+//! `agent model`: the chapter's models (docs/models.md) for what-if questions — "what would
 //! hierarchical reduction, another NIC, a bigger supernode or 3:1 oversubscription do to my
 //! step?". Every subcommand prints a table by default and `--json` with every number in base
 //! units (bytes, seconds, bytes/s, ratios as fractions). Defaults are the chapter's running
-//! configuration (models.md §0), so a bare subcommand prints the chapter's example.
+//! configuration (docs/models.md §0), so a bare subcommand prints the chapter's example.
 //!
 //! Bad input (a negative size, zero bandwidth, an unknown unit, zero flows) is an error on
 //! stderr and exit status 2.

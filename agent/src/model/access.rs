@@ -1,8 +1,8 @@
-//! Access path and connection state (models.md §6; for `agent model`, not used in live
+//! Access path and connection state (docs/models.md §6; for `agent model`, not used in live
 //! attribution).
 //!
 //! One 64 B remote read is the sum of its stage latencies; the total is `fixed + 2L` for a
-//! one-way link latency `L`. models.md lists the stage costs; which stages each path crosses
+//! one-way link latency `L`. docs/models.md lists the stage costs; which stages each path crosses
 //! is this module's reading of the chapter: the PCIe NIC path posts a descriptor, rings a
 //! doorbell and has the NIC fetch the descriptor and write payload and completion back by
 //! DMA; the UB async engine sits on the on-chip bus (bus crossings instead of PCIe, an

@@ -1,4 +1,4 @@
-//! The round model and AllReduce placements (models.md §1.3–§1.6).
+//! The round model and AllReduce placements (docs/models.md §1.3–§1.6).
 //!
 //! A collective is a sequence of synchronous rounds; in a round every rank sends to its
 //! partner, the bytes land on resources (a GPU's local link, a NIC port, a shared PCIe slot,
@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{at_least, non_negative, positive, ModelError};
 use crate::units::{Bytes, BytesPerSecond, Seconds};
 
-/// Where the ranks sit and what connects them (models.md §0).
+/// Where the ranks sit and what connects them (docs/models.md §0).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Cluster {
     pub hosts: usize,

@@ -1,4 +1,4 @@
-//! Concurrency and throughput (models.md §2): are there enough requests in flight, and does
+//! Concurrency and throughput (docs/models.md §2): are there enough requests in flight, and does
 //! completion processing keep up.
 
 use serde::Serialize;

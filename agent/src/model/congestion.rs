@@ -1,4 +1,4 @@
-//! Congestion model (models.md §4): is the fabric queueing.
+//! Congestion model (docs/models.md §4): is the fabric queueing.
 //!
 //! A fluid queue `dQ/dt = λ(t) − B` clipped to `[0, Q_cap]`; what overflows is dropped (or,
 //! with PFC, paused upstream). Inputs are piecewise constant, so every segment is integrated
@@ -270,7 +270,7 @@ pub struct IncastInput {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct IncastReport {
-    /// `λ = (N−1)·B` as models.md §4.3 writes it.
+    /// `λ = (N−1)·B` as docs/models.md §4.3 writes it.
     pub arrival: BytesPerSecond,
     pub excess: BytesPerSecond,
     /// `Q_free / (λ − B)`

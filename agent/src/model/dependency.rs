@@ -1,4 +1,4 @@
-//! Dependency and critical-path model (models.md §3): what is on the critical path.
+//! Dependency and critical-path model (docs/models.md §3): what is on the critical path.
 
 use serde::Serialize;
 

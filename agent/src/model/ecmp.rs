@@ -1,4 +1,4 @@
-//! ECMP hash collisions (models.md §1.12): `n` equal flows hashed uniformly onto `m`
+//! ECMP hash collisions (docs/models.md §1.12): `n` equal flows hashed uniformly onto `m`
 //! uplinks; `L_max` is the number of flows on the busiest uplink and
 //! `P(L_max ≤ t) = n!/mⁿ · [xⁿ] (Σ_{i=0..t} xⁱ/i!)^m`, exactly.
 //!

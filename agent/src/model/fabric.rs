@@ -1,4 +1,4 @@
-//! Rails and Clos fabrics (models.md §1.10, §1.11).
+//! Rails and Clos fabrics (docs/models.md §1.10, §1.11).
 
 use serde::Serialize;
 

@@ -1,6 +1,6 @@
-//! The chapter's models (models.md) as pure functions: no I/O, typed units, one file per
+//! The chapter's models (docs/models.md) as pure functions: no I/O, typed units, one file per
 //! model family. `agent model` prints them; the attribution engine calls them with measured
-//! inputs ("What the live agent uses", models.md).
+//! inputs ("What the live agent uses", docs/models.md).
 //!
 //! - [`traffic`]: cut bound, paths, message cost, pipeline, expert-parallel traffic (§1.1–1.2,
 //!   §1.7–1.9, strong scaling of §4 item 5).

@@ -1,4 +1,4 @@
-//! Multipath, reordering and retransmission (models.md §1.13).
+//! Multipath, reordering and retransmission (docs/models.md §1.13).
 //!
 //! Packets are assigned round-robin to paths of equal rate. A packet is *sent* when its
 //! serialisation on its path ends and *arrives* one path delay later; data is delivered in

@@ -1,4 +1,4 @@
-//! Scale planning: the 1024-accelerator exercise (models.md §5).
+//! Scale planning: the 1024-accelerator exercise (docs/models.md §5).
 //!
 //! 1024 H100, TP × DP with the TP group inside a supernode of S GPUs, 2^20 tokens per step,
 //! 64 layers, hidden 5120, P = 32e9, BF16 gradients. The question: what does a bigger
@@ -56,7 +56,7 @@ pub struct ScaleInput {
 }
 
 impl ScaleInput {
-    /// models.md §5 with an 8-GPU supernode (the HGX box) and egress that scales.
+    /// docs/models.md §5 with an 8-GPU supernode (the HGX box) and egress that scales.
     pub fn chapter() -> ScaleInput {
         ScaleInput {
             gpus: 1024,

@@ -1,5 +1,5 @@
-//! Traffic and resource model, the simple parts (models.md §1.1, §1.2, §1.7, §1.8, §1.9)
-//! and strong scaling with a fixed cut (models.md §4, item 5).
+//! Traffic and resource model, the simple parts (docs/models.md §1.1, §1.2, §1.7, §1.8, §1.9)
+//! and strong scaling with a fixed cut (docs/models.md §4, item 5).
 
 use serde::Serialize;
 
@@ -239,7 +239,7 @@ pub fn matrix_time(m: &TrafficMatrix, nic: BytesPerSecond, slot: Option<BytesPer
 }
 
 // ---------------------------------------------------------------------------------------
-// models.md §4 item 5: strong scaling with a fixed cut.
+// docs/models.md §4 item 5: strong scaling with a fixed cut.
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ScalingRow {

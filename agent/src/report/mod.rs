@@ -30,7 +30,7 @@ pub struct Peers {
     pub failed: Vec<PeerFailure>,
 }
 
-/// Readiness skew measured two ways (architecture.md "Cluster scale"): from wall clocks
+/// Readiness skew measured two ways (docs/architecture.md "Cluster scale"): from wall clocks
 /// (last − first arrival, only as good as the hosts' clock error) and clock-free, from the
 /// time each rank spent inside the blocking collective: every rank leaves together, so the
 /// rank that arrived last spent the *shortest* time inside, and max − min of the time inside

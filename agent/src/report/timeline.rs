@@ -4,7 +4,7 @@
 //! For each rank, in the order of its calls:
 //! - `compute`: outside any collective before its last call (forward/backward, data loading);
 //! - `wait`: inside a collective, before the last rank arrived (readiness skew seen from
-//!   this rank, models.md §3.2);
+//!   this rank, docs/models.md §3.2);
 //! - `comm`: inside a collective once everyone had arrived (the transfer);
 //! - `update`: after the rank's last collective returned until the step ended (optimizer
 //!   update and whatever follows the last collective).

@@ -7,7 +7,7 @@
 //!   2^(w−1) between two readings (2^31 events is 3.5 s of 600 Mpps), so such a decrease is a
 //!   reset (driver reload, port reset) and the delta is `cur`. A reset within 2^(w−1) of the
 //!   wrap point still reads as a wrap (the two look the same), inventing less than that;
-//! - **saturating** IBA PMA counters (`counters/`, platform-facts.md §1): they stop at all-ones
+//! - **saturating** IBA PMA counters (`counters/`, docs/platform-facts.md §1): they stop at all-ones
 //!   and are cleared by a reset. A reading at all-ones is stuck: no delta beyond it can be known;
 //!   a decrease is a reset, and the delta is `cur` (what was counted since the reset);
 //! - **64-bit monotonic** counters (Ext PMA, ethtool, netdev64): never wrap in practice, so a

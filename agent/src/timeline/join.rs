@@ -43,7 +43,7 @@ impl Collective {
     pub fn last_exit(&self) -> f64 {
         self.arrivals.iter().map(|a| a.exit).fold(f64::NEG_INFINITY, f64::max)
     }
-    /// Readiness skew: last arrival − first arrival (models.md §3.2).
+    /// Readiness skew: last arrival − first arrival (docs/models.md §3.2).
     pub fn skew(&self) -> f64 {
         if self.arrivals.len() < 2 {
             0.0

@@ -1,4 +1,4 @@
-//! Where things live in sysfs and what the static files say (platform-facts.md §1 layout):
+//! Where things live in sysfs and what the static files say (docs/platform-facts.md §1 layout):
 //! PCI functions under `devices/pci0000:XX/<root port>/<switch up>/<switch down>/<fn>`,
 //! `bus/pci/devices/<addr>` links for every function, and class links for `infiniband` and
 //! `net` pointing into the function's directory, as the kernel's device model makes them.

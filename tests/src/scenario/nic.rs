@@ -1,7 +1,7 @@
 //! One mlx5 RDMA port as the hardware and kernel present it: raw register values with the
 //! hardware's own limit behaviour, plus the faults a test wants to see.
 //!
-//! The widths are written down here independently of the agent (platform-facts.md §1): the
+//! The widths are written down here independently of the agent (docs/platform-facts.md §1): the
 //! writer is a fake of the kernel's files, so it must not borrow the agent's code.
 
 use std::{collections::BTreeMap, time::Duration};

@@ -92,7 +92,7 @@ void abi_trace(const char* fn) {
 }
 
 /* One line per collective at issue time, in the format of NCCL's enqueue.cc INFO COLL
- * lines (platform-facts §3 "NCCL_DEBUG per-collective lines"). */
+ * lines (docs/platform-facts.md §3 "NCCL_DEBUG per-collective lines"). */
 void abi_coll_log(const char* name, unsigned long opcount, const void* sbuf, const void* rbuf,
                   size_t count, int dt, int op, int root, const void* comm, int nranks) {
   if (!abi_env() || !g_coll_log) return;

@@ -5,7 +5,7 @@
  * NVIDIA NCCL's public header (src/nccl.h.in) so that a program compiled against
  * this header is ABI-compatible with the real libnccl.so.2 for the functions
  * declared here, and the Stepwise agent decodes calls into this library exactly
- * as it decodes real NCCL (see docs platform-facts.md §3).
+ * as it decodes real NCCL (see docs/platform-facts.md §3).
  *
  * There is no CUDA: buffers are host memory and the stream argument is ignored.
  */

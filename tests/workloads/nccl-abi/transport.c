@@ -1,6 +1,6 @@
 /*
  * Windowed transport over TCP with the names and signatures of NCCL's internal IB
- * transport (platform-facts.md "NCCL's internal network calls"), so that probes written
+ * transport (docs/platform-facts.md "NCCL's internal network calls"), so that probes written
  * for ncclIbIsend/ncclIbIrecv/ncclIbTest in real NCCL attach to the same symbols here.
  *
  * A send request completes only when the receiver has acknowledged its chunk, which is
@@ -235,7 +235,7 @@ static void enqueue(struct conn* c, struct req* r) {
 }
 
 /* The functions below carry NCCL's mangled names (internal.h); noinline and a real
- * prologue so that a uprobe at their entry takes the emulated path (platform-facts §6). */
+ * prologue so that a uprobe at their entry takes the emulated path (docs/platform-facts.md §6). */
 
 IB_API int ncclIbIsend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                                                 void** request) {

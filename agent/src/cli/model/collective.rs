@@ -1,4 +1,4 @@
-//! `agent model allreduce` (models.md §1.3–§1.6).
+//! `agent model allreduce` (docs/models.md §1.3–§1.6).
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;

@@ -1,4 +1,4 @@
-//! `agent model queue|feedback|incast` (models.md §4).
+//! `agent model queue|feedback|incast` (docs/models.md §4).
 
 use clap::Args;
 
@@ -112,7 +112,7 @@ pub fn feedback(a: FeedbackArgs) -> Result<Output, ModelError> {
 
 #[derive(Debug, Args)]
 pub struct IncastArgs {
-    /// N: λ = (N−1)·rate (models.md §4.3).
+    /// N: λ = (N−1)·rate (docs/models.md §4.3).
     #[arg(long, default_value_t = 8, value_parser = super::count::<usize>, allow_hyphen_values = true)]
     pub senders: usize,
     /// Rate of each sender.

@@ -1,4 +1,4 @@
-//! `agent model rails|clos|ecmp` (models.md §1.10–§1.12).
+//! `agent model rails|clos|ecmp` (docs/models.md §1.10–§1.12).
 
 use clap::Args;
 use serde::Serialize;

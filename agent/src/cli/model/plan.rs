@@ -1,4 +1,4 @@
-//! `agent model scale|access|state` (models.md §5, §6).
+//! `agent model scale|access|state` (docs/models.md §5, §6).
 
 use clap::Args;
 use serde::Serialize;

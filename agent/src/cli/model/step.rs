@@ -1,4 +1,4 @@
-//! `agent model step|skew|tail|smallmsg` (models.md §3).
+//! `agent model step|skew|tail|smallmsg` (docs/models.md §3).
 
 use clap::Args;
 use serde::Serialize;

@@ -1,4 +1,4 @@
-//! `agent model path|cut|msg|pipeline|ep` (models.md §1.1, §1.2, §1.7–§1.9, §4 item 5).
+//! `agent model path|cut|msg|pipeline|ep` (docs/models.md §1.1, §1.2, §1.7–§1.9, §4 item 5).
 
 use clap::Args;
 use serde::Serialize;

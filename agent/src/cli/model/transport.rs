@@ -1,4 +1,4 @@
-//! `agent model spray|multipath|inflight|completions` (models.md §1.13, §2).
+//! `agent model spray|multipath|inflight|completions` (docs/models.md §1.13, §2).
 
 use clap::Args;
 use serde::Serialize;

@@ -2,7 +2,7 @@
 //! → last exit, an `arrival` event per rank at the moment its data was ready) and a child
 //! per cause.
 //!
-//! Causes are seconds, not intervals (architecture.md "What a cause's seconds mean"), so
+//! Causes are seconds, not intervals (docs/architecture.md "What a cause's seconds mean"), so
 //! the cause spans are laid end to end from the step's begin in a fixed order — the stacked
 //! breakdown of the step as a trace view draws it; their durations are exact, their start
 //! times are only a layout.

@@ -1,5 +1,5 @@
 //! What to probe: per library family, the symbols and how to decode their arguments.
-//! Register positions follow the SysV x86-64 ABI (platform-facts.md §3): integer arguments in
+//! Register positions follow the SysV x86-64 ABI (docs/platform-facts.md §3): integer arguments in
 //! rdi, rsi, rdx, rcx, r8, r9 (`Arg::Reg(0..6)`), then the stack (`Arg::Stack(0..2)`).
 
 use serde::Serialize;
@@ -230,7 +230,7 @@ pub fn nccl() -> Target {
     split.deref = Some(Reg(3));
     split.optional = true;
     probes.push(split);
-    // Internal IB transport (platform-facts.md "NCCL's internal network calls").
+    // Internal IB transport (docs/platform-facts.md "NCCL's internal network calls").
     // ncclIbIsend(sendComm, data, size, tag, mhandle, phandle, void** request): request on the stack.
     let mut isend = spec(f, &["_Z11ncclIbIsendPvS_miS_S_PS_"], Op::NetIsend, Decoder::NetPost { size: Some(Reg(2)) });
     isend.deref = Some(Stack(0));
@@ -280,7 +280,7 @@ pub fn mpi() -> Target {
     Target { family: f, library: "libmpi.so*".into(), probes }
 }
 
-/// gloo inside PyTorch's `libtorch_cpu.so` (mangled names from platform-facts.md §4).
+/// gloo inside PyTorch's `libtorch_cpu.so` (mangled names from docs/platform-facts.md §4).
 /// Byte counts live inside C++ option structs; they are reported as unknown.
 pub fn gloo() -> Target {
     let f = Family::Gloo;

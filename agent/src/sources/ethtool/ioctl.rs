@@ -2,7 +2,7 @@
 //!
 //! Hand-written on purpose: no maintained crate exposes driver stats through a small API —
 //! ethtool netlink (`ETHTOOL_MSG_STATS_GET`) only carries the standard groups, not the
-//! per-priority PFC counters, and the `ethtool` crate is netlink-only (platform-facts.md §2).
+//! per-priority PFC counters, and the `ethtool` crate is netlink-only (docs/platform-facts.md §2).
 //! The ioctl acts in the network namespace of the thread that opened the socket.
 
 use std::{

@@ -1,6 +1,6 @@
 //! ethtool driver statistics (`ethtool -S`) through the `SIOCETHTOOL` ioctl: mlx5 PFC pause
 //! frames and durations, per-priority traffic, ECN marks, discards, pause storms and vport
-//! RDMA traffic as typed metrics; other names generically (platform-facts.md §2).
+//! RDMA traffic as typed metrics; other names generically (docs/platform-facts.md §2).
 //!
 //! Netdevs are enumerated from `<sysfs_root>/class/net`; the ioctl acts in the agent's own
 //! network namespace, so that sysfs must belong to the same namespace (an agent started with

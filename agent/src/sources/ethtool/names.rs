@@ -2,7 +2,7 @@
 //!
 //! Pure functions: the ioctl hands us a string table once per driver configuration and these
 //! decide, per name, whether it is a field attribution uses (mlx5 PFC, ECN, discards…;
-//! platform-facts.md §2), a per-queue counter (unbounded: one per channel, never exported), or
+//! docs/platform-facts.md §2), a per-queue counter (unbounded: one per channel, never exported), or
 //! a generic counter exported under its own name.
 
 use serde::Serialize;

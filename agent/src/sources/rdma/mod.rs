@@ -1,5 +1,5 @@
 //! RDMA sysfs source: `<sysfs_root>/class/infiniband/<dev>/ports/<p>/{counters,counters_ext,
-//! hw_counters,state,rate,link_layer}` (platform-facts.md §1).
+//! hw_counters,state,rate,link_layer}` (docs/platform-facts.md §1).
 //!
 //! Each counter file keeps its last raw reading and a cumulative value in the metric's unit.
 //! The first reading of a counter becomes its initial cumulative value (×scale), as

@@ -1,4 +1,4 @@
-//! Parsers for the RDMA sysfs files (platform-facts.md §1, drivers/infiniband/core/sysfs.c).
+//! Parsers for the RDMA sysfs files (docs/platform-facts.md §1, drivers/infiniband/core/sysfs.c).
 //!
 //! Every parser trims whitespace: real files end in `\n`, but some fixtures (and some
 //! drivers) omit it, and one known `link_layer` file has two lines. Nothing here panics on

@@ -1,5 +1,5 @@
 //! What each RDMA counter file means: its width/limit behaviour, its unit scale and which
-//! metric it feeds. Widths come from platform-facts.md §1 (sysfs.c `PORT_PMA_ATTR`,
+//! metric it feeds. Widths come from docs/platform-facts.md §1 (sysfs.c `PORT_PMA_ATTR`,
 //! mlx5 counters.c).
 
 use crate::sources::counter::Semantics;
@@ -193,7 +193,7 @@ pub fn spec(group: Group, name: &str, ext: bool) -> Spec {
         Group::Pma => {
             let semantics = match pma_bits(name) {
                 // Ext/NOIETF data and packets are 64-bit: they never saturate in practice,
-                // so a decrease is a reset (platform-facts.md §1 "Saturate vs wrap").
+                // so a decrease is a reset (docs/platform-facts.md §1 "Saturate vs wrap").
                 Some(_) if ext && is_pma_data_or_packets(name) => Semantics::Monotonic,
                 Some(bits) => Semantics::Saturating { bits },
                 None => Semantics::Monotonic,

