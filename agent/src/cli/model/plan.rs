@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::table::{kv, pct, title, Table};
 use super::Output;
-use crate::model::access::{remote_read, stage_in, AccessPath, AccessReport, StageIn, StateInput, StateRow};
+use crate::model::access::{remote_read, stage_in, AccessPath, AccessReport, Category, StageIn, StateInput, StateRow};
 use crate::model::scale::{self, Egress, ScaleInput, ScaleReport, SWEEP};
 use crate::model::ModelError;
 use crate::units::{parse_bytes, parse_bytes_pos, parse_rate_pos, parse_seconds, Bytes, BytesPerSecond, Seconds, UnitError};
@@ -134,30 +134,105 @@ pub struct AccessArgs {
 
 #[derive(Serialize)]
 struct AccessOut {
+    link_latency: Seconds,
     paths: Vec<AccessReport>,
-    stage_in: Vec<StageIn>,
+    stage_in: Vec<StageInRow>,
+}
+
+#[derive(Serialize)]
+struct StageInRow {
+    path: AccessPath,
+    #[serde(flatten)]
+    result: StageIn,
+}
+
+/// One letter per category in the stacked bars.
+const BAR_LETTERS: [(Category, char); 6] = [
+    (Category::SoftwarePost, 'S'),
+    (Category::PcieCrossing, 'P'),
+    (Category::OnChipBus, 'B'),
+    (Category::NicPipeline, 'N'),
+    (Category::Wire, 'W'),
+    (Category::MemoryAndCompletion, 'M'),
+];
+const BAR_WIDTH: f64 = 60.0;
+
+/// The per-stage table of one path.
+fn path_table(p: &AccessReport, link: Seconds) -> String {
+    let head = format!("{} ({})", p.path.label(), p.path.name());
+    let mut t = Table::new(&[&head, "latency", "category"]);
+    for s in &p.stages {
+        let v = match (s.cycles, s.link) {
+            (Some(c), _) => format!("{} ({c} cycles)", s.latency),
+            (None, true) => format!("{} (L)", s.latency),
+            (None, false) => s.latency.to_string(),
+        };
+        t.row(vec![s.name.into(), v, s.category.name().into()]);
+    }
+    t.row(vec!["total = fixed + 2L".into(), format!("{} = {} + 2 × {link}", p.total, p.fixed), String::new()]);
+    t.render()
+}
+
+/// Category × path table, then one bar per path on a common scale (the chapter's stacked bars).
+fn stacked(paths: &[AccessReport]) -> String {
+    let mut heads = vec!["category"];
+    heads.extend(paths.iter().map(|p| p.path.label()));
+    let mut t = Table::new(&heads);
+    for c in Category::ALL {
+        let mut cells = vec![c.name().to_string()];
+        cells.extend(paths.iter().map(|p| {
+            let s = p.category(c);
+            if s.latency.0 == 0.0 {
+                "—".to_string()
+            } else {
+                format!("{} ({})", s.latency, pct(s.share))
+            }
+        }));
+        t.row(cells);
+    }
+    let mut totals = vec!["total".to_string()];
+    totals.extend(paths.iter().map(|p| p.total.to_string()));
+    t.row(totals);
+    let longest = paths.iter().map(|p| p.total.0).fold(0.0, f64::max);
+    let scale = if longest > 0.0 { BAR_WIDTH / longest } else { 0.0 };
+    let mut bars = Table::new(&["path", "stacked by category", "total"]);
+    for p in paths {
+        // Round the running sum, not each piece, so every bar is as long as its total.
+        let (mut bar, mut acc) = (String::new(), 0.0);
+        for (c, letter) in BAR_LETTERS {
+            let start = (acc * scale).round() as usize;
+            acc += p.category(c).latency.0;
+            bar.extend(std::iter::repeat_n(letter, ((acc * scale).round() as usize).saturating_sub(start)));
+        }
+        // Padded to the full width so the right-aligned column keeps every bar's start aligned.
+        let pad = (BAR_WIDTH as usize).saturating_sub(bar.chars().count());
+        bars.row(vec![p.path.name().into(), format!("{bar}{}", " ".repeat(pad)), p.total.to_string()]);
+    }
+    let legend = BAR_LETTERS.iter().map(|(c, l)| format!("{l} {}", c.name())).collect::<Vec<_>>().join(", ");
+    format!("Stacked by category\n\n{}\n{}{legend}\n", t.render(), bars.render())
 }
 
 pub fn access(a: AccessArgs) -> Result<Output, ModelError> {
     let paths = AccessPath::ALL.iter().map(|&p| remote_read(p, a.link_latency)).collect::<Result<Vec<_>, _>>()?;
-    let stage = paths.iter().map(|p| stage_in(p.total, a.stage_in, a.local_access, a.accesses)).collect::<Result<Vec<_>, _>>()?;
-    let mut text = title(&format!("One 64 B remote read, L = {} one way", a.link_latency));
+    let stage = paths
+        .iter()
+        .map(|p| Ok(StageInRow { path: p.path, result: stage_in(p.total, a.stage_in, a.local_access, a.accesses)? }))
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let mut text = title(&format!("One 64 B remote read, L = {} one way (stage table of models.md §6)", a.link_latency));
     for p in &paths {
-        let mut t = Table::new(&[p.path.name(), "latency"]);
-        for s in &p.stages {
-            let v = if s.plus_link { format!("{} + L", s.latency) } else { s.latency.to_string() };
-            t.row(vec![s.name.to_string(), v]);
-        }
-        t.row(vec!["total = fixed + 2L".into(), format!("{} = {} + 2 × {}", p.total, p.fixed, a.link_latency)]);
-        text.push_str(&t.render());
+        text.push_str(&path_table(p, a.link_latency));
         text.push('\n');
     }
-    let mut t = Table::new(&["path", "remote t_r·r", "staged t_s + t_l·r", "stage-in wins above r ="]);
+    text.push_str(&stacked(&paths));
+    text.push('\n');
+    let mut t = Table::new(&["path", "t_r", "remote t_r·r", "staged t_s + t_l·r", "stage-in wins above r ="]);
     for (p, s) in paths.iter().zip(&stage) {
-        t.row(vec![p.path.name().into(), s.remote.to_string(), s.staged.to_string(), s.crossover.map_or_else(|| "never".into(), |x| format!("{x:.2}"))]);
+        let s = &s.result;
+        let cross = s.crossover.map_or_else(|| "never".into(), |x| format!("{x:.2}"));
+        t.row(vec![p.path.name().into(), p.total.to_string(), s.remote.to_string(), s.staged.to_string(), cross]);
     }
     text.push_str(&format!("Stage-in (t_s = {}, t_l = {}) vs remote, r = {} accesses\n\n{}", a.stage_in, a.local_access, a.accesses, t.render()));
-    Ok(Output::new(&AccessOut { paths, stage_in: stage }, text))
+    Ok(Output::new(&AccessOut { link_latency: a.link_latency, paths, stage_in: stage }, text))
 }
 
 #[derive(Debug, Args)]
