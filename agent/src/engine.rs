@@ -251,6 +251,11 @@ impl Engine {
         self.markers.iter().filter(|m| m.time.unwrap_or(0.0) >= since).cloned().collect()
     }
 
+    /// At most `limit` markers with a time in `[since, until]`, in the order received.
+    pub fn markers_between(&self, since: f64, until: f64, limit: usize) -> Vec<Marker> {
+        self.markers.iter().filter(|m| (since..=until).contains(&m.time.unwrap_or(0.0))).take(limit).cloned().collect()
+    }
+
     pub fn samples(&self, t0: f64, t1: f64) -> Vec<(NicInfo, Vec<NicSample>)> {
         self.log.samples(t0, t1)
     }

@@ -196,6 +196,10 @@ pub fn openmetrics_to_text(om: &str) -> String {
 }
 
 #[cfg(test)]
+#[path = "api_tests.rs"]
+mod list_tests;
+
+#[cfg(test)]
 mod tests {
     use super::openmetrics_to_text;
 
@@ -244,18 +248,31 @@ pub struct CollectivesQuery {
     pub limit: Option<usize>,
 }
 
-/// Most calls one response carries.
+/// Most calls (and steps, and samples per NIC) one response carries.
 pub const MAX_COLLECTIVES_LIMIT: usize = 100_000;
+/// Most markers one response carries (and the default): 10 000 markers are about 1.5 MB;
+/// page on with `since` = the last marker's time.
+pub const MAX_MARKERS_LIMIT: usize = 10_000;
+/// `limit` when the query names none (collectives, steps).
+pub const DEFAULT_LIMIT: usize = 1000;
+
+/// `since`/`until`/`limit` of every list endpoint, validated the same way: times must be
+/// finite numbers of seconds (`NaN`, `1e400` are 400), `limit` is capped at `max`.
+fn list_bounds(since: Option<f64>, until: Option<f64>, limit: Option<usize>, default: usize, max: usize) -> Result<(f64, f64, usize), Response> {
+    if [since, until].into_iter().flatten().any(|t| !t.is_finite()) {
+        return Err((StatusCode::BAD_REQUEST, "since and until must be finite numbers of seconds\n").into_response());
+    }
+    Ok((since.unwrap_or(0.0), until.unwrap_or(f64::MAX), limit.unwrap_or(default).min(max)))
+}
 
 async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let Ok(Query(q)) = q else {
         return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>\n").into_response();
     };
-    let since = q.since.unwrap_or(0.0);
-    if !since.is_finite() {
-        return (StatusCode::BAD_REQUEST, "since must be a finite number of seconds\n").into_response();
-    }
-    let limit = q.limit.unwrap_or(1000).min(MAX_COLLECTIVES_LIMIT);
+    let (since, _, limit) = match list_bounds(q.since, None, q.limit, DEFAULT_LIMIT, MAX_COLLECTIVES_LIMIT) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let hist = s.collectives.read().ok().and_then(|g| g.clone());
     let Some(hist) = hist else {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": "collective probes are not running (see /api/v1/status)"}))).into_response();
@@ -299,17 +316,20 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
     let Ok(Query(q)) = q else {
         return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>&slowest=<k>&step=<id>\n").into_response();
     };
+    let (since, _, limit) = match list_bounds(q.since, None, q.limit, DEFAULT_LIMIT, MAX_COLLECTIVES_LIMIT) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let e = match engine_of(&s) {
         Ok(e) => e,
         Err(r) => return r,
     };
-    let since = q.since.unwrap_or(0.0);
     let mut v: Vec<crate::attribution::Attribution> = e.steps().filter(|a| a.begin >= since && q.step.is_none_or(|id| a.step == id)).cloned().collect();
     if let Some(k) = q.slowest {
         v.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         v.truncate(k);
     }
-    v.truncate(q.limit.unwrap_or(1000).min(MAX_COLLECTIVES_LIMIT));
+    v.truncate(limit);
     let host = s
         .collectives
         .read()
@@ -320,21 +340,34 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
     Json(serde_json::json!({"host": host, "steps": v})).into_response()
 }
 
+/// Query of `/api/v1/markers` and `/api/v1/windows`.
 #[derive(Debug, serde::Deserialize)]
 pub struct SinceQuery {
     pub since: Option<f64>,
     pub until: Option<f64>,
+    /// Markers: at most this many (default and maximum [`MAX_MARKERS_LIMIT`]); windows: at
+    /// most this many samples per NIC (default and maximum [`MAX_COLLECTIVES_LIMIT`]).
+    pub limit: Option<usize>,
 }
 
 async fn markers_get(State(s): State<AppState>, q: Result<Query<SinceQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let Ok(Query(q)) = q else {
-        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>\n").into_response();
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>\n").into_response();
+    };
+    let (since, until, limit) = match list_bounds(q.since, q.until, q.limit, MAX_MARKERS_LIMIT, MAX_MARKERS_LIMIT) {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let e = match engine_of(&s) {
         Ok(e) => e,
         Err(r) => return r,
     };
-    Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "markers": e.markers_since(q.since.unwrap_or(0.0))})).into_response()
+    // One more than asked for says whether the page is the last.
+    let mut markers = e.markers_between(since, until, limit.saturating_add(1));
+    drop(e);
+    let truncated = markers.len() > limit;
+    markers.truncate(limit);
+    Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "markers": markers, "truncated": truncated})).into_response()
 }
 
 /// Guards the writes on the TCP listener, before their body is read: 403 while
@@ -414,16 +447,23 @@ async fn markers_post(State(s): State<AppState>, body: axum::body::Bytes) -> Res
 
 async fn windows(State(s): State<AppState>, q: Result<Query<SinceQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let Ok(Query(q)) = q else {
-        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&until=<unix seconds>\n").into_response();
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&until=<unix seconds>&limit=<n>\n").into_response();
+    };
+    let (since, until, limit) = match list_bounds(q.since, q.until, q.limit, MAX_COLLECTIVES_LIMIT, MAX_COLLECTIVES_LIMIT) {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let e = match engine_of(&s) {
         Ok(e) => e,
         Err(r) => return r,
     };
     let nics: Vec<serde_json::Value> = e
-        .samples(q.since.unwrap_or(0.0), q.until.unwrap_or(f64::MAX))
+        .samples(since, until)
         .into_iter()
-        .map(|(nic, samples)| serde_json::json!({"nic": nic, "samples": samples}))
+        .map(|(nic, mut samples)| {
+            samples.truncate(limit);
+            serde_json::json!({"nic": nic, "samples": samples})
+        })
         .collect();
     Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "nics": nics})).into_response()
 }

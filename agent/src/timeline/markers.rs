@@ -45,6 +45,9 @@ pub enum MarkerError {
 pub const MAX_MARKER_BYTES: usize = 1024;
 /// Ranks beyond this are refused (bounded memory per step).
 pub const MAX_RANK: u32 = 1 << 20;
+/// Longest `host` accepted (Linux `HOST_NAME_MAX`): a marker held 200 000 times must not
+/// carry a kilobyte of name each.
+pub const MAX_HOST_BYTES: usize = 64;
 
 impl Marker {
     /// Parses and validates one marker; `now` stamps markers without a time.
@@ -55,6 +58,9 @@ impl Marker {
         let mut m: Marker = serde_json::from_slice(trim(line))?;
         if m.rank >= MAX_RANK {
             return Err(MarkerError::Range { field: "rank", value: m.rank.to_string() });
+        }
+        if let Some(h) = m.host.as_ref().filter(|h| h.len() > MAX_HOST_BYTES) {
+            return Err(MarkerError::Range { field: "host", value: format!("{} bytes (at most {MAX_HOST_BYTES})", h.len()) });
         }
         match m.time {
             Some(t) if !t.is_finite() || t <= 0.0 => return Err(MarkerError::Range { field: "time", value: t.to_string() }),
@@ -97,5 +103,8 @@ mod tests {
         assert!(matches!(Marker::parse(br#"{"rank":4294967295,"step":1,"phase":"end"}"#, 1.0), Err(MarkerError::Range { .. })));
         assert!(matches!(Marker::parse(&[b' '; 2000], 1.0), Err(MarkerError::TooLarge(2000))));
         assert!(matches!(Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":-3}"#, 1.0), Err(MarkerError::Range { .. })));
+        let host = |n: usize| format!(r#"{{"rank":0,"step":1,"phase":"end","host":"{}"}}"#, "h".repeat(n));
+        assert!(Marker::parse(host(MAX_HOST_BYTES).as_bytes(), 1.0).is_ok());
+        assert!(matches!(Marker::parse(host(950).as_bytes(), 1.0), Err(MarkerError::Range { field: "host", .. })));
     }
 }

@@ -125,6 +125,9 @@ struct MarkerWire {
 #[derive(Deserialize)]
 struct MarkersWire {
     markers: Vec<MarkerWire>,
+    /// More markers matched than one response carries.
+    #[serde(default)]
+    truncated: bool,
 }
 
 #[derive(Deserialize)]
@@ -164,8 +167,12 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
     }
     p.calls = c.calls;
     p.host = c.host;
-    match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}"), deadline, timeout) {
+    let limit = crate::export::api::MAX_MARKERS_LIMIT;
+    match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}&limit={limit}"), deadline, timeout) {
         Ok(m) => {
+            if m.truncated {
+                p.notes.push(format!("returned the maximum {limit} markers: later steps may be missing; narrow --since"));
+            }
             p.markers = m
                 .markers
                 .into_iter()

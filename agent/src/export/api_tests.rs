@@ -1,0 +1,85 @@
+//! The list endpoints' bounds, through their handlers (a child module of `api`).
+
+use std::sync::{Arc, Mutex};
+
+use axum::{
+    extract::{Query, State},
+    http::{StatusCode, Uri},
+    response::Response,
+};
+use prometheus_client::registry::Registry;
+
+use super::*;
+use crate::{
+    engine::{Engine, StepsConfig},
+    timeline::{Marker, Phase},
+};
+
+fn state(markers: usize) -> AppState {
+    let mut registry = Registry::default();
+    let mut engine = Engine::new(StepsConfig::default(), "test".into(), &mut registry).expect("engine");
+    let t0 = crate::engine::wall_now();
+    for i in 0..markers {
+        engine.add_marker(Marker { rank: (i % 8) as u32, step: (i / 16) as u64, phase: Phase::Begin, time: Some(t0 + i as f64 * 1e-3), host: None });
+    }
+    let mut s = AppState::new(registry);
+    s.engine = Some(Arc::new(Mutex::new(engine)));
+    s
+}
+
+fn query<T: serde::de::DeserializeOwned>(q: &str) -> Result<Query<T>, axum::extract::rejection::QueryRejection> {
+    Query::try_from_uri(&format!("http://agent/x?{q}").parse::<Uri>().expect("uri"))
+}
+
+async fn body(r: Response) -> (StatusCode, serde_json::Value) {
+    let status = r.status();
+    let b = axum::body::to_bytes(r.into_body(), usize::MAX).await.expect("body");
+    (status, serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().expect("runtime")
+}
+
+#[test]
+fn markers_are_paged_with_a_documented_maximum() {
+    rt().block_on(async {
+        let s = state(MAX_MARKERS_LIMIT + 500);
+        let (st, v) = body(markers_get(State(s.clone()), query("")).await).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(v["markers"].as_array().map(Vec::len), Some(MAX_MARKERS_LIMIT), "the maximum, never all");
+        assert_eq!(v["truncated"], true);
+        let (_, v) = body(markers_get(State(s.clone()), query("limit=1000000")).await).await;
+        assert_eq!(v["markers"].as_array().map(Vec::len), Some(MAX_MARKERS_LIMIT), "a larger limit is capped");
+        let (_, page) = body(markers_get(State(s.clone()), query("limit=3")).await).await;
+        let page = page["markers"].as_array().cloned().unwrap_or_default();
+        assert_eq!(page.len(), 3);
+        // The next page starts after the last marker's time.
+        let last = page[2]["time"].as_f64().expect("time");
+        let (_, next) = body(markers_get(State(s.clone()), query(&format!("since={}&limit=2", last + 1e-4))).await).await;
+        assert_eq!((&next["markers"][0]["rank"], &next["markers"][0]["step"]), (&serde_json::json!(3), &serde_json::json!(0)), "the fourth marker");
+        let (_, tail) = body(markers_get(State(s), query(&format!("since={}", last + 1e3))).await).await;
+        assert_eq!(tail["truncated"], false);
+    });
+}
+
+#[test]
+fn since_and_until_must_be_finite_on_every_list_endpoint() {
+    rt().block_on(async {
+        let s = state(10);
+        for q in ["since=NaN", "since=1e400", "since=-inf", "until=NaN"] {
+            assert_eq!(markers_get(State(s.clone()), query(q)).await.status(), StatusCode::BAD_REQUEST, "markers {q}");
+            assert_eq!(windows(State(s.clone()), query(q)).await.status(), StatusCode::BAD_REQUEST, "windows {q}");
+            if !q.starts_with("until") {
+                assert_eq!(steps(State(s.clone()), query(q)).await.status(), StatusCode::BAD_REQUEST, "steps {q}");
+                assert_eq!(collectives(State(s.clone()), query(q)).await.status(), StatusCode::BAD_REQUEST, "collectives {q}");
+            }
+        }
+        for q in ["since=1", "since=1&limit=5", ""] {
+            assert_eq!(markers_get(State(s.clone()), query(q)).await.status(), StatusCode::OK, "markers {q}");
+            assert_eq!(windows(State(s.clone()), query(q)).await.status(), StatusCode::OK, "windows {q}");
+            assert_eq!(steps(State(s.clone()), query(q)).await.status(), StatusCode::OK, "steps {q}");
+        }
+        assert_eq!(markers_get(State(s), query("limit=-1")).await.status(), StatusCode::BAD_REQUEST);
+    });
+}
