@@ -50,17 +50,17 @@ pub struct AttachedLink {
     id: UProbeLinkId,
 }
 
-/// The eBPF object built by agent/build.rs (empty when built without bpf-linker).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
+/// The eBPF object built by the agent-ebpf-object crate (empty only with AYA_BUILD_SKIP=1).
+static OBJECT: &[u8] = agent_ebpf_object::OBJECT;
 
 /// Whether this binary carries its eBPF programs.
 pub fn embedded() -> bool {
-    !OBJECT.is_empty()
+    agent_ebpf_object::embedded()
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
-    #[error("this agent was built without its eBPF object (bpf-linker was missing at build time); run `cargo xtask setup` and rebuild")]
+    #[error("this agent was built without its eBPF object (AYA_BUILD_SKIP=1 was set at build time); rebuild without it (`cargo xtask setup` installs bpf-linker)")]
     NotEmbedded,
     #[error("cannot load the eBPF object: {0} (the agent needs CAP_BPF and CAP_PERFMON: run as root or grant them)")]
     Load(#[source] aya::EbpfError),

@@ -7,10 +7,19 @@ use std::collections::BTreeSet;
 use stepwise_tests::harness::workspace_root;
 
 /// The project's own crates (path dependencies, possibly through `workspace = true`).
-const OWN: [&str; 5] = ["agent", "agent-common", "agent-ebpf", "xtask", "stepwise-tests"];
+const OWN: [&str; 7] = ["agent", "agent-common", "agent-ebpf", "agent-ebpf-object", "xtask", "xtask-runner", "stepwise-tests"];
 
-const MANIFESTS: [&str; 7] =
-    ["Cargo.toml", "agent/Cargo.toml", "agent-ebpf/Cargo.toml", "agent-ebpf/common/Cargo.toml", "xtask/Cargo.toml", "tests/Cargo.toml", "fuzz/Cargo.toml"];
+const MANIFESTS: [&str; 9] = [
+    "Cargo.toml",
+    "agent/Cargo.toml",
+    "agent-ebpf/Cargo.toml",
+    "agent-ebpf/common/Cargo.toml",
+    "agent-ebpf/object/Cargo.toml",
+    "xtask/Cargo.toml",
+    "xtask/runner/Cargo.toml",
+    "tests/Cargo.toml",
+    "fuzz/Cargo.toml",
+];
 
 /// The crates.io dependencies a manifest declares (`[dependencies]`, `[dev-dependencies]`,
 /// `[build-dependencies]`, target-specific ones and `[workspace.dependencies]`), by package

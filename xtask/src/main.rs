@@ -1,36 +1,68 @@
-//! `cargo xtask <task>`: setup, demo, test tiers, benchmarks, fixtures and scenarios.
-//! Everything a fresh machine needs is installed by `setup` (xtask/setup.sh), which `demo`
-//! and `test` run first.
+//! `cargo xtask <task>`: the machine set-up (xtask/setup.sh: apt packages, nightly rust-src,
+//! bpf-linker, tracefs/bpffs mounts), then the task itself in the `xtask-runner` crate.
+//!
+//! This crate depends on nothing so that it compiles and runs before the agent can be built:
+//! the agent's eBPF object needs bpf-linker, which only the set-up installs. Only after set-up
+//! does `cargo run -p xtask-runner` compile the agent.
 
-mod fuzz;
-mod man;
-mod soak;
-mod tasks;
+use std::{
+    path::PathBuf,
+    process::{Command, ExitCode},
+};
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (task, rest) = match args.split_first() {
-        Some((t, r)) => (t.as_str(), r),
-        None => ("help", &[][..]),
-    };
-    match task {
-        "setup" => tasks::setup(),
-        "demo" => tasks::demo(rest),
-        "test" => tasks::test(rest),
-        "bench" => tasks::bench(rest),
-        "fuzz" => fuzz::fuzz(rest),
-        "soak" => soak::soak(rest),
-        "scenario" => stepwise_tests::scenario::run_cli(rest),
-        "man" => man::man(rest),
-        _ => {
-            eprintln!(
-                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models, attribution, probes\n  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
-            );
-            if task == "help" {
-                Ok(())
-            } else {
-                anyhow::bail!("unknown task {task:?}")
-            }
+const USAGE: &str = "usage: cargo xtask <task>
+
+  setup              install apt packages, nightly rust-src, bpf-linker; mount tracefs/bpffs (idempotent)
+  demo               build, start the agent, run a real 4-rank OpenMPI job with a straggler, show `agent diagnose`
+  test [tier…]       every test tier (lint, fresh-build, unit, integration, ecosystem, fuzz, soak)
+  bench <what>       benchmarks: counters, models, attribution, probes
+  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)
+  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds
+  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)
+  man [DIR]          man pages for agent and its subcommands (default target/man)
+
+Every task except help runs `setup` first (about a second once the machine is set up).";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Runs `cmd`; its exit status, or a message when it could not start.
+fn run(what: &str, cmd: &mut Command) -> Result<(), ExitCode> {
+    match cmd.status() {
+        Ok(st) if st.success() => Ok(()),
+        Ok(st) => {
+            eprintln!("xtask: {what} failed: {st}");
+            Err(ExitCode::from(st.code().and_then(|c| u8::try_from(c).ok()).filter(|c| *c != 0).unwrap_or(1)))
         }
+        Err(e) => {
+            eprintln!("xtask: cannot run {what} ({cmd:?}): {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    if matches!(task, "help" | "-h" | "--help") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if let Err(code) = run("setup (xtask/setup.sh)", Command::new("bash").arg(root().join("xtask/setup.sh"))) {
+        return code;
+    }
+    if task == "setup" {
+        return ExitCode::SUCCESS;
+    }
+    match run(&format!("task {task:?}"), cargo().args(["run", "--quiet", "--package", "xtask-runner", "--"]).args(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
     }
 }

@@ -27,7 +27,7 @@ pub fn version() -> &'static str {
 /// `--version`: the version and whether the eBPF programs are built in.
 fn long_version() -> &'static str {
     static V: OnceLock<String> = OnceLock::new();
-    V.get_or_init(|| format!("{}\neBPF programs: {}", version(), if crate::ebpf::embedded() { "embedded" } else { "missing (built without bpf-linker)" }))
+    V.get_or_init(|| format!("{}\neBPF programs: {}", version(), if crate::ebpf::embedded() { "embedded" } else { "missing (built with AYA_BUILD_SKIP=1)" }))
 }
 
 #[derive(Debug, Parser)]

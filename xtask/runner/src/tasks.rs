@@ -12,7 +12,8 @@ use stepwise_tests::harness::{self, Agent, Proc};
 mod ecosystem;
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+    let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    up.canonicalize().unwrap_or(up)
 }
 
 pub fn sh(cmd: &mut Command) -> Result<()> {
@@ -30,12 +31,6 @@ fn cargo() -> Command {
     c
 }
 
-/// Installs what the project needs (apt packages, nightly rust-src, bpf-linker) and mounts
-/// tracefs/bpffs. Idempotent: a second run takes about a second.
-pub fn setup() -> Result<()> {
-    sh(Command::new("bash").arg(root().join("xtask/setup.sh")))
-}
-
 fn build_agent(release: bool) -> Result<PathBuf> {
     let mut c = cargo();
     c.args(["build", "-p", "agent", "--bin", "agent"]);
@@ -48,26 +43,32 @@ fn build_agent(release: bool) -> Result<PathBuf> {
 
 /// Test tiers. With no argument every tier runs, in this order.
 pub fn test(args: &[String]) -> Result<()> {
-    let all = ["lint", "unit", "integration", "ecosystem", "fuzz", "soak"];
+    let all = ["lint", "fresh-build", "unit", "integration", "ecosystem", "fuzz", "soak"];
     let tiers: Vec<&str> = if args.is_empty() { all.to_vec() } else { args.iter().map(String::as_str).collect() };
     for t in &tiers {
         if !all.contains(t) {
             bail!("unknown test tier {t:?} (tiers: {})", all.join(", "));
         }
     }
-    setup()?;
     let started = Instant::now();
     for t in tiers {
         eprintln!("\n=== tier {t} ===");
         match t {
             // Lints of every crate, including the eBPF program crate's host build.
-            "lint" => sh(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?,
+            "lint" => {
+                sh(cargo().args(["fmt", "--all", "--check"]))?;
+                sh(cargo().args(["fmt", "--check", "--manifest-path", "fuzz/Cargo.toml"]))?;
+                sh(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?
+            }
+            // The eBPF object is never silently a stub: built into an empty target directory
+            // without bpf-linker, then with it (issue 12).
+            "fresh-build" => crate::fresh::check()?,
             // Unit tests: no root, no network (agent lib + bin + model CLI tests).
-            "unit" => sh(cargo().args(["test", "-p", "agent", "-p", "agent-common"]))?,
+            "unit" => sh(cargo().args(["test", "-p", "agent", "-p", "agent-common", "-p", "agent-ebpf-object"]))?,
             // Privileged tiers: real kernel (netns/veth/tc), real Prometheus, fixtures.
             "integration" => {
                 let bin = build_agent(false)?;
-                sh(cargo().args(["test", "-p", "stepwise-tests", "-p", "xtask"]).env("STEPWISE_AGENT_BIN", bin))?;
+                sh(cargo().args(["test", "-p", "stepwise-tests", "-p", "xtask-runner"]).env("STEPWISE_AGENT_BIN", bin))?;
             }
             // Dashboards, deployment and least privilege, checked by the real tools (issue 6).
             "ecosystem" => ecosystem::run(&build_agent(false)?, !(args.is_empty() || args.iter().any(|a| a == "integration")))?,
@@ -86,7 +87,6 @@ pub fn test(args: &[String]) -> Result<()> {
 /// The main job: a real 4-rank OpenMPI job with one rank 30 ms late every 5th step, watched by
 /// the agent (eBPF uprobes on libmpi), then `agent diagnose --slowest 3` from its history.
 pub fn demo(_args: &[String]) -> Result<()> {
-    setup()?;
     let bin = build_agent(false)?;
     std::env::set_var("STEPWISE_AGENT_BIN", &bin);
     eprintln!("\n=== building the test workloads (OpenMPI steps, NCCL-ABI library) ===");
@@ -125,8 +125,25 @@ pub fn demo(_args: &[String]) -> Result<()> {
     ))?;
     let summary = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("summary")).count();
     eprintln!("    job finished: {summary} ranks reported");
-    // Let the agent attribute the last step (grace period) and write it to its history.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The agent must have seen the job's MPI calls; otherwise diagnose could only say "no steps".
+    let calls = agent.get("/api/v1/collectives?limit=10")?;
+    let seen = serde_json::from_str::<serde_json::Value>(&calls.body).ok().and_then(|v| v["calls"].as_array().map(Vec::len)).unwrap_or(0);
+    if seen == 0 {
+        bail!(
+            "the agent recorded no MPI calls of the job (HTTP {}: {}): its uprobes on libmpi did not attach. See its log: {}\n{}",
+            calls.status,
+            calls.body.trim(),
+            dir.display(),
+            agent.proc.log_text()
+        );
+    }
+    // Until the last step has been attributed (grace period) and written to the history.
+    harness::wait_for(Duration::from_secs(15), "the job's 15 steps in the agent's history", || {
+        let out = Command::new(&bin).args(["diagnose", "--json", "--slowest", "100", "--db", path_str(&db).ok()?]).output().ok()?;
+        let steps = serde_json::from_slice::<serde_json::Value>(&out.stdout).ok()?;
+        (steps["steps"].as_array().map_or(0, Vec::len) >= 15).then_some(())
+    })
+    .with_context(|| format!("agent log:\n{}", agent.proc.log_text()))?;
     println!("\n$ agent diagnose --slowest 3 --db {}\n", db.display());
     let st = Command::new(&bin).args(["diagnose", "--slowest", "3", "--db", path_str(&db)?]).status()?;
     drop(agent);
@@ -184,7 +201,6 @@ fn bench_attribution() -> Result<()> {
 /// CPU per sweep of a 16-NIC mlx5 fixture: the agent versus node_exporter's infiniband
 /// collector, measured in the same run on the same tree.
 fn bench_counters() -> Result<()> {
-    setup()?;
     let bin = build_agent(true)?;
     std::env::set_var("STEPWISE_AGENT_BIN", &bin);
     // The fixture lives on tmpfs when available: sysfs (kernfs) is memory-backed, so an ext4

@@ -157,7 +157,7 @@ fn nightly_cargo() -> Command {
     for v in ["RUSTUP_TOOLCHAIN", "CARGO", "CARGO_TARGET_DIR", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC", "RUSTC_WRAPPER"] {
         c.env_remove(v);
     }
-    // The targets never load eBPF: skip building the object (agent/build.rs writes a stub).
+    // The targets never load eBPF: skip building the object (agent-ebpf/object/build.rs writes a stub).
     c.env("AYA_BUILD_SKIP", "1");
     c
 }

@@ -102,7 +102,6 @@ pub fn soak(args: &[String]) -> Result<()> {
     }
     let minutes = minutes(args, 10.0)?;
     let release = !args.iter().any(|a| a == "--debug");
-    crate::tasks::setup()?;
     let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     build.current_dir(crate::tasks::root()).args(["build", "-p", "agent", "--bin", "agent"]);
     if release {

@@ -1,0 +1,35 @@
+//! The tasks behind `cargo xtask` (see xtask/src/main.rs, which runs the machine set-up first
+//! and then this binary with the same arguments).
+
+mod fresh;
+mod fuzz;
+mod man;
+mod soak;
+mod tasks;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, rest) = match args.split_first() {
+        Some((t, r)) => (t.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    match task {
+        "demo" => tasks::demo(rest),
+        "test" => tasks::test(rest),
+        "bench" => tasks::bench(rest),
+        "fuzz" => fuzz::fuzz(rest),
+        "soak" => soak::soak(rest),
+        "scenario" => stepwise_tests::scenario::run_cli(rest),
+        "man" => man::man(rest),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models, attribution, probes\n  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
+            );
+            if task == "help" {
+                Ok(())
+            } else {
+                anyhow::bail!("unknown task {task:?}")
+            }
+        }
+    }
+}
