@@ -156,6 +156,13 @@ impl Serialize for Secret {
     }
 }
 
+/// Most collective calls `[collectives] history` may keep in memory (~1 GiB of records).
+pub const MAX_CALL_HISTORY: u64 = 1 << 22;
+/// Most steps `[steps] history` may keep in memory.
+pub const MAX_STEP_HISTORY: u64 = 1_000_000;
+/// Smallest `[store] max_bytes`: below it retention would delete every step it writes.
+pub const MIN_STORE_BYTES: u64 = 1 << 20;
+
 /// `[store]`: the local SQLite history of attributed steps.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -332,7 +339,18 @@ impl Config {
         }
         self.otlp.validate()?;
         self.api.validate()?;
-        Ok(())
+        self.validate_sizes()
+    }
+
+    /// Sizes that would disable what they size or exhaust memory: refused (exit 2).
+    fn validate_sizes(&self) -> Result<(), ConfigError> {
+        let range = |field: &'static str, v: u64, min: u64, max: u64| match v {
+            v if (min..=max).contains(&v) => Ok(()),
+            v => Err(ConfigError::Invalid { field, value: v.to_string(), reason: format!("must be between {min} and {max}") }),
+        };
+        range("collectives.history", self.collectives.history as u64, 1, MAX_CALL_HISTORY)?;
+        range("steps.history", self.steps.history as u64, 1, MAX_STEP_HISTORY)?;
+        range("store.max_bytes", self.store.max_bytes, MIN_STORE_BYTES, u64::MAX)
     }
 
     /// The documented default configuration as TOML (`agent run --print-default-config`).
@@ -505,6 +523,25 @@ mod tests {
         assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Invalid { field: "api.token", .. })));
         std::fs::write(&cfg, "[api]\nmarkers_over_tcp = true\ntoken_file = \"/nonexistent/token\"\n").expect("cfg");
         assert!(matches!(Config::load(Some(&cfg), &Overrides::default()), Err(ConfigError::Read { .. })));
+    }
+
+    #[test]
+    fn nonsensical_sizes_are_refused() {
+        for (text, field) in [
+            ("[collectives]\nhistory = 18446744073709551615\n", "collectives.history"),
+            ("[collectives]\nhistory = 0\n", "collectives.history"),
+            ("[steps]\nhistory = 0\n", "steps.history"),
+            ("[store]\nmax_bytes = 0\n", "store.max_bytes"),
+        ] {
+            let c = Config::from_toml(text).expect("parses");
+            match c.validate() {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let ok = Config::from_toml("[collectives]\nhistory = 4194304\n[steps]\nhistory = 1\n[store]\nmax_bytes = 1048576\n").expect("parses");
+        ok.validate().expect("the bounds themselves are valid");
+        Config::default().validate().expect("defaults are valid");
     }
 
     #[test]
