@@ -269,21 +269,25 @@ impl Engine {
         while self.markers.front().is_some_and(|m| m.time.unwrap_or(now) < now - MARKER_KEEP_SECONDS) {
             self.markers.pop_front();
         }
-        let Some(calls) = self.calls.clone() else { return };
         let horizon = now - self.cfg.grace.as_secs_f64();
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
-        let (views, net): (Vec<CallView>, Vec<NetSample>) = {
-            let h = match calls.lock() {
-                Ok(h) => h,
-                Err(p) => p.into_inner(),
-            };
-            let views = h.calls_since(lookback, 1_000_000).iter().map(|c| c.view()).collect();
-            let net = h
-                .net_since(lookback, 1_000_000)
-                .into_iter()
-                .map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send })
-                .collect();
-            (views, net)
+        // Without collective probes (`[collectives] enabled = false`) markers still make
+        // steps: there are just no calls to join.
+        let (views, net): (Vec<CallView>, Vec<NetSample>) = match &self.calls {
+            None => (Vec::new(), Vec::new()),
+            Some(calls) => {
+                let h = match calls.lock() {
+                    Ok(h) => h,
+                    Err(p) => p.into_inner(),
+                };
+                let views = h.calls_since(lookback, 1_000_000).iter().map(|c| c.view()).collect();
+                let net = h
+                    .net_since(lookback, 1_000_000)
+                    .into_iter()
+                    .map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send })
+                    .collect();
+                (views, net)
+            }
         };
         let colls = join_calls(&views);
         let mut steps: Vec<(String, Step)> = Vec::new();
@@ -398,3 +402,7 @@ impl Engine {
         let _ = CauseKind::ALL;
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

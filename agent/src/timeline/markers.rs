@@ -48,6 +48,9 @@ pub const MAX_RANK: u32 = 1 << 20;
 /// Longest `host` accepted (Linux `HOST_NAME_MAX`): a marker held 200 000 times must not
 /// carry a kilobyte of name each.
 pub const MAX_HOST_BYTES: usize = 64;
+/// Largest step id accepted: the history store keeps ids as SQLite's signed 64-bit integers,
+/// so a larger one would be shown by the API but never stored.
+pub const MAX_STEP: u64 = i64::MAX as u64;
 
 impl Marker {
     /// Parses and validates one marker; `now` stamps markers without a time.
@@ -58,6 +61,9 @@ impl Marker {
         let mut m: Marker = serde_json::from_slice(trim(line))?;
         if m.rank >= MAX_RANK {
             return Err(MarkerError::Range { field: "rank", value: m.rank.to_string() });
+        }
+        if m.step > MAX_STEP {
+            return Err(MarkerError::Range { field: "step", value: m.step.to_string() });
         }
         if let Some(h) = m.host.as_ref().filter(|h| h.len() > MAX_HOST_BYTES) {
             return Err(MarkerError::Range { field: "host", value: format!("{} bytes (at most {MAX_HOST_BYTES})", h.len()) });
@@ -105,6 +111,11 @@ mod tests {
         assert!(matches!(Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":-3}"#, 1.0), Err(MarkerError::Range { .. })));
         let host = |n: usize| format!(r#"{{"rank":0,"step":1,"phase":"end","host":"{}"}}"#, "h".repeat(n));
         assert!(Marker::parse(host(MAX_HOST_BYTES).as_bytes(), 1.0).is_ok());
+        assert!(Marker::parse(format!(r#"{{"rank":0,"step":{MAX_STEP},"phase":"end"}}"#).as_bytes(), 1.0).is_ok());
+        for step in [1u64 << 63, u64::MAX] {
+            let m = format!(r#"{{"rank":0,"step":{step},"phase":"end"}}"#);
+            assert!(matches!(Marker::parse(m.as_bytes(), 1.0), Err(MarkerError::Range { field: "step", .. })), "{m}");
+        }
         assert!(matches!(Marker::parse(host(950).as_bytes(), 1.0), Err(MarkerError::Range { field: "host", .. })));
     }
 }
