@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{CauseKind, Params, RankTime};
 use crate::{
     model::concurrency,
+    report::duration,
     timeline::{Collective, NicWindow},
     units::{Bytes, BytesPerSecond, Seconds},
 };
@@ -265,25 +266,27 @@ fn s_of(e: &BTreeMap<String, serde_json::Value>, k: &str) -> String {
     e.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string()
 }
 
-/// The fix for a cause, in the user's terms, with the evidence's numbers.
+/// The fix for a cause, in the user's terms, with the evidence's numbers (durations in the
+/// report's units). Only for a cause that has seconds: [`attribute`](super::attribute) gives
+/// a cause of 0 s no fix, whose evidence would only fill these placeholders.
 pub fn fix_for(k: CauseKind, e: &BTreeMap<String, serde_json::Value>, late: Option<&RankTime>) -> String {
     match k {
         CauseKind::Compute => "time outside collectives: profile compute, data loading and the optimizer step (not the network)".into(),
         CauseKind::IdealComm => "the communication the bytes need at nominal link rate: reduce bytes (gradient compression, bucketing) or overlap them with compute".into(),
         CauseKind::ReadinessSkew => match late {
             Some(r) => format!(
-                "rank {} on {} reached its collectives {:.1} ms after the first rank: look upstream of the collective on that rank (input pipeline, host jitter, a slower GPU, CPU contention) — the network is not the cause",
+                "rank {} on {} reached its collectives {} after the first rank: look upstream of the collective on that rank (input pipeline, host jitter, a slower GPU, CPU contention) — the network is not the cause",
                 r.rank,
                 r.host,
-                r.late_seconds * 1e3
+                duration(r.late_seconds)
             ),
             None => "no rank arrived late".into(),
         },
         CauseKind::RailImbalance => format!(
-            "{} carried {:.0} % of the bytes while other rails idled: use a rail-aligned (hierarchical) algorithm or ring order so every NIC carries its share (NCCL_ALGO / NCCL_IB_HCA listing every NIC); balanced, the transfer would take {:.2} ms",
+            "{} carried {:.0} % of the bytes while other rails idled: use a rail-aligned (hierarchical) algorithm or ring order so every NIC carries its share (NCCL_ALGO / NCCL_IB_HCA listing every NIC); balanced, the transfer would take {}",
             s_of(e, "busiest_nic"),
             num(e, "busiest_share") * 100.0,
-            num(e, "balanced_transfer_seconds") * 1e3
+            duration(num(e, "balanced_transfer_seconds"))
         ),
         CauseKind::InFlightLimit => format!(
             "only {:.1} requests of {:.0} KiB were in flight (N·m/T = {:.2} GB/s < path {:.2} GB/s): raise the window — NCCL_NCHANNELS, NCCL_IB_QPS_PER_CONNECTION, NCCL_BUFFSIZE/NCCL_STEPS — or reap completions faster",
@@ -293,10 +296,10 @@ pub fn fix_for(k: CauseKind, e: &BTreeMap<String, serde_json::Value>, late: Opti
             num(e, "path_bytes_per_second") / 1e9
         ),
         CauseKind::Congestion => format!(
-            "the path through {} was paused or queued (pause {:.2} ms, transmit wait {:.2} ms, {:.0} bytes of other traffic, {:.0} drops, {:.0} retransmits): keep other jobs' bursts off this link or out of phase, check ECN/DCQCN marking and PFC headroom",
+            "the path through {} was paused or queued (pause {}, transmit wait {}, {:.0} bytes of other traffic, {:.0} drops, {:.0} retransmits): keep other jobs' bursts off this link or out of phase, check ECN/DCQCN marking and PFC headroom",
             s_of(e, "nic"),
-            num(e, "pfc_pause_seconds") * 1e3,
-            num(e, "transmit_wait_seconds") * 1e3,
+            duration(num(e, "pfc_pause_seconds")),
+            duration(num(e, "transmit_wait_seconds")),
             num(e, "other_traffic_bytes"),
             num(e, "drops"),
             num(e, "retransmits")

@@ -77,6 +77,7 @@ pub struct Cause {
     /// Fraction of the step time.
     pub share: f64,
     pub evidence: BTreeMap<String, serde_json::Value>,
+    /// What to do about it; empty for a cause of 0 s (or less), which needs nothing done.
     pub fix: String,
     /// The late rank (readiness skew).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -429,7 +430,8 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
                 kind: k,
                 seconds: secs,
                 share: if total > 0.0 { secs / total } else { 0.0 },
-                fix: fix_for(k, &evidence, late.as_ref()),
+                // A cause of 0 s needs no fix (its evidence would only fill placeholders).
+                fix: if secs > 0.0 { fix_for(k, &evidence, late.as_ref()) } else { String::new() },
                 evidence,
                 rank: if k == CauseKind::ReadinessSkew { late.as_ref().map(|r| r.rank) } else { None },
             }

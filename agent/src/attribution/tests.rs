@@ -51,6 +51,24 @@ fn straggler_is_readiness_skew_with_the_late_rank_named() {
 }
 
 #[test]
+fn only_causes_with_seconds_carry_a_fix() {
+    // The straggler step: readiness skew, compute and ideal communication have seconds; rail
+    // imbalance, in-flight limit and congestion have none (no NIC windows at all).
+    let c = coll(0, &[(0, "a", 0.020, 0.051), (1, "a", 0.020, 0.051), (2, "a", 0.020, 0.051), (3, "a", 0.050, 0.051)], 4096);
+    let s = step(0.0, 0.052);
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    let zero: Vec<&Cause> = a.causes.iter().filter(|c| c.seconds == 0.0).collect();
+    assert!(zero.iter().any(|c| c.kind == CauseKind::RailImbalance) && zero.iter().any(|c| c.kind == CauseKind::InFlightLimit), "{:?}", a.causes);
+    for c in &zero {
+        assert_eq!(c.fix, "", "{} has 0 s and so no fix", c.kind.as_str());
+    }
+    for c in a.causes.iter().filter(|c| c.seconds > 0.0) {
+        assert!(!c.fix.is_empty() && !c.fix.starts_with('?'), "{}: {:?}", c.kind.as_str(), c.fix);
+    }
+}
+
+#[test]
 fn one_busy_nic_of_four_is_rail_imbalance() {
     // 100 MB over one of four 1 GB/s NICs: 100 ms; balanced it would be 25 ms.
     let c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 50_000_000);

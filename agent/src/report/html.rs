@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 
 pub use svg::{nics as nics_svg, stacked as stacked_svg, timeline as timeline_svg, BAR_W};
 
-use super::{bytes, evidence_pairs, ms, pct, timeline::Phase, Report, StepReport};
+use super::{bytes, duration, evidence_pairs, pct, timeline::Phase, Report, StepReport};
 use crate::attribution::CauseKind;
 
 /// Escapes text for HTML element content and attribute values.
@@ -133,7 +133,7 @@ fn causes_table(out: &mut String, r: &StepReport, threshold: f64) {
             i + 1,
             colour(c.kind),
             c.kind.as_str(),
-            ms(c.seconds),
+            duration(c.seconds),
             pct(c.share),
             ev.join(", "),
             if problem { escape(&c.fix) } else { String::new() }
@@ -144,14 +144,14 @@ fn causes_table(out: &mut String, r: &StepReport, threshold: f64) {
 
 fn step(out: &mut String, r: &StepReport, rep: &Report) {
     let a = &r.attribution;
-    let _ = write!(out, "<section class=\"step\" id=\"step-{0}\" data-step=\"{0}\"><h2>Step {0} — {1}</h2>", a.step, ms(a.seconds));
+    let _ = write!(out, "<section class=\"step\" id=\"step-{0}\" data-step=\"{0}\"><h2>Step {0} — {1}</h2>", a.step, duration(a.seconds));
     if a.incomplete {
         out.push_str("<p class=\"warn\">Incomplete: ranks or events missing; numbers are a lower bound.</p>");
     }
     if let Some(c) = r.ranked(rep.threshold_seconds).first() {
-        let _ = write!(out, "<p class=\"top\"><b>Top cause: {} {} ({})</b><br>Fix: {}</p>", c.kind.as_str(), ms(c.seconds), pct(c.share), escape(&c.fix));
+        let _ = write!(out, "<p class=\"top\"><b>Top cause: {} {} ({})</b><br>Fix: {}</p>", c.kind.as_str(), duration(c.seconds), pct(c.share), escape(&c.fix));
     } else {
-        let _ = write!(out, "<p class=\"top\">No cause above {}.</p>", ms(rep.threshold_seconds));
+        let _ = write!(out, "<p class=\"top\">No cause above {}.</p>", duration(rep.threshold_seconds));
     }
     out.push_str("<h3>Timeline per rank</h3>");
     match svg::timeline(r) {
@@ -174,10 +174,10 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
     out.push_str(&svg::stacked(r));
     out.push_str("<h3>Causes, largest first</h3>");
     causes_table(out, r, rep.threshold_seconds);
-    let clock = rep.clock_error_seconds.map(|e| format!(" (clock error ≤ {})", ms(e))).unwrap_or_default();
-    let free = r.skew.clock_free_seconds.map(ms).unwrap_or_else(|| "n/a".into());
+    let clock = rep.clock_error_seconds.map(|e| format!(" (clock error ≤ {})", duration(e))).unwrap_or_default();
+    let free = r.skew.clock_free_seconds.map(duration).unwrap_or_else(|| "n/a".into());
     let late = r.skew.clock_free_late_rank.map(|k| format!(", late rank {k}")).unwrap_or_default();
-    let _ = write!(out, "<p>Readiness skew: wall clock {}{clock}; clock-free {free}{late}.</p>", ms(r.skew.wall_seconds));
+    let _ = write!(out, "<p>Readiness skew: wall clock {}{clock}; clock-free {free}{late}.</p>", duration(r.skew.wall_seconds));
     if let Some(n) = svg::nics(r) {
         out.push_str("<h3>Bytes per NIC</h3>");
         out.push_str(&n);
@@ -202,9 +202,9 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
                 "<tr><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
                 k.rank,
                 escape(&k.host),
-                ms(k.late_seconds),
-                ms(k.wait_seconds),
-                ms(k.inside_seconds)
+                duration(k.late_seconds),
+                duration(k.wait_seconds),
+                duration(k.inside_seconds)
             );
         }
         out.push_str("</table>");
@@ -222,7 +222,7 @@ pub fn render(rep: &Report) -> String {
     );
     let _ = write!(out, "<p>Source: {}", escape(&rep.source));
     if let Some(e) = rep.clock_error_seconds {
-        let _ = write!(out, " · clock error ≤ {}", ms(e));
+        let _ = write!(out, " · clock error ≤ {}", duration(e));
     }
     out.push_str("</p>");
     if !rep.peers.answered.is_empty() || !rep.peers.failed.is_empty() {

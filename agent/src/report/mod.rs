@@ -140,9 +140,21 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// Milliseconds with one decimal.
-pub fn ms(seconds: f64) -> String {
-    format!("{:.1} ms", seconds * 1e3)
+/// A duration with one decimal in the unit a human reads it in: `16.0 s`, `250.0 ms`,
+/// `40.0 µs`, `2.5 ns`. Zero, which has no magnitude, is `0.0 ms`, the unit most of a step
+/// report is in. The unit is chosen after rounding (0.99996 s is `1.0 s`, never `1000.0 ms`).
+pub fn duration(seconds: f64) -> String {
+    const UNITS: [(f64, &str); 4] = [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")];
+    let a = seconds.abs();
+    if a == 0.0 {
+        return "0.0 ms".into();
+    }
+    if !a.is_finite() {
+        return format!("{seconds} s");
+    }
+    // 999.95 of the smaller unit prints as 1000.0: that is already the larger unit.
+    let (k, unit) = UNITS.into_iter().find(|(k, _)| a >= k * 0.999_95).unwrap_or(UNITS[UNITS.len() - 1]);
+    format!("{:.1} {unit}", seconds / k)
 }
 
 /// Percent with one decimal.
@@ -177,7 +189,7 @@ pub fn evidence_pairs(e: &BTreeMap<String, serde_json::Value>) -> Vec<(String, S
                     if k.ends_with("_bytes_per_second") {
                         format!("{:.2} GB/s", x / 1e9)
                     } else if k.ends_with("_seconds") {
-                        ms(x)
+                        duration(x)
                     } else if k.ends_with("_bytes") {
                         bytes(x)
                     } else if k.ends_with("share") {
@@ -298,8 +310,24 @@ mod tests {
     }
 
     #[test]
+    fn durations_take_the_unit_a_human_reads() {
+        assert_eq!(duration(16.0), "16.0 s", "a clock error of 16 s, not 16000.0 ms");
+        assert_eq!(duration(0.25), "250.0 ms");
+        assert_eq!(duration(40e-6), "40.0 µs");
+        assert_eq!(duration(2.5e-9), "2.5 ns");
+        assert_eq!(duration(0.0), "0.0 ms");
+        assert_eq!(duration(-0.030), "-30.0 ms");
+        // The unit is the one the rounded value has: never "1000.0 ms".
+        assert_eq!(duration(0.999_96), "1.0 s");
+        assert_eq!(duration(0.999_9), "999.9 ms");
+        assert_eq!(duration(999.96e-6), "1.0 ms");
+        assert_eq!(duration(3600.0), "3600.0 s");
+        assert_eq!(duration(f64::INFINITY), "inf s");
+    }
+
+    #[test]
     fn formats() {
-        assert_eq!(ms(0.0304), "30.4 ms");
+        assert_eq!(duration(0.0304), "30.4 ms");
         assert_eq!(pct(0.152), "15.2 %");
         assert_eq!(bytes(64.0 * 1024.0 * 1024.0), "64.0 MiB");
         assert_eq!(bytes(12.0), "12 B");

@@ -1,10 +1,10 @@
 //! The terminal report: per step the top finding and its fix first, then the breakdown
-//! table (every cause, seconds in ms with one decimal, share of the step in %), the ranked
+//! table (every cause, its duration with one decimal in s, ms or µs, share of the step in %), the ranked
 //! findings with evidence, the skew both ways, per-rank arrivals and per-NIC bytes.
 
 use std::fmt::Write as _;
 
-use super::{bytes, evidence_pairs, ms, pct, Report, StepReport};
+use super::{bytes, duration, evidence_pairs, pct, Report, StepReport};
 use crate::attribution::CauseKind;
 
 /// Columns aligned to their widest cell; `right[i]` right-aligns column i (numbers).
@@ -53,13 +53,13 @@ fn headline(r: &StepReport, threshold: f64) -> String {
                 }
                 _ => String::new(),
             };
-            format!("  top cause: {} {} ({}){who}\n  fix: {}\n", c.kind.as_str(), ms(c.seconds), pct(c.share), c.fix)
+            format!("  top cause: {} {} ({}){who}\n  fix: {}\n", c.kind.as_str(), duration(c.seconds), pct(c.share), c.fix)
         }
         None => format!(
             "  no cause above {}: compute {}, ideal communication {} — the step is as fast as its compute and bytes allow\n",
-            ms(threshold),
-            ms(a.cause(CauseKind::Compute)),
-            ms(a.cause(CauseKind::IdealComm))
+            duration(threshold),
+            duration(a.cause(CauseKind::Compute)),
+            duration(a.cause(CauseKind::IdealComm))
         ),
     }
 }
@@ -70,7 +70,7 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         out,
         "step {} · {} · {} collective(s) · {} rank(s){}",
         a.step,
-        ms(a.seconds),
+        duration(a.seconds),
         a.collectives,
         a.ranks.len(),
         if a.incomplete { " · INCOMPLETE DATA (ranks or probe events missing: numbers are a lower bound)" } else { "" }
@@ -78,17 +78,17 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
     out.push_str(&headline(r, rep.threshold_seconds));
     out.push('\n');
 
-    let mut rows: Vec<Vec<String>> = a.causes.iter().map(|c| vec![c.kind.as_str().to_string(), ms(c.seconds), pct(c.share)]).collect();
+    let mut rows: Vec<Vec<String>> = a.causes.iter().map(|c| vec![c.kind.as_str().to_string(), duration(c.seconds), pct(c.share)]).collect();
     let sum: f64 = a.causes.iter().map(|c| c.seconds).sum();
-    rows.push(vec!["total".into(), ms(sum), pct(if a.seconds > 0.0 { sum / a.seconds } else { 0.0 })]);
+    rows.push(vec!["total".into(), duration(sum), pct(if a.seconds > 0.0 { sum / a.seconds } else { 0.0 })]);
     out.push_str(&table(&["cause", "seconds", "share"], &rows, &[false, true, true], "  "));
 
     let ranked = r.ranked(rep.threshold_seconds);
     if !ranked.is_empty() {
-        let _ = writeln!(out, "\n  causes above {}, largest first:", ms(rep.threshold_seconds));
+        let _ = writeln!(out, "\n  causes above {}, largest first:", duration(rep.threshold_seconds));
         for (i, c) in ranked.iter().enumerate() {
             let rank = c.rank.map(|x| format!("  rank {x}")).unwrap_or_default();
-            let _ = writeln!(out, "  {}. {}  {}  {}{rank}", i + 1, c.kind.as_str(), ms(c.seconds), pct(c.share));
+            let _ = writeln!(out, "  {}. {}  {}  {}{rank}", i + 1, c.kind.as_str(), duration(c.seconds), pct(c.share));
             let ev: Vec<String> = evidence_pairs(&c.evidence).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
             if !ev.is_empty() {
                 let _ = writeln!(out, "     evidence: {}", ev.join(", "));
@@ -98,20 +98,23 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
     }
 
     let clock = match rep.clock_error_seconds {
-        Some(e) => format!(" (clock error ≤ {})", ms(e)),
+        Some(e) => format!(" (clock error ≤ {})", duration(e)),
         None => " (one host's clock)".into(),
     };
     let free = match (r.skew.clock_free_seconds, r.skew.clock_free_late_rank) {
-        (Some(s), Some(k)) => format!("{}, late rank {k}", ms(s)),
-        (Some(s), None) => ms(s),
+        (Some(s), Some(k)) => format!("{}, late rank {k}", duration(s)),
+        (Some(s), None) => duration(s),
         _ => "n/a (one rank)".into(),
     };
-    let _ = writeln!(out, "\n  readiness skew: wall clock {}{clock} · clock-free {free}", ms(r.skew.wall_seconds));
+    let _ = writeln!(out, "\n  readiness skew: wall clock {}{clock} · clock-free {free}", duration(r.skew.wall_seconds));
 
     if !a.ranks.is_empty() {
         out.push('\n');
-        let rows: Vec<Vec<String>> =
-            a.ranks.iter().map(|k| vec![k.rank.to_string(), k.host.clone(), ms(k.late_seconds), ms(k.wait_seconds), ms(k.inside_seconds)]).collect();
+        let rows: Vec<Vec<String>> = a
+            .ranks
+            .iter()
+            .map(|k| vec![k.rank.to_string(), k.host.clone(), duration(k.late_seconds), duration(k.wait_seconds), duration(k.inside_seconds)])
+            .collect();
         out.push_str(&table(&["rank", "host", "arrival", "wait", "inside"], &rows, &[true, false, true, true, true], "  "));
     }
     if !r.nics.is_empty() {
@@ -144,7 +147,7 @@ pub fn render(rep: &Report) -> String {
         let _ = write!(head, " · {}/{} peers answered", peers.answered.len(), peers.answered.len() + peers.failed.len());
     }
     if let Some(e) = rep.clock_error_seconds {
-        let _ = write!(head, " · clock error ≤ {}", ms(e));
+        let _ = write!(head, " · clock error ≤ {}", duration(e));
     }
     out.push_str(&head);
     out.push('\n');
@@ -218,6 +221,14 @@ mod tests {
         assert!(t.contains("2/3 peers answered"), "{t}");
         assert_eq!(row(&t, "10.0.0.3:9477"), vec!["10.0.0.3:9477", "timed out after 5s"]);
         assert!(t.contains("readiness skew: wall clock 30.0 ms (clock error ≤ 2.0 ms) · clock-free 30.0 ms, late rank 5"), "{t}");
+    }
+
+    #[test]
+    fn a_large_clock_error_reads_in_seconds() {
+        let mut rep = fixtures::report();
+        rep.clock_error_seconds = Some(16.0);
+        let t = render(&rep);
+        assert!(t.contains("clock error ≤ 16.0 s") && !t.contains("16000"), "{t}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::{colour, escape};
 use crate::{
     attribution::CauseKind,
     report::{
-        bytes, ms, pct,
+        bytes, duration, pct,
         timeline::{self, Phase, Row},
         StepReport,
     },
@@ -98,9 +98,9 @@ pub fn timeline(r: &StepReport) -> Option<String> {
                 escape(&who),
                 seg.phase.as_str(),
                 escape(&what),
-                ms(seg.start),
-                ms(seg.end),
-                ms(seg.end - seg.start)
+                duration(seg.start),
+                duration(seg.end),
+                duration(seg.end - seg.start)
             );
         }
         for &(t, i) in &row.ready {
@@ -112,7 +112,7 @@ pub fn timeline(r: &StepReport) -> Option<String> {
                 x(t),
                 ROW_H - 6.0,
                 escape(&who),
-                ms(t),
+                duration(t),
                 escape(&op)
             );
         }
@@ -148,7 +148,7 @@ pub fn stacked(r: &StepReport) -> String {
             c.as_str(),
             colour(c),
             c.as_str(),
-            ms(secs),
+            duration(secs),
             pct(secs / a.seconds.max(f64::MIN_POSITIVE))
         );
         if w > 60.0 {
@@ -156,7 +156,11 @@ pub fn stacked(r: &StepReport) -> String {
         }
         x += w;
     }
-    let _ = write!(s, r#"<text x="0" y="48" font-size="12">0</text><text x="{BAR_W}" y="48" font-size="12" text-anchor="end">{}</text></svg>"#, ms(a.seconds));
+    let _ = write!(
+        s,
+        r#"<text x="0" y="48" font-size="12">0</text><text x="{BAR_W}" y="48" font-size="12" text-anchor="end">{}</text></svg>"#,
+        duration(a.seconds)
+    );
     s
 }
 
