@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; see /api/v1/status\n") })
         .layer(axum::middleware::from_fn(request_timeout))
+        .layer(axum::middleware::from_fn(head_limit))
         .with_state(state)
 }
 
@@ -82,6 +83,22 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// Most bytes buffered per connection (hyper's read buffer, so the request line and
 /// headers); a longer head is answered 431. Bounds memory at `MAX_CONNECTIONS` × this.
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+/// The request line and headers as sent: hyper's buffer limit alone let heads of up to
+/// 48 KiB through (it checks after a read that may overshoot).
+pub fn head_bytes(req: &axum::extract::Request) -> usize {
+    let line = req.method().as_str().len() + req.uri().to_string().len() + " HTTP/1.1\r\n ".len();
+    req.headers().iter().fold(line + 2, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
+}
+
+/// Refuses a head over [`MAX_HEAD_BYTES`] with 431, as documented.
+async fn head_limit(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let n = head_bytes(&req);
+    if n > MAX_HEAD_BYTES {
+        return (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, format!("request head of {n} bytes; at most {MAX_HEAD_BYTES}\n")).into_response();
+    }
+    next.run(req).await
+}
 
 async fn request_timeout(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {

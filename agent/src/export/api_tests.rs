@@ -38,7 +38,7 @@ async fn body(r: Response) -> (StatusCode, serde_json::Value) {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime")
 }
 
 #[test]
@@ -81,5 +81,30 @@ fn since_and_until_must_be_finite_on_every_list_endpoint() {
             assert_eq!(steps(State(s.clone()), query(q)).await.status(), StatusCode::OK, "steps {q}");
         }
         assert_eq!(markers_get(State(s), query("limit=-1")).await.status(), StatusCode::BAD_REQUEST);
+    });
+}
+
+#[test]
+fn a_head_over_32_kib_is_refused_like_the_docs_say() {
+    let req = |extra: usize| {
+        axum::extract::Request::builder()
+            .uri("/metrics")
+            .header("host", "agent")
+            .header("x-pad", "a".repeat(extra))
+            .body(axum::body::Body::empty())
+            .expect("req")
+    };
+    let small = head_bytes(&req(0));
+    assert!((40..80).contains(&small), "{small}");
+    // Heads between 32 and 48 KiB got through hyper's buffer limit.
+    assert!(head_bytes(&req(MAX_HEAD_BYTES)) > MAX_HEAD_BYTES);
+    assert!(head_bytes(&req(40 * 1024)) > MAX_HEAD_BYTES);
+    assert!(head_bytes(&req(MAX_HEAD_BYTES - 100)) <= MAX_HEAD_BYTES);
+    // Through the router as the server runs it (hyper's view of the tower service).
+    let app = hyper_util::service::TowerToHyperService::new(router(state(0)));
+    let svc = |r| hyper::service::Service::call(&app, r);
+    rt().block_on(async {
+        assert_eq!(svc(req(40 * 1024)).await.expect("infallible").status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(svc(req(16 * 1024)).await.expect("infallible").status(), StatusCode::OK);
     });
 }
