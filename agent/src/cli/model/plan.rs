@@ -218,7 +218,7 @@ pub fn access(a: AccessArgs) -> Result<Output, ModelError> {
         .iter()
         .map(|p| Ok(StageInRow { path: p.path, result: stage_in(p.total, a.stage_in, a.local_access, a.accesses)? }))
         .collect::<Result<Vec<_>, ModelError>>()?;
-    let mut text = title(&format!("One 64 B remote read, L = {} one way (stage table of models.md §6)", a.link_latency));
+    let mut text = title(&format!("One 64 B remote read, L = {} one way (stage table of docs/models.md §6)", a.link_latency));
     for p in &paths {
         text.push_str(&path_table(p, a.link_latency));
         text.push('\n');
