@@ -333,6 +333,8 @@ mod tests {
 
     #[test]
     fn paths_have_the_tables_stages() {
+        // TABLE's columns are in AccessPath::ALL order.
+        assert!(AccessPath::ALL.iter().enumerate().all(|(i, p)| p.column() == i));
         let count = |r: &AccessReport, c: Category| r.stages.iter().filter(|s| s.category == c).count();
         for path in AccessPath::ALL {
             let r = at_100ns(path);
