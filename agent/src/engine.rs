@@ -405,4 +405,4 @@ impl Engine {
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]
-mod tests;
+mod marker_tests;

@@ -274,6 +274,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     registry.register("stepwise_config_reload_errors", "Config reloads (SIGHUP) refused: the file did not load or validate", reload_errors.clone());
     let errors = Errors::register(&mut registry);
     let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
+    let store_health = crate::store::Health::register(&mut registry);
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
@@ -310,13 +311,14 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
-    let mut store = open_store(&cfg);
+    let mut store = crate::store::health::open(cfg.store.enabled, &cfg.store.path, &store_health);
     let store_cfg = cfg.store.clone();
     let reload_task = tokio::spawn(reload_on_sighup(reload, cfg.clone(), engine.clone(), reloads, reload_errors));
     let sampler = {
         let state = state.clone();
         let engine = engine.clone();
         let agent_metrics = agent_metrics.clone();
+        let store_health = store_health.clone();
         let probes_status = probes_status.clone();
         let interval = cfg.interval;
         let mut stop_rx = stop_rx.clone();
@@ -378,8 +380,12 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                 // The store is written outside the engine lock: a slow disk never blocks the API.
                 if let Some(st) = store.as_mut() {
                     for (job, att, colls, wins) in &pending {
-                        if let Err(e) = st.put_step(job, att, colls, wins) {
-                            warn!("history store: {e}");
+                        match st.put_step(job, att, colls, wins) {
+                            Ok(_) => store_health.ok(),
+                            Err(e) => {
+                                warn!("history store: {e}");
+                                store_health.failed(&e);
+                            }
                         }
                     }
                     // Periodically (age and size), and as soon as the file passes max_bytes (at
@@ -391,6 +397,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                         last_retention = Some(Instant::now());
                         if let Err(e) = st.retention(store_cfg.max_age, store_cfg.max_bytes - store_cfg.max_bytes / 10) {
                             warn!("history store retention: {e}");
+                            store_health.failed(&e);
                         }
                     }
                 }
@@ -407,6 +414,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                         "ebpf_embedded": crate::ebpf::embedded(),
                         "sources": reports,
                         "collectives": probes_status,
+                        "store": store_health.json(),
                     });
                 }
                 state.ready.store(true, Ordering::Relaxed);
@@ -442,26 +450,6 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
         t.abort();
     }
     Ok(())
-}
-
-/// Opens the history store; a failure is logged and the agent runs without history.
-fn open_store(cfg: &Config) -> Option<crate::store::Store> {
-    if !cfg.store.enabled {
-        return None;
-    }
-    if let Some(dir) = cfg.store.path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    match crate::store::Store::open(&cfg.store.path) {
-        Ok(s) => {
-            info!(path = %cfg.store.path.display(), "history store open");
-            Some(s)
-        }
-        Err(e) => {
-            warn!("{e}; running without history (`agent diagnose --agent` still works)");
-            None
-        }
-    }
 }
 
 /// Listens for step markers on a Unix datagram socket (mode 0660, so only the socket's group

@@ -13,6 +13,7 @@
 //! same file (another thread or process) reads while this one writes (WAL).
 
 mod error;
+pub mod health;
 mod read;
 mod retention;
 pub mod schema;
@@ -32,6 +33,7 @@ use std::{
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 pub use error::StoreError;
+pub use health::Health;
 pub use read::StepQuery;
 pub use retention::RetentionReport;
 pub use schema::SCHEMA_VERSION;
