@@ -914,6 +914,59 @@ fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_er
     agent.assert_healthy("after the reloads");
 }
 
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+}
+
+#[test]
+fn a_fifo_in_place_of_a_counter_or_the_config_stalls_no_sweep_no_reload_and_not_sigterm() {
+    let dir = tempdir("fifo");
+    let sys = dir.path().join("sys");
+    let mut sc = Scenario::new(&sys).host_dgx(2);
+    sc.write().expect("fixture");
+    // The attack: a blocking open of this froze the sweep (and SIGTERM) for good.
+    let fifo = sys.join("class/infiniband/mlx5_1/ports/1/counters/port_rcv_data");
+    std::fs::remove_file(&fifo).expect("rm counter");
+    mkfifo(&fifo);
+    // No probes: detaching uprobes alone takes 2-3 s of a debug build's exit, which is not
+    // what this bounds.
+    let mut s = spec("interval = \"50ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[collectives]\nenabled = false\n".into());
+    s.args = vec!["--sysfs-root".into(), sys.display().to_string()];
+    // Ready means a first sweep finished: it would never have.
+    let mut agent = FaultAgent::start(dir.path(), &s).expect("agent");
+    agent.assert_healthy("with a FIFO in the tree");
+    let tx = |a: &FaultAgent, dev: &str| a.metric("stepwise_nic_transmit_bytes_total", &[("device", dev)]);
+    let before = (tx(&agent, "mlx5_0"), tx(&agent, "mlx5_1"));
+    for i in 0..2 {
+        let v = sc.nics()[i].pma_value("port_xmit_data") + 1000;
+        sc.nic_mut(i).set_pma("port_xmit_data", v);
+    }
+    sc.write().expect("fixture");
+    assert!(fifo.exists() && !fifo.is_file(), "the writer left the FIFO in place");
+    wait_for(Duration::from_secs(10), "both devices swept on", || {
+        (tx(&agent, "mlx5_0") >= before.0 + 4000.0 && tx(&agent, "mlx5_1") >= before.1 + 4000.0).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
+    assert!(agent.metric("stepwise_errors_total", &[("source", "rdma"), ("kind", "read")]) > 0.0, "the FIFO is a counted failed read");
+
+    // A FIFO at the config path: the reload is refused at once, the server keeps answering.
+    std::fs::remove_file(&agent.config).expect("rm config");
+    mkfifo(&agent.config);
+    agent.hup();
+    wait_for(Duration::from_secs(10), "reload refused", || (agent.metric("stepwise_config_reload_errors_total", &[]) == 1.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
+    let t0 = Instant::now();
+    assert_eq!(agent.get("/metrics").expect("metrics").status, 200);
+    assert!(t0.elapsed() < Duration::from_secs(2), "/metrics took {:?}", t0.elapsed());
+    agent.assert_healthy("after the FIFO reload");
+
+    let t0 = Instant::now();
+    let code = agent.proc.terminate(Duration::from_secs(5));
+    assert_eq!(code, Some(0), "SIGTERM must end the agent within 5 s (took {:?}):\n{}", t0.elapsed(), agent.proc.log_text());
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. Slow and oversized requests and many concurrent scrapes.
 
