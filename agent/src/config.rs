@@ -34,6 +34,10 @@ pub struct Config {
     /// (`target[span{field=value}]=level`) matches literally, not as a regular expression
     /// ([`log_filter`]).
     pub log: String,
+    /// Log line format on stderr: `text` (coloured only when stderr is a terminal and
+    /// `NO_COLOR` is unset) or `json` (one object per line, for log collectors). Default
+    /// `text`. Flag `--log-format`, variable `STEPWISE_LOG_FORMAT`.
+    pub log_format: LogFormat,
     /// Which devices to read (globs on device name or PCI address). Empty = all. Default empty.
     pub include: Vec<String>,
     /// Devices never to read (globs on device name or PCI address). Default empty.
@@ -55,6 +59,17 @@ pub struct Config {
     pub otlp: crate::export::otlp::OtlpConfig,
     /// What the TCP listener accepts beyond the read-only endpoints (`[api]`).
     pub api: ApiConfig,
+}
+
+/// How log lines are written (`log_format`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and fields.
+    Json,
 }
 
 /// `[api]`: the TCP API is read-only unless this enables `POST /api/v1/markers` on it, and
@@ -223,6 +238,7 @@ impl Default for Config {
             sysfs_root: PathBuf::from("/sys"),
             interval: Duration::from_secs(1),
             log: "info".into(),
+            log_format: LogFormat::Text,
             include: Vec::new(),
             exclude: Vec::new(),
             probe_safe: true,
@@ -265,6 +281,7 @@ pub struct Overrides {
     pub sysfs_root: Option<PathBuf>,
     pub interval: Option<Duration>,
     pub log: Option<String>,
+    pub log_format: Option<LogFormat>,
     pub db: Option<PathBuf>,
     pub marker_socket: Option<PathBuf>,
 }
@@ -293,6 +310,9 @@ impl Config {
         }
         if let Some(v) = &overrides.log {
             cfg.log = v.clone();
+        }
+        if let Some(v) = overrides.log_format {
+            cfg.log_format = v;
         }
         if let Some(v) = &overrides.db {
             cfg.store.path = v.clone();
@@ -485,6 +505,19 @@ mod tests {
         assert_eq!(c.interval, Duration::from_millis(250));
         assert_eq!(c.listen.port(), 2);
         assert_eq!(c.rails.get("mlx5_3"), Some(&0));
+    }
+
+    #[test]
+    fn log_format_is_text_or_json_from_the_file_or_an_override() {
+        assert_eq!(Config::default().log_format, LogFormat::Text);
+        assert_eq!(Config::from_toml("log_format = \"json\"").expect("parse").log_format, LogFormat::Json);
+        assert!(Config::from_toml("log_format = \"xml\"").is_err());
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("a.toml");
+        std::fs::write(&p, "log_format = \"json\"\n").expect("write");
+        let o = Overrides { log_format: Some(LogFormat::Text), ..Default::default() };
+        assert_eq!(Config::load(Some(&p), &o).expect("load").log_format, LogFormat::Text, "the flag wins");
+        assert!(Config::default_toml().contains("log_format = \"text\""));
     }
 
     #[test]

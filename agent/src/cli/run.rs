@@ -22,6 +22,8 @@ use clap::Args;
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tracing::{error, info, warn};
 
+mod logging;
+
 use crate::{
     config::{parse_duration, Config, Overrides},
     engine::Engine,
@@ -54,6 +56,10 @@ pub struct RunArgs {
     /// Log filter (RUST_LOG syntax) [default: info].
     #[arg(long, env = "STEPWISE_LOG")]
     pub log: Option<String>,
+    /// Log line format: text (coloured only on a terminal) or json (one object per line)
+    /// [default: text].
+    #[arg(long, env = "STEPWISE_LOG_FORMAT", value_enum)]
+    pub log_format: Option<crate::config::LogFormat>,
     /// Unix socket for step markers [default: /run/stepwise/markers.sock].
     #[arg(long, env = "STEPWISE_MARKER_SOCKET")]
     pub marker_socket: Option<PathBuf>,
@@ -72,6 +78,7 @@ impl RunArgs {
             sysfs_root: self.sysfs_root.clone(),
             interval: self.interval,
             log: self.log.clone(),
+            log_format: self.log_format,
             db: self.db.clone(),
             marker_socket: self.marker_socket.clone(),
         }
@@ -90,27 +97,22 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::from(super::EXIT_USAGE);
         }
     };
-    init_logging(&cfg.log);
+    logging::init(&cfg.log, cfg.log_format);
     limit_malloc_arenas();
     if let Err(msg) = probe_privileges(&cfg) {
-        eprintln!("agent: {msg}");
-        return ExitCode::FAILURE;
+        return fail(&msg);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("agent: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
     let reload = Reload { path: args.config.clone(), overrides: args.overrides() };
-    match rt.block_on(run(cfg, reload)) {
+    let result = rt.block_on(run(cfg, reload));
+    // Blocking threads that missed the stop (a sweep stuck in a read) do not hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e:#}");
-            eprintln!("agent: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(&format!("{e:#}")),
     }
 }
 
@@ -175,25 +177,14 @@ fn trim_heap() {
     }
 }
 
-type LogFilterHandle = tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
-
-/// The installed log filter, replaced on SIGHUP.
-static LOG_FILTER: std::sync::OnceLock<LogFilterHandle> = std::sync::OnceLock::new();
-
-/// The filter for a `log` setting, `info` where it does not parse (start-up and reload see a
-/// validated config; this is the last resort).
-fn log_filter_or_info(directives: &str) -> tracing_subscriber::EnvFilter {
-    crate::config::log_filter(directives).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-}
-
-pub fn init_logging(filter: &str) {
-    use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
-    let filter = log_filter_or_info(filter);
-    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() {
-        let _ = LOG_FILTER.set(handle);
+/// A start-up failure once the log is installed: an error log line, and in text format also
+/// the plain `agent: …` line (a JSON log stays JSON lines only).
+fn fail(msg: &str) -> ExitCode {
+    error!("{msg}");
+    if !logging::is_json() {
+        eprintln!("agent: {msg}");
     }
+    ExitCode::FAILURE
 }
 
 /// Where the configuration came from, to load it again on SIGHUP.
@@ -249,7 +240,7 @@ async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex
             continue;
         }
         if new.log != running.log {
-            if let Some(Err(e)) = LOG_FILTER.get().map(|h| h.reload(log_filter_or_info(&new.log))) {
+            if let Err(e) = logging::set_filter(&new.log) {
                 warn!("cannot apply the new log filter: {e}");
             }
         }
@@ -267,7 +258,21 @@ async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex
     }
 }
 
+/// Tells every background task and thread to stop when dropped: on shutdown, and on any
+/// early return of [`run`] after they started, so a failed start never waits on them.
+struct StopOnDrop(tokio::sync::watch::Sender<bool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(true);
+    }
+}
+
 async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
+    // First, before any task or thread starts: a port in use fails the start at once.
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = StopOnDrop(stop_tx);
     let mut registry = Registry::default();
     let (reloads, reload_errors) = (Counter::default(), Counter::default());
     registry.register("stepwise_config_reloads", "Config reloads (SIGHUP) applied", reloads.clone());
@@ -305,10 +310,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     }
     info!(nics = topo.nics.len(), gpus = topo.gpus.len(), "topology discovered");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());
-
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
     let mut store = crate::store::health::open(cfg.store.enabled, &cfg.store.path, &store_health);
@@ -440,7 +442,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     shutdown_signal().await;
     info!("shutting down");
     reload_task.abort();
-    let _ = stop_tx.send(true);
+    drop(stop);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;
     if let Some(t) = probes_thread {

@@ -1,0 +1,150 @@
+//! `agent run` start-up through the built binary: a failure to start exits non-zero at once
+//! (never waits on a background thread), and the log on a non-terminal stderr carries no
+//! colour codes, or is one JSON object per line with `--log-format json`.
+//!
+//! Each run fails to start on purpose (its port is taken), so it needs no root and serves
+//! nothing. Where the test has CAP_BPF or CAP_SYS_ADMIN (root) the collective probes are on,
+//! as in production: their thread is what kept the agent from exiting.
+
+use std::{
+    net::TcpListener,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Whether this process may load eBPF programs (CapEff holds CAP_SYS_ADMIN or CAP_BPF).
+fn can_load_ebpf() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
+    caps & (1 << 21 | 1 << 39) != 0
+}
+
+/// A config that needs no root: no counter sources, no store; probes only where allowed.
+fn config(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("agent.toml");
+    let text = format!(
+        "[sources]\nrdma = false\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[store]\nenabled = false\n[collectives]\nenabled = {}\n",
+        can_load_ebpf()
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// Runs `agent run` on a port that is already taken, with `extra` flags; returns the exit
+/// code and stderr. Fails the test if the agent is still running after `limit`.
+fn run_on_taken_port(extra: &[&str], limit: Duration) -> (i32, String) {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = config(dir.path());
+    let sock = dir.path().join("markers.sock");
+    let err_path = dir.path().join("stderr");
+    let err_file = std::fs::File::create(&err_path).expect("stderr file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agent"))
+        .args(["run", "--config", cfg.to_str().expect("utf8"), "--listen", &addr, "--marker-socket", sock.to_str().expect("utf8")])
+        .args(extra)
+        .env_remove("STEPWISE_LOG_FORMAT")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err_file)
+        .spawn()
+        .expect("spawn agent");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+            panic!("agent run on a taken port still running after {limit:?} (killed); stderr:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(taken);
+    (status.code().unwrap_or(-1), std::fs::read_to_string(&err_path).expect("read stderr"))
+}
+
+#[test]
+fn a_taken_listen_port_exits_non_zero_at_once() {
+    let (rc, err) = run_on_taken_port(&[], Duration::from_secs(10));
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("cannot listen on 127.0.0.1:") && err.contains("Address already in use"), "{err}");
+}
+
+#[test]
+fn a_log_to_a_file_has_no_colour_codes() {
+    let (rc, err) = run_on_taken_port(&[], Duration::from_secs(10));
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("ERROR") && err.contains("cannot listen"), "the log line is there: {err}");
+    assert!(!err.contains("\x1b["), "ANSI escapes in a log that is not a terminal: {err:?}");
+}
+
+#[test]
+fn json_log_format_is_one_object_per_line() {
+    for how in [&["--log-format", "json"][..], &["--log-format=json"][..]] {
+        let (rc, err) = run_on_taken_port(how, Duration::from_secs(10));
+        assert_eq!(rc, 1, "{err}");
+        let lines: Vec<serde_json::Value> =
+            err.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON object ({e}): {l:?}\nin:\n{err}"))).collect();
+        assert!(!lines.is_empty() && lines.iter().all(|v| v.is_object() && v["timestamp"].is_string()), "{err}");
+        let fail = lines.iter().find(|v| v["level"] == "ERROR").unwrap_or_else(|| panic!("no ERROR line: {err}"));
+        assert!(fail["message"].as_str().is_some_and(|m| m.contains("cannot listen")), "{fail}");
+    }
+}
+
+#[test]
+fn a_running_agent_logs_plain_or_json_lines_and_stops_on_sigterm() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cfg = config(dir.path());
+        let sock = dir.path().join("markers.sock");
+        let err_path = dir.path().join("stderr");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agent"))
+            .args(["run", "--config", cfg.to_str().expect("utf8"), "--listen", "127.0.0.1:0", "--marker-socket", sock.to_str().expect("utf8")])
+            .args(["--log-format", if json { "json" } else { "text" }])
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+            .spawn()
+            .expect("spawn agent");
+        let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
+        let start = Instant::now();
+        while !log().contains("serving /metrics") && start.elapsed() < Duration::from_secs(20) && child.try_wait().expect("wait").is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+        assert!(term.success());
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                panic!("no exit 15 s after SIGTERM: {}", log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = log();
+        assert_eq!(status.code(), Some(0), "{err}");
+        assert!(err.contains("serving /metrics") && err.contains("shutting down"), "{err}");
+        assert!(!err.contains('\x1b'), "escape codes in a log to a file: {err:?}");
+        for line in err.lines() {
+            let parsed = serde_json::from_str::<serde_json::Value>(line);
+            assert_eq!(parsed.is_ok_and(|v| v.is_object()), json, "json={json}: {line:?}");
+        }
+    }
+}
+
+#[test]
+fn an_unknown_log_format_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent")).args(["run", "--log-format", "xml"]).output().expect("run agent");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("xml") && err.contains("json") && err.contains("text"), "{err}");
+}
