@@ -967,6 +967,35 @@ fn a_fifo_in_place_of_a_counter_or_the_config_stalls_no_sweep_no_reload_and_not_
     assert_eq!(code, Some(0), "SIGTERM must end the agent within 5 s (took {:?}):\n{}", t0.elapsed(), agent.proc.log_text());
 }
 
+#[test]
+fn a_bogus_counter_reading_is_a_counted_glitch_and_the_series_goes_on() {
+    let dir = tempdir("glitch");
+    let sys = dir.path().join("sys");
+    let mut sc = Scenario::new(&sys).host_dgx(1);
+    sc.write().expect("fixture");
+    let mut s = spec("interval = \"50ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[collectives]\nenabled = false\n".into());
+    s.args = vec!["--sysfs-root".into(), sys.display().to_string()];
+    let agent = FaultAgent::start(dir.path(), &s).expect("agent");
+    let tx = |a: &FaultAgent| a.metric("stepwise_nic_transmit_bytes_total", &[("device", "mlx5_0")]);
+    let glitches = |a: &FaultAgent| a.metric("stepwise_errors_total", &[("source", "rdma"), ("kind", "counter_glitch")]);
+    let start = tx(&agent);
+    // The sequence: 2^64 − 11 words, then 1000, then 2000.
+    sc.nic_mut(0).set_pma("port_xmit_data", 18_446_744_073_709_551_605);
+    sc.write().expect("fixture");
+    wait_for(Duration::from_secs(10), "glitch counted", || (glitches(&agent) >= 1.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.proc.log_text()));
+    assert_eq!(tx(&agent), start, "nothing added for the bogus reading");
+    for v in [1000u64, 2000] {
+        sc.nic_mut(0).set_pma("port_xmit_data", v);
+        sc.write().expect("fixture");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let end = tx(&agent);
+    // From the last good reading: either on from it or a reset to 1000; never ~7e19.
+    assert!(end > start && end <= start + 8000.0, "start {start}, end {end}");
+    assert_eq!(glitches(&agent), 1.0);
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. Slow and oversized requests and many concurrent scrapes.
 
