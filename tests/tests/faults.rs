@@ -1128,6 +1128,52 @@ fn slowloris_oversized_requests_and_200_concurrent_scrapes_cost_bounded_memory_a
 // 9. Peers that send endless, trickling or unparseable bodies during `diagnose --peers`.
 
 /// A peer that answers every request with `respond` on its own thread.
+#[test]
+fn three_hundred_idle_connections_reopened_at_once_do_not_delay_scrapes() {
+    let dir = tempdir("idle");
+    let agent = FaultAgent::start(dir.path(), &spec("interval = \"100ms\"\n[collectives]\nenabled = false\n".into())).expect("agent");
+    // The client: ~300 idle connections (over the 256 cap), each reopened as soon as
+    // the agent closes it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reopened = Arc::new(AtomicU64::new(0));
+    let idler = {
+        let (stop, reopened, addr) = (stop.clone(), reopened.clone(), agent.addr.clone());
+        std::thread::spawn(move || {
+            let open = || TcpStream::connect(&addr).inspect(|t| t.set_nonblocking(true).expect("nonblocking")).ok();
+            let mut conns: Vec<Option<TcpStream>> = (0..300).map(|_| open()).collect();
+            while !stop.load(Ordering::Relaxed) {
+                for c in conns.iter_mut() {
+                    let closed = match c {
+                        Some(t) => matches!(t.read(&mut [0u8; 64]), Ok(0)) || matches!(t.take_error(), Ok(Some(_))),
+                        None => true,
+                    };
+                    if closed {
+                        *c = open();
+                        reopened.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let mut lat: Vec<Duration> = (0..40)
+        .map(|_| {
+            let t0 = Instant::now();
+            let r = stepwise_tests::harness::http_get(&agent.addr, "/metrics").expect("scrape");
+            assert_eq!(r.status, 200);
+            std::thread::sleep(Duration::from_millis(100));
+            t0.elapsed() - Duration::from_millis(100)
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    idler.join().expect("idler");
+    lat.sort();
+    let (p50, p99) = (lat[lat.len() / 2], lat[lat.len() * 99 / 100]);
+    eprintln!("idle-connection pressure: /metrics p50 {p50:?}, p99 {p99:?}, max {:?}; {} reconnects", lat[lat.len() - 1], reopened.load(Ordering::Relaxed));
+    assert!(p99 < Duration::from_secs(1), "/metrics p99 {p99:?} under 300 idle connections (was ~10 s)");
+}
+
 fn fake_peer(respond: fn(&mut TcpStream)) -> String {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr").to_string();

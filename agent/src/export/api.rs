@@ -78,7 +78,8 @@ pub fn router(state: AppState) -> Router {
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// A request (reading its body and answering) must finish within this; then 408.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Connections served at once; more wait in the kernel's accept queue.
+/// Connections served at once; past it a new one closes the longest-idle one, and waits
+/// (in the kernel's accept queue) only while all are busy with a request.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Most bytes buffered per connection (hyper's read buffer, so the request line and
 /// headers); a longer head is answered 431. Bounds memory at `MAX_CONNECTIONS` × this.
@@ -114,16 +115,9 @@ async fn request_timeout(req: axum::extract::Request, next: axum::middleware::Ne
 /// Handlers only read shared state: sampling never waits for a client.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: tokio::sync::watch::Receiver<bool>) {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = super::conns::Slots::new(MAX_CONNECTIONS);
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = stopped(&mut stop) => break,
-        };
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
@@ -136,16 +130,35 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: tok
             },
             _ = stopped(&mut stop) => break,
         };
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        // At the cap, this closes the longest-idle connection (see `conns`).
+        let slot = tokio::select! {
+            s = slots.acquire() => match s {
+                Some(s) => s,
+                None => break,
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let inner = hyper_util::service::TowerToHyperService::new(app.clone());
+        let (conn_state, slots_ref) = (slot.conn.clone(), slots.clone());
+        let svc = hyper::service::service_fn(move |req| {
+            let busy = conn_state.enter(&slots_ref);
+            let fut = hyper::service::Service::call(&inner, req);
+            async move {
+                let r = fut.await;
+                drop(busy);
+                r
+            }
+        });
         let mut conn_stop = stop.clone();
         conns.spawn(async move {
-            let _permit = permit;
             let mut b = hyper::server::conn::http1::Builder::new();
             b.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
             let conn = b.serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => return,
+                // Chosen to make room while idle: closed at once.
+                _ = slot.conn.closed() => return,
                 _ = stopped(&mut conn_stop) => conn.as_mut().graceful_shutdown(),
             }
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn).await;

@@ -2,5 +2,6 @@
 //! JSON API, both served by [`api::router`], and OpenTelemetry export ([`otlp`]).
 
 pub mod api;
+pub mod conns;
 pub mod metrics;
 pub mod otlp;
