@@ -73,6 +73,72 @@ fn json_output_is_json() {
     assert_eq!(rc, 3);
     let v: serde_json::Value = serde_json::from_str(&out).expect("diagnose JSON");
     assert!(v["steps"].as_array().is_some_and(|s| s.is_empty()) && v["notes"][0].as_str().is_some_and(|n| n.contains("no history store")), "{v}");
-    // (`agent check --json` loads eBPF programs and needs root: checked by hand, see
-    // check.rs; not in this no-root tier.)
+    // `agent check --json`: see check_json_is_structured_not_json_in_strings.
+}
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    // `agent … | head`: the reader is gone before the agent writes.
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = dir.path().join("none.db");
+    let db = db.to_str().expect("utf8");
+    let cases: [(&[&str], i32); 8] = [
+        (&["model", "allreduce", "--json"], 0),
+        (&["model", "allreduce"], 0),
+        (&["model", "tail", "--help"], 0),
+        (&["--help"], 0),
+        (&["diagnose", "--db", db, "--json"], 3),
+        (&["diagnose", "--db", db], 3),
+        (&["run", "--print-default-config"], 0),
+        (&["completions", "bash"], 0),
+    ];
+    for (args, code) in cases {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_agent")).args(args).stdout(writer).output().expect("run agent");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "agent {args:?}: {err}");
+        assert_eq!(out.status.code(), Some(code), "agent {args:?}: the command's own exit code; stderr {err}");
+    }
+}
+
+/// `agent check` with only the netdev source (rtnetlink: no root needed to read it).
+fn check(json: bool) -> (i32, String, String) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, "[sources]\nrdma = false\nethtool = false\nqdisc = false\ntcp = false\n").expect("config");
+    let mut args = vec!["check", "--config", cfg.to_str().expect("utf8")];
+    if json {
+        args.push("--json");
+    }
+    agent(&args)
+}
+
+#[test]
+fn check_json_is_structured_not_json_in_strings() {
+    let (rc, out, err) = check(true);
+    assert!(rc == 0 || rc == 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("check JSON");
+    assert_eq!(v["ok"], serde_json::Value::Bool(rc == 0), "{v}");
+    let checks = v["checks"].as_array().expect("checks");
+    for c in checks {
+        let detail = c["detail"].as_str().expect("detail");
+        assert!(!detail.contains('{') && !detail.contains("\":"), "JSON inside a string: {detail}");
+        assert!(["ok", "warn", "fail"].contains(&c["status"].as_str().unwrap_or("")), "{c}");
+    }
+    let netdev = checks.iter().find(|c| c["name"] == "source netdev").expect("the netdev source is checked");
+    assert!(netdev["source"]["sweep"]["devices"].as_u64().is_some_and(|n| n >= 1), "{netdev}");
+    assert!(netdev["source"]["status"]["netdevs"].as_array().is_some_and(|n| n.iter().all(|d| d["netdev"].is_string())), "{netdev}");
+}
+
+#[test]
+fn check_text_is_a_readable_table() {
+    let (rc, out, err) = check(false);
+    assert!(rc == 0 || rc == 1, "{err}");
+    assert!(!out.contains('{') && !out.contains("\":"), "raw JSON in the human output:\n{out}");
+    let line = out.lines().find(|l| l.contains("source netdev")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("devices") && line.contains("values read"), "{line}");
+    // The source's status follows as indented key=value lines, one per netdev.
+    assert!(out.lines().any(|l| l.trim_start().starts_with("- ") && l.contains("netdev=") && l.contains("ifindex=")), "{out}");
+    assert!(out.contains("\nthe agent can run on this host\n") || out.contains("\nthe agent cannot do its job here:\n"), "{out}");
 }

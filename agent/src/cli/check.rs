@@ -2,6 +2,10 @@
 //! kernel, BTF, capabilities, tracefs/bpffs, uprobes, the eBPF pipeline (a real load, attach
 //! and RingBuf round trip), every NIC found and which counter groups are readable.
 //! Exit status 1 with the reasons when the agent could not do its job.
+//!
+//! The human output is a table, each counter source's status below its line as indented
+//! `key=value` lines; `--json` has the same checks with the source's sweep and status as
+//! objects.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -44,7 +48,20 @@ pub enum Status {
 pub struct Item {
     pub name: String,
     pub status: Status,
+    /// One line for a person.
     pub detail: String,
+    /// A counter source's sweep and status (`source …` checks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceCheck>,
+}
+
+/// What one real sweep of a counter source found.
+#[derive(Debug, Serialize)]
+pub struct SourceCheck {
+    /// Devices, values read and skipped; `None` when the sweep failed (the detail says why).
+    pub sweep: Option<sources::SweepReport>,
+    /// The source's own status (as in `/api/v1/status`).
+    pub status: serde_json::Value,
 }
 
 /// Linux capability numbers (include/uapi/linux/capability.h).
@@ -93,7 +110,7 @@ fn try_mount(path: &str, fstype: &str) -> Result<(), String> {
 /// Runs every check.
 pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
     let mut items = Vec::new();
-    let mut push = |name: &str, status: Status, detail: String| items.push(Item { name: name.into(), status, detail });
+    let mut push = |name: &str, status: Status, detail: String| items.push(Item { name: name.into(), status, detail, source: None });
 
     push("kernel", Status::Ok, kernel_release());
     let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
@@ -205,56 +222,177 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
         );
     }
 
-    // Counter groups: one real sweep of every source, on a throwaway registry.
-    let mut registry = Registry::default();
-    let errors = Errors::register(&mut registry);
     match Selector::new(&cfg.include, &cfg.exclude, false) {
-        Ok(selector) => {
-            let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors: errors.clone(), interval: cfg.interval, rails: cfg.rails.clone() };
-            for mut s in sources::build_sources(&cfg, &ctx, &mut registry) {
-                match s.sweep() {
-                    Ok(r) => push(
-                        &format!("source {}", s.name()),
-                        if r.devices > 0 { Status::Ok } else { Status::Warn },
-                        format!("{} devices, {} values read, {} skipped; {}", r.devices, r.values, r.skipped, s.status()),
-                    ),
-                    Err(e) => push(&format!("source {}", s.name()), Status::Warn, e.to_string()),
-                }
-            }
-        }
+        Ok(selector) => items.extend(check_sources(&cfg, selector)),
         Err(e) => push("config", Status::Fail, e.to_string()),
     }
     items
 }
 
-pub fn main(args: CheckArgs) -> ExitCode {
-    let items = run_checks(&args);
-    let failed: Vec<&Item> = items.iter().filter(|i| i.status == Status::Fail).collect();
-    if args.json {
-        let doc = serde_json::json!({ "ok": failed.is_empty(), "checks": items });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-    } else {
-        let w = items.iter().map(|i| i.name.len()).max().unwrap_or(10);
-        for i in &items {
-            let s = match i.status {
-                Status::Ok => "ok  ",
-                Status::Warn => "warn",
-                Status::Fail => "FAIL",
-            };
-            println!("{s}  {:<w$}  {}", i.name, i.detail);
+/// Counter groups: one real sweep of every source, on a throwaway registry.
+fn check_sources(cfg: &Config, selector: Selector) -> Vec<Item> {
+    let mut registry = Registry::default();
+    let errors = Errors::register(&mut registry);
+    let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
+    let mut items = Vec::new();
+    for mut s in sources::build_sources(cfg, &ctx, &mut registry) {
+        let (status, detail, sweep) = match s.sweep() {
+            Ok(r) => {
+                let status = if r.devices > 0 { Status::Ok } else { Status::Warn };
+                (status, format!("{} devices, {} values read, {} skipped", r.devices, r.values, r.skipped), Some(r))
+            }
+            Err(e) => (Status::Warn, e.to_string(), None),
+        };
+        items.push(Item { name: format!("source {}", s.name()), status, detail, source: Some(SourceCheck { sweep, status: s.status() }) });
+    }
+    items
+}
+
+/// A JSON value as indented `key=value` lines for a person: an object's scalars (and lists of
+/// scalars, comma-separated) on one line, nulls left out; a nested object of scalars as
+/// `key: a=1 b=2`; each list of objects as one `- ` line per item, and deeper objects, below
+/// their key and further indented.
+pub fn describe(v: &serde_json::Value, indent: usize, out: &mut Vec<String>) {
+    use serde_json::Value;
+    fn scalar(v: &Value) -> Option<String> {
+        match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            Value::Bool(b) => Some(b.to_string()),
+            Value::Array(a) if a.is_empty() => Some("none".into()),
+            Value::Array(a) => a.iter().map(scalar).collect::<Option<Vec<_>>>().filter(|_| !a.iter().any(Value::is_object)).map(|s| s.join(",")),
+            Value::Null | Value::Object(_) => None,
         }
-        if failed.is_empty() {
-            println!("\nthe agent can run on this host");
-        } else {
-            println!("\nthe agent cannot do its job here:");
-            for f in &failed {
-                println!("  - {}: {}", f.name, f.detail);
+    }
+    let pad = " ".repeat(indent);
+    let Value::Object(m) = v else {
+        out.extend(scalar(v).map(|s| format!("{pad}{s}")));
+        return;
+    };
+    let line: Vec<String> = m.iter().filter_map(|(k, v)| Some(format!("{k}={}", scalar(v)?))).collect();
+    if !line.is_empty() {
+        out.push(format!("{pad}{}", line.join(" ")));
+    }
+    for (k, v) in m.iter().filter(|(_, v)| !v.is_null() && scalar(v).is_none()) {
+        if let Value::Object(inner) = v {
+            if inner.values().all(|x| x.is_null() || scalar(x).is_some()) {
+                let mut one = Vec::new();
+                describe(v, 0, &mut one);
+                out.push(format!("{pad}{k}: {}", one.first().map_or("none", String::as_str)));
+                continue;
+            }
+        }
+        out.push(format!("{pad}{k}:"));
+        match v {
+            Value::Array(items) => {
+                for item in items {
+                    let start = out.len();
+                    describe(item, indent + 4, out);
+                    if let Some(first) = out.get_mut(start) {
+                        first.replace_range(indent + 2..indent + 4, "- ");
+                    }
+                }
+            }
+            _ => describe(v, indent + 2, out),
+        }
+    }
+}
+
+/// The human report: one line per check (a source's status below it), then the verdict.
+pub fn render_text(items: &[Item]) -> String {
+    let w = items.iter().map(|i| i.name.chars().count()).max().unwrap_or(10);
+    let mut out = String::new();
+    for i in items {
+        let s = match i.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        };
+        out.push_str(&format!("{s}  {:<w$}  {}\n", i.name, i.detail));
+        if let Some(src) = &i.source {
+            let mut lines = Vec::new();
+            describe(&src.status, 8 + w, &mut lines);
+            for l in lines {
+                out.push_str(&l);
+                out.push('\n');
             }
         }
     }
+    let failed: Vec<&Item> = items.iter().filter(|i| i.status == Status::Fail).collect();
     if failed.is_empty() {
-        ExitCode::SUCCESS
+        out.push_str("\nthe agent can run on this host\n");
     } else {
-        ExitCode::FAILURE
+        out.push_str("\nthe agent cannot do its job here:\n");
+        for f in &failed {
+            out.push_str(&format!("  - {}: {}\n", f.name, f.detail));
+        }
+    }
+    out
+}
+
+pub fn main(args: CheckArgs) -> ExitCode {
+    let items = run_checks(&args);
+    let ok = items.iter().all(|i| i.status != Status::Fail);
+    let code = if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    if args.json {
+        let doc = serde_json::json!({ "ok": ok, "checks": items });
+        super::print_stdout(serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n", code)
+    } else {
+        super::print_stdout(render_text(&items), code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_reads_as_key_value_lines() {
+        let status = serde_json::json!({
+            "cap": 1024, "last_error": null, "names": ["a", "b"], "empty": [],
+            "devices": [
+                {"device": "mlx5_0", "ports": [{"port": 1, "groups": {"counters": {"read": 21, "skipped": 0}}}]},
+                {"device": "mlx5_1", "ports": []}
+            ]
+        });
+        let mut lines = Vec::new();
+        describe(&status, 2, &mut lines);
+        assert_eq!(
+            lines,
+            [
+                "  cap=1024 empty=none names=a,b",
+                "  devices:",
+                "    - device=mlx5_0",
+                "      ports:",
+                "        - port=1",
+                "          groups:",
+                "            counters: read=21 skipped=0",
+                "    - device=mlx5_1 ports=none",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_text_report_has_no_json_and_the_json_report_no_json_in_strings() {
+        let sweep = sources::SweepReport { devices: 2, values: 10, skipped: 1 };
+        let items = vec![
+            Item { name: "kernel".into(), status: Status::Ok, detail: "6.8".into(), source: None },
+            Item {
+                name: "source qdisc".into(),
+                status: Status::Ok,
+                detail: "2 devices, 10 values read, 1 skipped".into(),
+                source: Some(SourceCheck { sweep: Some(sweep), status: serde_json::json!({"qdiscs": [{"netdev": "eth0", "kind": "mq"}]}) }),
+            },
+            Item { name: "ebpf".into(), status: Status::Fail, detail: "no BTF".into(), source: None },
+        ];
+        let text = render_text(&items);
+        assert!(!text.contains('{') && !text.contains('"'), "{text}");
+        assert!(text.contains("ok    source qdisc  2 devices, 10 values read, 1 skipped\n"), "{text}");
+        assert!(text.contains("\n                      - kind=mq netdev=eth0\n"), "{text}");
+        assert!(text.ends_with("the agent cannot do its job here:\n  - ebpf: no BTF\n"), "{text}");
+        let v = serde_json::to_value(&items).expect("json");
+        assert_eq!(v[1]["source"]["sweep"]["skipped"], 1);
+        assert_eq!(v[1]["source"]["status"]["qdiscs"][0]["kind"], "mq");
+        assert!(v[0].get("source").is_none(), "{v}");
     }
 }

@@ -19,12 +19,5 @@ pub fn main(a: CompletionsArgs) -> ExitCode {
     // as in `agent completions bash | head`, is not an error).
     let mut script = Vec::new();
     clap_complete::generate(a.shell, &mut super::Cli::command(), "agent", &mut script);
-    match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("agent completions: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::print_stdout(script, ExitCode::SUCCESS)
 }

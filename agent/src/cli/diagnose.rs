@@ -361,7 +361,7 @@ pub fn main(mut a: DiagnoseArgs) -> ExitCode {
             }
             if a.json {
                 report.notes.push(format!("no steps match: {why}"));
-                print!("{}", report::json::render(&report));
+                return super::print_stdout(report::json::render(&report), ExitCode::from(EXIT_NO_STEPS));
             } else if !report.peers.failed.is_empty() {
                 eprint!("{}", report::text::render(&report));
             }
@@ -379,12 +379,7 @@ pub fn main(mut a: DiagnoseArgs) -> ExitCode {
         }
         eprintln!("wrote {}", path.display());
     }
-    if a.json {
-        print!("{}", report::json::render(&rep));
-    } else {
-        print!("{}", report::text::render(&rep));
-    }
-    ExitCode::SUCCESS
+    super::print_stdout(if a.json { report::json::render(&rep) } else { report::text::render(&rep) }, ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

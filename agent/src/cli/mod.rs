@@ -1,4 +1,6 @@
-//! Command line: one file per subcommand.
+//! Command line: one file per subcommand. Everything a command prints on stdout goes through
+//! [`print_stdout`] (the lint below keeps it so).
+#![deny(clippy::print_stdout)]
 
 pub mod check;
 pub mod completions;
@@ -73,6 +75,27 @@ pub fn main() -> ExitCode {
         Command::Diagnose(a) => diagnose::main(a),
         Command::Mark(a) => mark::main(a),
         Command::Completions(a) => completions::main(a),
+    }
+}
+
+/// Writes a command's output to stdout and returns `code`. A reader that went away (`agent …
+/// | head`, a closed pipe: EPIPE) ends the command quietly with its own code, as other CLI
+/// tools end; any other write error (a full disk) is reported, exit 1.
+///
+/// Chosen over restoring SIGPIPE's default action: the agent also writes to sockets (the
+/// daemon's HTTP answers, `diagnose`'s peers, `agent mark`), where a peer that closes must be
+/// an error the code sees, not a signal that kills the process without a word. clap's own
+/// `--help` and `--version` output already ignores a closed stdout ([`main`]).
+pub fn print_stdout(text: impl AsRef<[u8]>, code: ExitCode) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_ref()).and_then(|()| out.flush()) {
+        Ok(()) => code,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
+        Err(e) => {
+            eprintln!("agent: cannot write the output: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

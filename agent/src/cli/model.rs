@@ -138,19 +138,13 @@ fn run(cmd: ModelCommand) -> Result<Output, ModelError> {
 pub fn main(args: ModelArgs) -> ExitCode {
     match run(args.command) {
         Ok(out) if args.json => match serde_json::to_string_pretty(&out.json) {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
+            Ok(s) => super::print_stdout(s + "\n", ExitCode::SUCCESS),
             Err(e) => {
                 eprintln!("error: cannot render JSON: {e}");
                 ExitCode::FAILURE
             }
         },
-        Ok(out) => {
-            print!("{}", out.text);
-            ExitCode::SUCCESS
-        }
+        Ok(out) => super::print_stdout(out.text, ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_USAGE)

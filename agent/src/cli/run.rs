@@ -87,8 +87,7 @@ impl RunArgs {
 
 pub fn main(args: RunArgs) -> ExitCode {
     if args.print_default_config {
-        print!("{}", Config::default_toml());
-        return ExitCode::SUCCESS;
+        return super::print_stdout(Config::default_toml(), ExitCode::SUCCESS);
     }
     let cfg = match Config::load(args.config.as_deref(), &args.overrides()) {
         Ok(c) => c,
