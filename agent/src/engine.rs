@@ -151,6 +151,8 @@ pub struct Engine {
     /// incomplete. Pruned with the attribution lookback.
     drop_spans: VecDeque<(f64, f64)>,
     sinks: Vec<StepSink>,
+    /// Bounds what a marker flood can cost (`timeline::admission`).
+    admission: crate::timeline::admission::Admission,
 }
 
 /// Receives each step as it is attributed: job key, attribution and the step's collectives.
@@ -176,6 +178,7 @@ impl Engine {
             done: BTreeSet::new(),
             rates,
             metrics: Metrics::register(registry),
+            admission: crate::timeline::admission::Admission::register(registry, Default::default()),
             recent: VecDeque::new(),
             calls: None,
             last_attributed: 0.0,
@@ -235,6 +238,9 @@ impl Engine {
     }
 
     pub fn add_marker(&mut self, mut m: Marker) {
+        if self.admission.admit(&m).is_err() {
+            return;
+        }
         m.host.get_or_insert_with(|| self.host.clone());
         if self.markers.len() >= MAX_MARKERS {
             self.markers.pop_front();

@@ -20,7 +20,8 @@ fn state(markers: usize) -> AppState {
     let mut engine = Engine::new(StepsConfig::default(), "test".into(), &mut registry).expect("engine");
     let t0 = crate::engine::wall_now();
     for i in 0..markers {
-        engine.add_marker(Marker { rank: (i % 8) as u32, step: (i / 16) as u64, phase: Phase::Begin, time: Some(t0 + i as f64 * 1e-3), host: None });
+        // 64 ranks and few steps: within admission control's bursts.
+        engine.add_marker(Marker { rank: (i % 64) as u32, step: (i / 64) as u64, phase: Phase::Begin, time: Some(t0 + i as f64 * 1e-3), host: None });
     }
     let mut s = AppState::new(registry);
     s.engine = Some(Arc::new(Mutex::new(engine)));

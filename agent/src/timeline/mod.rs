@@ -7,6 +7,7 @@
 //!   `(op, bytes)` sequence when there are none;
 //! - [`windows`]: per-NIC counter deltas over a time window.
 
+pub mod admission;
 pub mod join;
 pub mod markers;
 pub mod steps;
