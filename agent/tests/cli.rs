@@ -142,3 +142,32 @@ fn check_text_is_a_readable_table() {
     assert!(out.lines().any(|l| l.trim_start().starts_with("- ") && l.contains("netdev=") && l.contains("ifindex=")), "{out}");
     assert!(out.contains("\nthe agent can run on this host\n") || out.contains("\nthe agent cannot do its job here:\n"), "{out}");
 }
+
+#[test]
+fn every_subcommand_documents_its_exit_codes() {
+    // The codes each command really returns (see docs/cli.md and the tests that hit them).
+    let codes: [(&[&str], &[&str]); 8] = [
+        (&["--help"], &["0", "1", "2"]),
+        (&["run", "--help"], &["0", "1", "2"]),
+        (&["check", "--help"], &["0", "1", "2"]),
+        (&["model", "--help"], &["0", "1", "2"]),
+        (&["model", "tail", "--help"], &["0", "1", "2"]),
+        (&["diagnose", "--help"], &["0", "1", "2", "3"]),
+        (&["mark", "--help"], &["0", "1", "2"]),
+        (&["completions", "--help"], &["0", "1", "2"]),
+    ];
+    for (args, want) in codes {
+        let (rc, out, err) = agent(args);
+        assert_eq!(rc, 0, "{args:?}: {err}");
+        let exit = out.split("Exit status:").nth(1).unwrap_or_else(|| panic!("agent {args:?} documents no exit status:\n{out}"));
+        for code in want {
+            assert!(exit.contains(&format!("{code} ")), "agent {args:?}: exit status {code} not described in {exit:?}");
+        }
+    }
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cli.md")).expect("docs/cli.md");
+    for sub in SUBCOMMANDS {
+        let section = doc.split(&format!("\n## `agent {sub}`")).nth(1).unwrap_or_else(|| panic!("docs/cli.md has no section for agent {sub}"));
+        let section = section.split("\n## ").next().unwrap_or_default();
+        assert!(section.contains("Exit status") && section.contains("| 0 |") && section.contains("| 2 |"), "agent {sub}:\n{section}");
+    }
+}

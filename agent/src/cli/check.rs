@@ -20,6 +20,8 @@ use crate::{
 };
 
 #[derive(Debug, Args)]
+#[command(after_help = "Exit status: 0 no check failed (warnings allowed); 1 at least one check failed \
+(FAIL lines; --json: \"ok\": false) or the output cannot be written; 2 usage error.")]
 pub struct CheckArgs {
     /// Machine-readable output.
     #[arg(long)]

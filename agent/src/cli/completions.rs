@@ -8,6 +8,8 @@ use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
 #[derive(Debug, Args)]
+#[command(after_help = "Exit status: 0 the script was written (or stdout was closed early); 1 it cannot be written; \
+2 usage error (an unknown shell).")]
 pub struct CompletionsArgs {
     /// bash, zsh, fish, elvish or powershell.
     #[arg(value_enum)]

@@ -46,7 +46,10 @@ pub const MAX_STEPS: usize = 1000;
 #[derive(Debug, Args)]
 #[command(after_help = "Without --step/--slowest: the slowest step of the last 10 minutes. \
 Local mode reads the history store (--db) or one agent (--agent); cluster mode (--peers or --dns) \
-asks every agent and joins ranks across hosts. Exit status: 0 report, 2 usage, 3 no step matches, 1 unreadable data.")]
+asks every agent and joins ranks across hosts.\n\n\
+Exit status: 0 a report; 1 the data cannot be read (store unreadable, agent or DNS name unreachable, \
+--html file not written); 2 usage error (also a bad --peers/--agent address); 3 no step matches (the message says why; \
+--json still prints a report).")]
 pub struct DiagnoseArgs {
     /// Only this step (its id from markers, or from period detection).
     #[arg(long, conflicts_with = "slowest")]

@@ -14,6 +14,9 @@ pub enum PhaseArg {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Exit status: 0 the marker was sent (socket: the datagram was accepted; --agent: HTTP 2xx); \
+1 it was not (no socket at the path, agent unreachable, HTTP error such as 403 without markers_over_tcp or 401 \
+without the token: the message says which); 2 usage error.")]
 pub struct MarkArgs {
     /// Rank that reached the marker.
     #[arg(long)]

@@ -11,7 +11,7 @@ pub mod run;
 
 use std::{process::ExitCode, sync::OnceLock};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Exit code for usage errors (bad flags, bad config, bad quantities).
 pub const EXIT_USAGE: u8 = 2;
@@ -33,7 +33,15 @@ fn long_version() -> &'static str {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "agent", version = version(), long_version = long_version(), about = "Stepwise: where did the training step's time go?")]
+#[command(
+    name = "agent",
+    version = version(),
+    long_version = long_version(),
+    about = "Stepwise: where did the training step's time go?",
+    after_help = "Exit status: 0 success; 1 failure (also: refusing to run set-user-ID or set-group-ID, \
+or stdout cannot be written); 2 usage error (unknown flag, bad value). Each command's --help \
+lists its own codes; docs/cli.md describes when each happens."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -55,12 +63,26 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
 }
 
+/// The parser: the derived one, with `agent model`'s exit status in each model's own
+/// `--help` too (a derived `after_help` is not inherited by subcommands).
+pub fn command() -> clap::Command {
+    Cli::command().mut_subcommand("model", |m| {
+        m.mut_subcommands(|s| {
+            let help = match s.get_after_help() {
+                Some(h) => format!("{h}\n\n{}", model::EXIT_HELP),
+                None => model::EXIT_HELP.to_string(),
+            };
+            s.after_help(help)
+        })
+    })
+}
+
 pub fn main() -> ExitCode {
     if let Err(msg) = refuse_set_id() {
         eprintln!("agent: {msg}");
         return ExitCode::FAILURE;
     }
-    let cli = match Cli::try_parse() {
+    let cli = match command().try_get_matches().and_then(|m| Cli::from_arg_matches(&m)) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_USAGE } else { 0 };

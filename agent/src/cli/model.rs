@@ -24,9 +24,15 @@ use serde::Serialize;
 use super::EXIT_USAGE;
 use crate::model::ModelError;
 
+/// `agent model`'s exit status, in its help and in each model's (see [`super::command`]).
+pub const EXIT_HELP: &str = "Exit status: 0 printed; 2 usage error, a bad quantity or input the model refuses \
+(the message says which); 1 the output cannot be written.";
+
 #[derive(Debug, Args)]
 #[command(after_help = "Quantities take units: 192MiB, 8KiB, 50GB/s, 400Gbit/s, 0.833us, 20ms, 30m; \
-a bare number is a size in bytes (--mtu 1500); lists as 1us,2us (x*N repeats x). GB/s is decimal, MiB binary (models.md).")]
+a bare number is a size in bytes (--mtu 1500); lists as 1us,2us (x*N repeats x). GB/s is decimal, MiB binary (docs/models.md).\n\n\
+Exit status: 0 printed; 2 usage error, a bad quantity or input the model refuses (the message says which); \
+1 the output cannot be written.")]
 pub struct ModelArgs {
     /// Machine-readable output: every number in base units (B, s, B/s, fractions).
     #[arg(long, global = true)]

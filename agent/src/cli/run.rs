@@ -40,6 +40,10 @@ use crate::{
 };
 
 #[derive(Debug, Args)]
+#[command(after_help = "Exit status: 0 after SIGINT or SIGTERM (a clean shutdown) and for --print-default-config; \
+1 the daemon cannot start (listen address in use or not allowed, missing capabilities for the collective probes, \
+invalid [steps]) — the log and stderr say why; 2 usage error or a config that does not load or validate. \
+A marker socket or history store that cannot be opened is logged and the agent runs without it.")]
 pub struct RunArgs {
     /// Config file (TOML). A missing file at the default path means built-in defaults.
     #[arg(long, env = "STEPWISE_CONFIG")]
