@@ -283,6 +283,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let errors = Errors::register(&mut registry);
     let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
     let store_health = crate::store::Health::register(&mut registry);
+    let watchdog = crate::export::watchdog::Watchdog::register(&mut registry, &agent_metrics, crate::export::watchdog::Watchdog::deadline_for(cfg.interval));
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
@@ -291,6 +292,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let engine = Engine::new(cfg.steps.clone(), host, &mut registry).map_err(|e| anyhow::anyhow!("invalid [steps] config: {e}"))?;
     let engine = Arc::new(Mutex::new(engine));
     let mut state = api::AppState::new(registry);
+    state.watchdog = Some(watchdog.clone());
     state.engine = Some(engine.clone());
     if let Some(Ok(c)) = &coll {
         state.probes_ready = Some(c.ready_handle());
@@ -339,7 +341,9 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                 let round_start = crate::engine::wall_now();
                 for s in srcs.iter_mut() {
                     let t0 = Instant::now();
+                    watchdog.begin(s.name());
                     let r = s.sweep();
+                    watchdog.end();
                     let label = SourceLabel { source: s.name() };
                     agent_metrics.sweep_seconds.get_or_create(&label).observe(t0.elapsed().as_secs_f64());
                     let up = match &r {

@@ -35,6 +35,8 @@ pub struct AppState {
     pub probes_ready: Option<Arc<AtomicBool>>,
     /// Collective probes: attached libraries and traced processes.
     pub probes_detail: Option<Arc<std::sync::Mutex<serde_json::Value>>>,
+    /// Which source's sweep is in progress, to report one that is stuck.
+    pub watchdog: Option<super::watchdog::Watchdog>,
 }
 
 impl AppState {
@@ -49,6 +51,7 @@ impl AppState {
             markers_token: None,
             probes_ready: None,
             probes_detail: None,
+            watchdog: None,
         }
     }
 }
@@ -178,6 +181,8 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    // A stuck sweep shows as `source_up 0` in this very scrape.
+    let _ = s.watchdog.as_ref().and_then(|w| w.stuck());
     let mut body = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &s.registry) {
         return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n")).into_response();
@@ -245,6 +250,8 @@ mod tests {
 async fn readyz(State(s): State<AppState>) -> Response {
     if !s.ready.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: first sweep not finished\n").into_response()
+    } else if let Some((source, age)) = s.watchdog.as_ref().and_then(|w| w.stuck()) {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: source {source} has not finished its sweep for {:.1} s\n", age.as_secs_f64())).into_response()
     } else if s.probes_ready.as_ref().is_some_and(|r| !r.load(Ordering::Acquire)) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: collective probes are still attaching\n").into_response()
     } else {

@@ -109,3 +109,24 @@ fn a_head_over_32_kib_is_refused_like_the_docs_say() {
         assert_eq!(svc(req(16 * 1024)).await.expect("infallible").status(), StatusCode::OK);
     });
 }
+
+#[test]
+fn readyz_names_a_source_stuck_in_its_sweep() {
+    let mut reg = Registry::default();
+    let m = crate::export::metrics::AgentMetrics::register(&mut reg, false);
+    let w = crate::export::watchdog::Watchdog::register(&mut reg, &m, std::time::Duration::from_millis(10));
+    let mut s = state(0);
+    s.watchdog = Some(w.clone());
+    s.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt().block_on(async {
+        assert_eq!(readyz(State(s.clone())).await.status(), StatusCode::OK);
+        w.begin("rdma");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let r = readyz(State(s.clone())).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let b = axum::body::to_bytes(r.into_body(), usize::MAX).await.expect("body");
+        assert!(String::from_utf8_lossy(&b).contains("source rdma has not finished its sweep"), "{b:?}");
+        w.end();
+        assert_eq!(readyz(State(s)).await.status(), StatusCode::OK);
+    });
+}

@@ -5,3 +5,4 @@ pub mod api;
 pub mod conns;
 pub mod metrics;
 pub mod otlp;
+pub mod watchdog;
