@@ -9,7 +9,7 @@
 use std::{
     net::TcpListener,
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -31,6 +31,37 @@ fn config(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// `agent run` with `args`, stdin and stdout closed, stderr to `err_path`.
+fn spawn(args: &[&str], err_path: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_agent"))
+        .arg("run")
+        .args(args)
+        .env_remove("STEPWISE_LOG_FORMAT")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(err_path).expect("stderr file"))
+        .spawn()
+        .expect("spawn agent")
+}
+
+/// The exit code within `limit`; fails the test (after killing the agent) if it is still
+/// running then.
+fn exit_within(child: &mut Child, limit: Duration, what: &str, err_path: &Path) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            return s.code().unwrap_or(-1);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("agent run still running {limit:?} after {what} (killed); stderr:\n{}", std::fs::read_to_string(err_path).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs `agent run` on a port that is already taken, with `extra` flags; returns the exit
 /// code and stderr. Fails the test if the agent is still running after `limit`.
 fn run_on_taken_port(extra: &[&str], limit: Duration) -> (i32, String) {
@@ -40,32 +71,29 @@ fn run_on_taken_port(extra: &[&str], limit: Duration) -> (i32, String) {
     let cfg = config(dir.path());
     let sock = dir.path().join("markers.sock");
     let err_path = dir.path().join("stderr");
-    let err_file = std::fs::File::create(&err_path).expect("stderr file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agent"))
-        .args(["run", "--config", cfg.to_str().expect("utf8"), "--listen", &addr, "--marker-socket", sock.to_str().expect("utf8")])
-        .args(extra)
-        .env_remove("STEPWISE_LOG_FORMAT")
-        .env_remove("NO_COLOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err_file)
-        .spawn()
-        .expect("spawn agent");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-            panic!("agent run on a taken port still running after {limit:?} (killed); stderr:\n{err}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut args = vec!["--config", cfg.to_str().expect("utf8"), "--listen", &addr, "--marker-socket", sock.to_str().expect("utf8")];
+    args.extend(extra);
+    let mut child = spawn(&args, &err_path);
+    let rc = exit_within(&mut child, limit, "start-up on a taken port", &err_path);
     drop(taken);
-    (status.code().unwrap_or(-1), std::fs::read_to_string(&err_path).expect("read stderr"))
+    (rc, std::fs::read_to_string(&err_path).expect("read stderr"))
+}
+
+/// Runs `agent run --listen 127.0.0.1:0` with `args` until it serves, then sends SIGTERM;
+/// returns the exit code and stderr. Fails the test if it does not exit 15 s after.
+fn serve_then_terminate(args: &[&str], err_path: &Path) -> (i32, String) {
+    let mut all = vec!["--listen", "127.0.0.1:0"];
+    all.extend(args);
+    let mut child = spawn(&all, err_path);
+    let log = || std::fs::read_to_string(err_path).unwrap_or_default();
+    let start = Instant::now();
+    while !log().contains("serving /metrics") && start.elapsed() < Duration::from_secs(20) && child.try_wait().expect("wait").is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+    assert!(term.success());
+    let rc = exit_within(&mut child, Duration::from_secs(15), "SIGTERM", err_path);
+    (rc, log())
 }
 
 #[test]
@@ -98,47 +126,37 @@ fn json_log_format_is_one_object_per_line() {
 
 #[test]
 fn a_running_agent_logs_plain_or_json_lines_and_stops_on_sigterm() {
-    for json in [false, true] {
+    for format in ["text", "json"] {
         let dir = tempfile::tempdir().expect("tmp");
         let cfg = config(dir.path());
         let sock = dir.path().join("markers.sock");
-        let err_path = dir.path().join("stderr");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agent"))
-            .args(["run", "--config", cfg.to_str().expect("utf8"), "--listen", "127.0.0.1:0", "--marker-socket", sock.to_str().expect("utf8")])
-            .args(["--log-format", if json { "json" } else { "text" }])
-            .env_remove("NO_COLOR")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&err_path).expect("stderr file"))
-            .spawn()
-            .expect("spawn agent");
-        let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
-        let start = Instant::now();
-        while !log().contains("serving /metrics") && start.elapsed() < Duration::from_secs(20) && child.try_wait().expect("wait").is_none() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
-        assert!(term.success());
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(15) {
-                let _ = child.kill();
-                panic!("no exit 15 s after SIGTERM: {}", log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let err = log();
-        assert_eq!(status.code(), Some(0), "{err}");
+        let args = ["--config", cfg.to_str().expect("utf8"), "--marker-socket", sock.to_str().expect("utf8"), "--log-format", format];
+        let (rc, err) = serve_then_terminate(&args, &dir.path().join("stderr"));
+        assert_eq!(rc, 0, "{err}");
         assert!(err.contains("serving /metrics") && err.contains("shutting down"), "{err}");
         assert!(!err.contains('\x1b'), "escape codes in a log to a file: {err:?}");
         for line in err.lines() {
             let parsed = serde_json::from_str::<serde_json::Value>(line);
-            assert_eq!(parsed.is_ok_and(|v| v.is_object()), json, "json={json}: {line:?}");
+            assert_eq!(parsed.is_ok_and(|v| v.is_object()), format == "json", "{format}: {line:?}");
         }
     }
+}
+
+#[test]
+fn an_unusable_marker_socket_or_store_is_logged_and_the_agent_still_serves_and_stops() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").expect("file");
+    // Both paths lie under a regular file: neither the socket nor the database can exist.
+    let cfg = dir.path().join("agent.toml");
+    let text = std::fs::read_to_string(config(dir.path())).expect("config").replace("[store]\nenabled = false\n", "");
+    std::fs::write(&cfg, format!("{text}[store]\npath = \"{}\"\n", file.join("agent.db").display())).expect("config");
+    let sock = file.join("markers.sock");
+    let (rc, err) =
+        serve_then_terminate(&["--config", cfg.to_str().expect("utf8"), "--marker-socket", sock.to_str().expect("utf8")], &dir.path().join("stderr"));
+    assert_eq!(rc, 0, "{err}");
+    assert!(err.contains("cannot bind the marker socket") && err.contains("running without history"), "both logged: {err}");
+    assert!(err.contains("serving /metrics"), "{err}");
 }
 
 #[test]
