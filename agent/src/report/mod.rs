@@ -106,8 +106,12 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    /// Skew and NICs derived from the attribution alone.
-    pub fn from_attribution(a: Attribution) -> StepReport {
+    /// Skew and NICs derived from the attribution alone. A cause of 0 s carries no fix, also
+    /// in a step attributed before that rule (a history store, an older peer).
+    pub fn from_attribution(mut a: Attribution) -> StepReport {
+        for c in a.causes.iter_mut().filter(|c| c.seconds <= 0.0) {
+            c.fix.clear();
+        }
         StepReport { skew: Skew::from_ranks(&a), nics: nics_of(&a), attribution: a, collectives: Vec::new() }
     }
 
@@ -307,6 +311,17 @@ mod tests {
         assert_eq!(r.skew.clock_free_late_rank, Some(5));
         let ranked: Vec<CauseKind> = r.ranked(0.001).iter().map(|c| c.kind).collect();
         assert_eq!(ranked, vec![CauseKind::ReadinessSkew, CauseKind::RailImbalance, CauseKind::Unexplained]);
+    }
+
+    #[test]
+    fn a_stored_cause_of_0_s_loses_its_placeholder_fix() {
+        // Steps attributed before 0 s causes lost their fix (a store, an older peer).
+        let mut a = fixtures::attribution();
+        let zero = a.causes.iter().position(|c| c.seconds == 0.0).expect("a cause of 0 s");
+        a.causes[zero].fix = "? carried 0 % of the bytes".into();
+        let r = StepReport::from_attribution(a);
+        assert_eq!(r.attribution.causes[zero].fix, "");
+        assert!(r.attribution.causes.iter().filter(|c| c.seconds > 0.0).all(|c| !c.fix.is_empty()));
     }
 
     #[test]
