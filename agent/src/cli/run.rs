@@ -6,7 +6,7 @@
 //! start): a file that does not load or validate is logged and counted
 //! (`stepwise_config_reload_errors_total`) and the running configuration stays. A valid one
 //! applies `log` and `[steps]` (slow-step threshold, grace, history, NIC rates, attribution
-//! parameters) at once; every other key — listen, sysfs_root, interval, include/exclude,
+//! parameters) at once; every other key — log_format, listen, sysfs_root, interval, include/exclude,
 //! rails, `[sources]`, `[collectives]`, `[store]`, `[otlp]`, `[steps] marker_socket` — needs a
 //! restart, and the log names the changed ones.
 
