@@ -114,6 +114,10 @@ pub fn rate_bound(rate_bytes_per_s: Option<f64>, elapsed_ns: u64) -> Option<u64>
     Some(bound as u64)
 }
 
+/// Fastest link any source may see, in bytes/s (1.6 Tb/s): the bound for counters whose own
+/// link rate is not at hand (netdev, ethtool statistics, which count bytes, packets or events).
+pub const MAX_LINK_BYTES_PER_SECOND: f64 = 200e9;
+
 /// A counter's previous reading, guarded against glitches: a value wider than the counter, or
 /// a delta beyond what the link could carry, is not added. The reading is remembered as a
 /// suspect: if the next one continues from it (plausibly), the counter really jumped and
@@ -127,6 +131,16 @@ pub struct Guarded {
 impl Guarded {
     pub fn new(first: u64) -> Self {
         Guarded { prev: first, suspect: None }
+    }
+
+    /// A guard over state kept elsewhere (the last good reading and the suspect).
+    pub fn resume(prev: u64, suspect: Option<u64>) -> Self {
+        Guarded { prev, suspect }
+    }
+
+    /// The glitched reading waiting to be confirmed by the next one, if any.
+    pub fn suspect(&self) -> Option<u64> {
+        self.suspect
     }
 
     /// The last reading taken as good.

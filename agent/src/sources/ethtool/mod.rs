@@ -23,7 +23,7 @@ use self::{
     names::{parse_table, Class, Field},
 };
 use super::{
-    counter::{Delta, Semantics},
+    counter::{rate_bound, Delta, Guarded, Semantics, MAX_LINK_BYTES_PER_SECOND},
     kind,
     netdev::{list_netdevs, pci_address, read_ifindex},
     Source, SourceContext, SourceError, SweepReport,
@@ -54,6 +54,8 @@ struct Stat {
     class: Class,
     sink: Sink,
     prev: Option<u64>,
+    /// A glitched reading waiting to be confirmed (see [`Guarded`]); reset with the table.
+    suspect: Option<u64>,
     /// Sum of deltas since the agent first saw it (first reading included).
     acc: u64,
 }
@@ -135,7 +137,7 @@ impl EthtoolSource {
             }
             let sink = self.metrics.sink(netdev, &name, class, generic_ok);
             let (prev, acc) = old.remove(&name).unwrap_or((None, 0));
-            stats.push(Stat { name, class, sink, prev, acc });
+            stats.push(Stat { name, class, sink, prev, suspect: None, acc });
         }
         dev.stats = stats;
         dev.driver = driver;
@@ -154,14 +156,26 @@ impl EthtoolSource {
             return false;
         }
         let recreated = std::mem::take(&mut dev.recreated);
-        let mut reset = false;
+        // No statistic (bytes, packets or events) advances faster than any link carries bytes.
+        let max =
+            dev.last.and_then(|l| rate_bound(Some(MAX_LINK_BYTES_PER_SECOND), u64::try_from(at.saturating_duration_since(l).as_nanos()).unwrap_or(u64::MAX)));
+        let (mut reset, mut glitch) = (false, false);
         for (s, cur) in dev.stats.iter_mut().zip(values) {
             let d = match s.prev {
                 // First reading: the counter's value so far is its initial value.
-                None => Delta::Normal(*cur),
+                None => Some(Delta::Normal(*cur)),
                 // A re-created netdev counts from zero again.
-                Some(_) if recreated => Delta::Reset(*cur),
-                Some(p) => Semantics::Monotonic.delta(p, *cur),
+                Some(_) if recreated => Some(Delta::Reset(*cur)),
+                Some(p) => {
+                    let mut g = Guarded::resume(p, s.suspect);
+                    let d = g.next(Semantics::Monotonic, *cur, max);
+                    s.suspect = g.suspect();
+                    d
+                }
+            };
+            let Some(d) = d else {
+                glitch = true;
+                continue;
             };
             reset |= matches!(d, Delta::Reset(_)) && !recreated;
             s.prev = Some(*cur);
@@ -171,6 +185,9 @@ impl EthtoolSource {
         dev.last = Some(at);
         if reset {
             self.ctx.errors.inc(SOURCE, kind::COUNTER_RESET);
+        }
+        if glitch {
+            self.ctx.errors.inc(SOURCE, kind::COUNTER_GLITCH);
         }
         true
     }

@@ -120,6 +120,22 @@ fn table_change_carries_state_by_name_and_resets_are_counted() {
 }
 
 #[test]
+fn a_statistic_jumping_to_u64_max_is_a_glitch_and_goes_on_from_the_last_good_value() {
+    let c = ctx();
+    let mut src = EthtoolSource::new(c.clone(), &mut Registry::default());
+    let t = Instant::now();
+    let at = |s| t + std::time::Duration::from_secs(s);
+    src.install_table("eth2", table(&["rx_prio3_pause"]), "mlx5_core".into());
+    let pause = Field::PauseFrames { direction: Direction::Rx, priority: Priority::Prio(3) };
+    for (i, (v, want)) in [(100, 100), (u64::MAX - 10, 100), (1000, 1000), (2000, 2000)].into_iter().enumerate() {
+        assert!(src.ingest("eth2", &[v], at(i as u64)));
+        assert_eq!(field(&src, pause), Some(want), "after {v}");
+    }
+    assert_eq!(c.errors.get(SOURCE, kind::COUNTER_GLITCH), 1);
+    assert_eq!(c.errors.get(SOURCE, kind::COUNTER_RESET), 0);
+}
+
+#[test]
 fn generic_names_are_capped_and_the_overflow_counted() {
     let c = ctx();
     let mut reg = Registry::default();

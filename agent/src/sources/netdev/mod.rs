@@ -23,7 +23,7 @@ use prometheus_client::{
 use self::rtnl::{Rtnl, RtnlError};
 pub use self::sysfs::{list_netdevs, pci_address, read_ifindex};
 use super::{
-    counter::{Delta, Semantics},
+    counter::{rate_bound, Delta, Guarded, Semantics, MAX_LINK_BYTES_PER_SECOND},
     kind, Source, SourceContext, SourceError, SweepReport,
 };
 
@@ -113,6 +113,8 @@ struct Dev {
     present: bool,
     up: bool,
     prev: Option<([u64; 8], Semantics)>,
+    /// Per counter: a glitched reading waiting to be confirmed (see [`Guarded`]).
+    suspect: [Option<u64>; 8],
     /// The stored readings come from a netdev since deleted and re-created.
     recreated: bool,
     acc: [u64; 8],
@@ -120,6 +122,37 @@ struct Dev {
     seen: Instant,
     counters: [Counter; 8],
     up_gauge: Gauge,
+}
+
+impl Dev {
+    /// Adds the deltas to `cur`, read at `at`; returns (a counter was reset, one glitched). A
+    /// glitched reading (beyond any link's rate since the last) adds nothing and is not kept.
+    fn add(&mut self, cur: [u64; 8], sem: Semantics, at: Instant) -> (bool, bool) {
+        let recreated = std::mem::take(&mut self.recreated);
+        let max =
+            self.last.and_then(|l| rate_bound(Some(MAX_LINK_BYTES_PER_SECOND), u64::try_from(at.saturating_duration_since(l).as_nanos()).unwrap_or(u64::MAX)));
+        let (mut reset, mut glitch, mut kept) = (false, false, cur);
+        for i in 0..8 {
+            let d = match self.prev {
+                None => Delta::Normal(cur[i]),
+                Some(_) if recreated => Delta::Reset(cur[i]),
+                // A switch between 64- and 32-bit statistics: the old value is not comparable.
+                Some((_, psem)) if psem != sem => Delta::Reset(cur[i]),
+                Some((p, _)) => {
+                    let mut g = Guarded::resume(p[i], self.suspect[i]);
+                    let d = g.next(sem, cur[i], max);
+                    (kept[i], self.suspect[i]) = (g.prev(), g.suspect());
+                    glitch |= d.is_none();
+                    d.unwrap_or(Delta::Normal(0))
+                }
+            };
+            reset |= matches!(d, Delta::Reset(_)) && !recreated;
+            self.acc[i] = self.acc[i].saturating_add(d.value());
+            self.counters[i].inc_by(d.value());
+        }
+        self.prev = Some((kept, sem));
+        (reset, glitch)
+    }
 }
 
 pub struct NetdevSource {
@@ -207,6 +240,7 @@ impl NetdevSource {
             present: true,
             up: r.up,
             prev: None,
+            suspect: [None; 8],
             recreated: false,
             acc: [0; 8],
             last: None,
@@ -223,24 +257,13 @@ impl NetdevSource {
             dev.recreated = true;
             dev.ifindex = r.ifindex;
         }
-        let recreated = std::mem::take(&mut dev.recreated);
-        let mut reset = false;
-        for i in 0..8 {
-            let d = match dev.prev {
-                None => Delta::Normal(cur[i]),
-                Some(_) if recreated => Delta::Reset(cur[i]),
-                // A switch between 64- and 32-bit statistics: the old value is not comparable.
-                Some((_, psem)) if psem != sem => Delta::Reset(cur[i]),
-                Some((p, _)) => sem.delta(p[i], cur[i]),
-            };
-            reset |= matches!(d, Delta::Reset(_)) && !recreated;
-            dev.acc[i] = dev.acc[i].saturating_add(d.value());
-            dev.counters[i].inc_by(d.value());
-        }
+        let (reset, glitch) = dev.add(cur, sem, at);
         if reset {
             self.ctx.errors.inc(SOURCE, kind::COUNTER_RESET);
         }
-        dev.prev = Some((cur, sem));
+        if glitch {
+            self.ctx.errors.inc(SOURCE, kind::COUNTER_GLITCH);
+        }
         dev.present = true;
         dev.up = r.up;
         dev.up_gauge.set(i64::from(r.up));

@@ -95,6 +95,25 @@ fn thirty_two_bit_stats_wrap_once() {
 }
 
 #[test]
+fn a_jump_beyond_any_link_is_a_glitch_and_the_series_goes_on() {
+    let c = ctx();
+    let mut src = NetdevSource::new(c.clone(), &mut Registry::default());
+    let mut rep = SweepReport::default();
+    let t = Instant::now();
+    let m = Semantics::Monotonic;
+    src.apply(reading(5, "eth0", [1000, 2000, 0, 0, 0, 0, 0, 0], m), t, &mut rep);
+    let at = |ms| t + std::time::Duration::from_millis(ms);
+    src.apply(reading(5, "eth0", [1000, u64::MAX - 10, 0, 0, 0, 0, 0, 0], m), at(1000), &mut rep);
+    assert_eq!(src.snapshot()[0].transmit_bytes, 2000, "nothing added");
+    assert_eq!(c.errors.get(SOURCE, kind::COUNTER_GLITCH), 1);
+    src.apply(reading(5, "eth0", [1500, 2500, 0, 0, 0, 0, 0, 0], m), at(2000), &mut rep);
+    let s = &src.snapshot()[0];
+    assert_eq!((s.receive_bytes, s.transmit_bytes), (1500, 2500), "on from the last good reading");
+    assert_eq!(c.errors.get(SOURCE, kind::COUNTER_RESET), 0);
+    assert_eq!(src.families[1].get_or_create(&NetdevLabels { netdev: "eth0".into() }).get(), 2500);
+}
+
+#[test]
 fn link_without_stats_is_counted_not_exported() {
     let c = ctx();
     let mut src = NetdevSource::new(c.clone(), &mut Registry::default());
