@@ -160,6 +160,26 @@ fn an_unusable_marker_socket_or_store_is_logged_and_the_agent_still_serves_and_s
 }
 
 #[test]
+fn a_config_refused_with_a_json_log_is_a_json_line_too() {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_agent")).args(["run", "--log-format", "json", "--config", "/nonexistent/stepwise.toml"]).output().expect("run agent");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = err.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"))).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert_eq!(lines[0]["level"], "ERROR");
+    assert!(lines[0]["message"].as_str().is_some_and(|m| m.contains("cannot read config file /nonexistent/stepwise.toml")), "{err}");
+    // Text (the default): the plain line, as before.
+    let out = Command::new(env!("CARGO_BIN_EXE_agent"))
+        .args(["run", "--config", "/nonexistent/stepwise.toml"])
+        .env_remove("STEPWISE_LOG_FORMAT")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("agent: cannot read config file"), "{out:?}");
+}
+
+#[test]
 fn an_unknown_log_format_is_a_usage_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_agent")).args(["run", "--log-format", "xml"]).output().expect("run agent");
     assert_eq!(out.status.code(), Some(2));

@@ -96,7 +96,11 @@ pub fn main(args: RunArgs) -> ExitCode {
     let cfg = match Config::load(args.config.as_deref(), &args.overrides()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("agent: {e}");
+            // A JSON log asked for by flag or variable gets the refusal as JSON too.
+            if args.log_format == Some(crate::config::LogFormat::Json) {
+                logging::init("info", crate::config::LogFormat::Json);
+            }
+            let _ = fail(&e.to_string());
             return ExitCode::from(super::EXIT_USAGE);
         }
     };
@@ -180,8 +184,8 @@ fn trim_heap() {
     }
 }
 
-/// A start-up failure once the log is installed: an error log line, and in text format also
-/// the plain `agent: …` line (a JSON log stays JSON lines only).
+/// A start-up failure: an error log line (where the log is installed), and in text format
+/// also the plain `agent: …` line (a JSON log stays JSON lines only).
 fn fail(msg: &str) -> ExitCode {
     error!("{msg}");
     if !logging::is_json() {
