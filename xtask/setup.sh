@@ -5,7 +5,7 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
-APT_PKGS=(iproute2 ethtool prometheus prometheus-node-exporter openmpi-bin libopenmpi-dev bpftool libcap2-bin procps chromium)
+APT_PKGS=(gcc make iproute2 ethtool prometheus prometheus-node-exporter openmpi-bin libopenmpi-dev bpftool libcap2-bin procps chromium)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,7 +16,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+# aya-build compiles the eBPF crate with the nightly toolchain (-Z build-std=core).
+if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  echo "setup: installing the nightly toolchain (minimal, with rust-src)"
+  rustup toolchain install nightly --profile minimal --component rust-src
+elif ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
   echo "setup: adding rust-src to the nightly toolchain"
   rustup component add rust-src --toolchain nightly
 fi

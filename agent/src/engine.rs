@@ -34,10 +34,15 @@ pub struct StepsConfig {
     /// Default `0s`.
     #[serde(with = "crate::config::duration_str")]
     pub slow_step: Duration,
-    /// Wait this long after a step ends before attributing it (late calls and counter
-    /// samples). Default `1s` (at least one counter interval is added).
+    /// Wait at least this long after a step ends before attributing it (the other ranks'
+    /// markers, period detection). Default `1s`.
     #[serde(with = "crate::config::duration_str")]
     pub grace: Duration,
+    /// Past the grace, a step also waits until the probe consumer has drained every event up
+    /// to its end and a counter sweep has passed it — for at most this long after its end;
+    /// a step closed then is marked incomplete with a note. Default `10s`.
+    #[serde(with = "crate::config::duration_str")]
+    pub max_wait: Duration,
     /// Steps kept in memory for `/api/v1/steps`. Default 1000.
     pub history: usize,
     /// Nominal rate per NIC (`eth1 = "1Gbit/s"`), overriding sysfs `rate`/`speed` — for
@@ -53,6 +58,7 @@ impl Default for StepsConfig {
             marker_socket: "/run/stepwise/markers.sock".into(),
             slow_step: Duration::ZERO,
             grace: Duration::from_secs(1),
+            max_wait: Duration::from_secs(10),
             history: 1000,
             nic_rates: BTreeMap::new(),
             params: Params::default(),
@@ -147,6 +153,8 @@ pub struct Engine {
     drops_seen: u64,
     /// Wall time of the previous tick (start of the interval new drops fall into).
     last_tick: f64,
+    /// Time of the latest counter sweep pushed (None: no NIC sampled).
+    counters_until: Option<f64>,
     /// Wall-time intervals in which probe events were dropped: steps overlapping one are
     /// incomplete. Pruned with the attribution lookback.
     drop_spans: VecDeque<(f64, f64)>,
@@ -162,6 +170,29 @@ pub type StepSink = Box<dyn Fn(&str, &Attribution, &[Collective]) + Send>;
 
 pub fn wall_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// What the probe thread has recorded since the lookback: calls, sampled network requests,
+/// its watermark and the spans of lost events.
+struct CallsIn {
+    views: Vec<CallView>,
+    net: Vec<NetSample>,
+    drained_until: f64,
+    lost: Vec<(f64, f64)>,
+}
+
+/// What a step ending at `end` still waits for, if anything: probe events not drained up to
+/// its end, or no counter sweep after it.
+fn missing_data(end: f64, drained_until: f64, counters_until: f64) -> Option<String> {
+    if drained_until <= 0.0 {
+        Some("the probe consumer drained its first events".to_string())
+    } else if drained_until < end {
+        Some(format!("the probe events up to its end were drained (the probe consumer was {:.1} s behind)", end - drained_until))
+    } else if counters_until < end {
+        Some("a counter sweep passed its end".to_string())
+    } else {
+        None
+    }
 }
 
 impl Engine {
@@ -185,6 +216,7 @@ impl Engine {
             pending_store: Vec::new(),
             drops_seen: 0,
             last_tick: 0.0,
+            counters_until: None,
             drop_spans: VecDeque::new(),
             sinks: Vec::new(),
             cfg,
@@ -220,6 +252,9 @@ impl Engine {
 
     /// Adds one sweep round's per-NIC parts (from every source), stamped `time`.
     pub fn push_samples(&mut self, time: f64, parts: Vec<nic::NicPart>) {
+        if !parts.is_empty() {
+            self.counters_until = Some(self.counters_until.map_or(time, |t| t.max(time)));
+        }
         let mut per: BTreeMap<String, (NicInfo, NicSample)> = BTreeMap::new();
         for (info, s) in parts {
             let e = per.entry(info.name.clone()).or_insert_with(|| (info.clone(), NicSample::default()));
@@ -270,31 +305,17 @@ impl Engine {
         self.steps.iter()
     }
 
-    /// Attributes every step that ended at least `grace` ago and was not attributed yet.
+    /// Attributes every step that ended at least `grace` ago, whose probe events and counter
+    /// samples are in (or that ended `max_wait` ago), and was not attributed yet.
     pub fn tick(&mut self, now: f64, dropped_events: u64) {
         while self.markers.front().is_some_and(|m| m.time.unwrap_or(now) < now - MARKER_KEEP_SECONDS) {
             self.markers.pop_front();
         }
         let horizon = now - self.cfg.grace.as_secs_f64();
+        let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
-        // Without collective probes (`[collectives] enabled = false`) markers still make
-        // steps: there are just no calls to join.
-        let (views, net): (Vec<CallView>, Vec<NetSample>) = match &self.calls {
-            None => (Vec::new(), Vec::new()),
-            Some(calls) => {
-                let h = match calls.lock() {
-                    Ok(h) => h,
-                    Err(p) => p.into_inner(),
-                };
-                let views = h.calls_since(lookback, 1_000_000).iter().map(|c| c.view()).collect();
-                let net = h
-                    .net_since(lookback, 1_000_000)
-                    .into_iter()
-                    .map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send })
-                    .collect();
-                (views, net)
-            }
-        };
+        let CallsIn { views, net, drained_until, lost } = self.calls_in(lookback);
+        let counters_until = self.counters_until.unwrap_or(f64::INFINITY);
         let colls = join_calls(&views);
         let mut steps: Vec<(String, Step)> = Vec::new();
         let markers: Vec<Marker> = self.markers_since(lookback);
@@ -332,7 +353,10 @@ impl Engine {
             self.drop_spans.pop_front();
         }
         for (job, step) in steps {
-            if step.end > horizon {
+            // Never before its events are in: the probe consumer's watermark and the last
+            // counter sweep must have passed the step's end (a loaded host drains late).
+            let missing = missing_data(step.end, drained_until, counters_until);
+            if step.end > horizon || (missing.is_some() && step.end > deadline) {
                 continue;
             }
             let key = (job.clone(), step.id, (step.begin * 1e6) as i64);
@@ -342,8 +366,16 @@ impl Engine {
             let mine: Vec<&Collective> = step.collectives(&colls);
             let windows: Vec<Vec<NicWindow>> = mine.iter().map(|c| self.log.window(c.last_arrival(), c.last_exit())).collect();
             let dropped = self.drop_spans.iter().any(|&(a, b)| a <= step.end && b >= step.begin);
-            let att =
+            let mut att =
                 attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
+            if lost.iter().any(|&(a, b)| a <= step.end && b >= step.begin) {
+                att.incomplete = true;
+                att.notes.push("incomplete data: probe events of processes that exited before the agent could inspect them were lost (a starved agent; see stepwise_probe_decode_errors_total{kind=\"process_gone\"})".to_string());
+            }
+            if let Some(what) = missing {
+                att.incomplete = true;
+                att.notes.push(format!("incomplete data: closed {:.1} s after its end (steps.max_wait) before {what}", now - step.end));
+            }
             self.record(&att, &windows);
             let step_windows = self.log.window(step.begin, step.end);
             let mine: Vec<Collective> = mine.into_iter().cloned().collect();
@@ -361,6 +393,29 @@ impl Engine {
         // Forget keys far behind so the set stays bounded.
         let cut = ((self.last_attributed - 900.0) * 1e6) as i64;
         self.done.retain(|k| k.2 >= cut);
+    }
+
+    /// The probe thread's calls since `since`. Without collective probes (`[collectives]
+    /// enabled = false`) markers still make steps: there are no calls to join, and none to
+    /// wait for.
+    fn calls_in(&self, since: f64) -> CallsIn {
+        let Some(calls) = &self.calls else {
+            return CallsIn { views: Vec::new(), net: Vec::new(), drained_until: f64::INFINITY, lost: Vec::new() };
+        };
+        let h = match calls.lock() {
+            Ok(h) => h,
+            Err(p) => p.into_inner(),
+        };
+        CallsIn {
+            views: h.calls_since(since, 1_000_000).iter().map(|c| c.view()).collect(),
+            net: h
+                .net_since(since, 1_000_000)
+                .into_iter()
+                .map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send })
+                .collect(),
+            drained_until: h.drained_until,
+            lost: h.lost_since(since),
+        }
     }
 
     fn record(&mut self, a: &Attribution, windows: &[Vec<NicWindow>]) {
@@ -412,3 +467,6 @@ impl Engine {
 #[cfg(test)]
 #[path = "engine_tests.rs"]
 mod marker_tests;
+
+#[cfg(test)]
+mod watermark_tests;

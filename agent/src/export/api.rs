@@ -323,6 +323,7 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
         "clock_error_seconds": h.clock.error_seconds,
         "clock_synchronized": h.clock.synchronized,
         "evicted": h.evicted,
+        "drained_until": h.drained_until,
         "calls": h.calls_since(since, limit),
         "net_requests": h.net_since(since, limit),
     }))

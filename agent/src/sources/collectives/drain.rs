@@ -31,6 +31,9 @@ struct Queue {
     events: Vec<ProbeEvent>,
     /// The last flush request the drain thread served (see [`Drainer::flush`]).
     served: u64,
+    /// CLOCK_MONOTONIC ns at the start of the last drain that emptied the ring: every event
+    /// stamped before it is in `events` or was taken already (the consumer's watermark).
+    drained_ns: u64,
 }
 
 struct Shared {
@@ -68,10 +71,16 @@ impl Drainer {
                 let requested = sh.requested.load(Ordering::Acquire);
                 let room = QUEUE_MAX.saturating_sub(lock(&sh.queue).events.len());
                 local.clear();
+                let started = crate::sources::collectives::history::ClockMap::monotonic_ns();
                 reader.drain(&mut local, room);
                 let mut q = lock(&sh.queue);
                 q.events.extend_from_slice(&local);
                 q.served = q.served.max(requested);
+                // Fewer records than there was room for: the ring was empty when this drain
+                // ended, so nothing stamped before its start is left behind.
+                if local.len() < room {
+                    q.drained_ns = q.drained_ns.max(started);
+                }
                 drop(q);
                 sh.ready.notify_all();
                 if room == 0 {
@@ -91,8 +100,10 @@ impl Drainer {
         }
     }
 
-    /// Moves the queued events into `out` (cleared first), waiting up to `wait` for some.
-    pub fn take(&self, out: &mut Vec<ProbeEvent>, wait: Duration) {
+    /// Moves the queued events into `out` (cleared first), waiting up to `wait` for some;
+    /// returns the watermark (CLOCK_MONOTONIC ns, 0 before the first full drain): once `out`
+    /// is handled, every event stamped before it has been.
+    pub fn take(&self, out: &mut Vec<ProbeEvent>, wait: Duration) -> u64 {
         out.clear();
         let mut q = lock(&self.shared.queue);
         if q.events.is_empty() && !wait.is_zero() {
@@ -102,12 +113,13 @@ impl Drainer {
             };
         }
         std::mem::swap(&mut q.events, out);
+        q.drained_ns
     }
 
     /// Everything the ring holds *now* into `out`: waits (up to `timeout`) for the drain
     /// thread to drain once more after this call, then takes the queue. Used before a
     /// rescan, so a process found gone has had all its events decoded.
-    pub fn flush(&self, out: &mut Vec<ProbeEvent>, timeout: Duration) {
+    pub fn flush(&self, out: &mut Vec<ProbeEvent>, timeout: Duration) -> u64 {
         let want = self.shared.requested.fetch_add(1, Ordering::AcqRel) + 1;
         let end = Instant::now() + timeout;
         let mut q = lock(&self.shared.queue);
@@ -123,6 +135,7 @@ impl Drainer {
         }
         out.clear();
         std::mem::swap(&mut q.events, out);
+        q.drained_ns
     }
 }
 

@@ -39,6 +39,14 @@ impl ClockMap {
     }
 
     /// Wall-clock seconds since the epoch for a CLOCK_MONOTONIC ns value.
+    /// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
+    pub fn monotonic_ns() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid out-pointer; the clock id is a constant.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
     pub fn wall(&self, mono_ns: u64) -> f64 {
         (mono_ns as i128 + self.offset_ns) as f64 * 1e-9
     }
@@ -102,7 +110,17 @@ pub struct History {
     pub clock: ClockMap,
     /// Calls dropped from the front because the ring was full.
     pub evicted: u64,
+    /// Wall-clock watermark of the probe consumer: every probe event stamped before it has
+    /// been drained and is in these rings (0 until the first drain). Steps ending after it
+    /// may still be missing calls (see `Engine::tick`).
+    pub drained_until: f64,
+    /// Wall-time spans holding events that were lost because their process had exited before
+    /// the agent could inspect it (merged when less than a second apart; bounded).
+    lost: VecDeque<(f64, f64)>,
 }
+
+/// Lost-event spans kept at most.
+const MAX_LOST_SPANS: usize = 4096;
 
 impl History {
     /// Both rings are allocated at their full size up front (168 + 56 bytes per entry: 14 MiB
@@ -119,6 +137,38 @@ impl History {
             net: VecDeque::with_capacity(reserve),
             clock: ClockMap::now(),
             evicted: 0,
+            drained_until: 0.0,
+            lost: VecDeque::new(),
+        }
+    }
+
+    /// An event at wall time `t` was lost (see [`History::lost_since`]).
+    pub fn push_lost(&mut self, t: f64) {
+        match self.lost.back_mut() {
+            Some(last) if t >= last.0 - 1.0 && t <= last.1 + 1.0 => {
+                last.0 = last.0.min(t);
+                last.1 = last.1.max(t);
+            }
+            _ => {
+                if self.lost.len() >= MAX_LOST_SPANS {
+                    self.lost.pop_front();
+                }
+                self.lost.push_back((t, t));
+            }
+        }
+    }
+
+    /// Spans of lost events that end at or after `since`.
+    pub fn lost_since(&self, since: f64) -> Vec<(f64, f64)> {
+        self.lost.iter().filter(|s| s.1 >= since).copied().collect()
+    }
+
+    /// Every event stamped before `mono_ns` (CLOCK_MONOTONIC, the clock of the probes) has
+    /// been handled. A record the kernel had reserved but not yet committed when the ring was
+    /// read can be a few microseconds older: the watermark stays a millisecond behind.
+    pub fn drained_to(&mut self, mono_ns: u64) {
+        if mono_ns > 0 {
+            self.drained_until = self.drained_until.max(self.clock.wall(mono_ns) - 1e-3);
         }
     }
 

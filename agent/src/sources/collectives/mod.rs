@@ -121,6 +121,9 @@ pub struct Collectives {
     attached: HashMap<FileKey, Attachment>,
     procs: HashMap<u32, ProcInfo>,
     rejected: HashSet<u32>,
+    /// Pids whose first event was handled after the process had exited: neither selection
+    /// nor process facts can be read, so their events are lost (recorded in the history).
+    gone: HashSet<u32>,
     exe_cache: HashMap<FileKey, SymbolTable>,
     history: SharedHistory,
     metrics: CollectiveMetrics,
@@ -176,6 +179,7 @@ impl Collectives {
             attached: HashMap::new(),
             procs: HashMap::new(),
             rejected: HashSet::new(),
+            gone: HashSet::new(),
             exe_cache: HashMap::new(),
             history,
             metrics: CollectiveMetrics::register(registry),
@@ -283,19 +287,20 @@ impl Collectives {
                 }
                 _ => {}
             }
-            self.next_batch(&mut buf, Duration::from_millis(20));
+            let drained = self.next_batch(&mut buf, Duration::from_millis(20));
             self.handle(&buf);
+            self.drained_to(drained);
         }
         self.detach_sampled();
         self.drainer = None;
     }
 
-    /// The next events: from the drain thread (waiting up to `wait` for some), or read here.
-    fn next_batch(&mut self, buf: &mut Vec<ProbeEvent>, wait: Duration) {
+    /// The next events: from the drain thread (waiting up to `wait` for some), or read here;
+    /// returns the consumer's watermark (see [`drain::Drainer::take`]), 0 when unknown.
+    fn next_batch(&mut self, buf: &mut Vec<ProbeEvent>, wait: Duration) -> u64 {
         buf.clear();
         if let Some(d) = &self.drainer {
-            d.take(buf, wait);
-            return;
+            return d.take(buf, wait);
         }
         if let Some(fd) = self.probes.ring_fd() {
             let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
@@ -304,20 +309,42 @@ impl Collectives {
         } else {
             std::thread::sleep(wait);
         }
-        if let Err(e) = self.probes.drain(buf) {
-            warn!("draining probe events: {e}");
+        let started = ClockMap::monotonic_ns();
+        match self.probes.drain(buf) {
+            Ok(_) => started,
+            Err(e) => {
+                warn!("draining probe events: {e}");
+                0
+            }
         }
     }
 
     /// Drains and handles everything the ring holds now.
     fn drain_now(&mut self) {
         let mut buf: Vec<ProbeEvent> = Vec::new();
-        if let Some(d) = &self.drainer {
-            d.flush(&mut buf, Duration::from_millis(200));
-        } else if let Err(e) = self.probes.drain(&mut buf) {
-            warn!("draining probe events: {e}");
-        }
+        let drained = if let Some(d) = &self.drainer {
+            d.flush(&mut buf, Duration::from_millis(200))
+        } else {
+            let started = ClockMap::monotonic_ns();
+            match self.probes.drain(&mut buf) {
+                Ok(_) => started,
+                Err(e) => {
+                    warn!("draining probe events: {e}");
+                    0
+                }
+            }
+        };
         self.handle(&buf);
+        self.drained_to(drained);
+    }
+
+    /// Publishes the consumer's watermark (events before `mono_ns` are in the history).
+    fn drained_to(&self, mono_ns: u64) {
+        let mut hist = match self.history.lock() {
+            Ok(h) => h,
+            Err(p) => p.into_inner(),
+        };
+        hist.drained_to(mono_ns);
     }
 
     /// Processes a batch of events (also used by tests and benchmarks).
@@ -341,7 +368,14 @@ impl Collectives {
         hist.clock = ClockMap::now();
         self.metrics.clock_error.set(hist.clock.error_seconds);
         for ev in events {
-            let Some(proc) = self.procs.get(&ev.pid) else { continue };
+            let Some(proc) = self.procs.get(&ev.pid) else {
+                if self.gone.contains(&ev.pid) {
+                    let t = hist.clock.wall(ev.ts_ns);
+                    hist.push_lost(t);
+                    self.metrics.decode_error("process_gone");
+                }
+                continue;
+            };
             match self.decoder.feed(ev, proc) {
                 Ok(Decoded::Call(c)) => {
                     self.metrics.observe(&c);
@@ -372,11 +406,18 @@ impl Collectives {
     /// An event from a pid not yet scanned: a process that started after the last rescan
     /// (its first calls — communicator creation — must not be lost) or an unselected one.
     fn admit(&mut self, pid: u32) -> bool {
-        if self.rejected.contains(&pid) {
+        if self.rejected.contains(&pid) || self.gone.contains(&pid) {
             return false;
         }
         if pid == self.self_pid || !self.selector.selects(&self.cfg.proc_root, pid) {
-            self.rejected.insert(pid);
+            // A process that exited before this thread got to its first event (a starved
+            // agent) cannot be told apart from an unselected one: its events are lost, and
+            // the steps they fall in are incomplete.
+            if pid != self.self_pid && !procs::alive(&self.cfg.proc_root, pid) {
+                self.gone.insert(pid);
+            } else {
+                self.rejected.insert(pid);
+            }
             return false;
         }
         let found = procs::libs_of(&self.cfg.proc_root, pid, &self.globs);
@@ -482,6 +523,9 @@ impl Collectives {
         let dead: Vec<u32> = self.rejected.iter().copied().filter(|p| !procs::alive(&proc_root, *p)).collect();
         for pid in dead {
             self.rejected.remove(&pid);
+            self.probes.forget_process(pid);
+        }
+        for pid in std::mem::take(&mut self.gone) {
             self.probes.forget_process(pid);
         }
         self.repreload_replaced();
