@@ -200,16 +200,21 @@ impl Agent {
                 _ => None,
             }
         })??;
-        // An agent built with AYA_BUILD_SKIP=1 starts and serves, but can never see a call:
-        // every probe test would then fail later with "no steps" instead of saying why.
-        let status = a.status()?;
+        a.require_ebpf()?;
+        Ok(a)
+    }
+    /// Fails unless this agent carries its eBPF programs. An agent built with
+    /// AYA_BUILD_SKIP=1 starts and serves, but can never see a call: every probe test would
+    /// then fail later with "no steps" instead of saying why.
+    pub fn require_ebpf(&self) -> Result<()> {
+        let status = self.status()?;
         if status["ebpf_embedded"] != serde_json::Value::Bool(true) {
             bail!(
                 "the agent at {} has no eBPF programs (built with AYA_BUILD_SKIP=1?): rebuild it without the skip (`cargo xtask setup` installs bpf-linker); /api/v1/status: {status}",
                 agent_bin().display()
             );
         }
-        Ok(a)
+        Ok(())
     }
     pub fn get(&self, path: &str) -> Result<HttpResponse> {
         http_get(&self.addr, path)

@@ -64,7 +64,10 @@ pub fn start(dir: &Path, l: &Launch, args: &[&str]) -> Agent {
         http_get(&reach, "/readyz").ok().filter(|r| r.status == 200).map(|_| Ok(()))
     });
     match ready {
-        Ok(Ok(())) => a,
+        Ok(Ok(())) => {
+            a.require_ebpf().unwrap_or_else(|e| panic!("{e}"));
+            a
+        }
         Ok(Err(log)) => panic!("agent exited early:\n{log}"),
         Err(e) => panic!("{e}:\n{}", a.proc.log_text()),
     }
