@@ -80,8 +80,9 @@ fn a_marker_flood_over_a_million_ranks_makes_bounded_steps_and_memory() {
     assert!(after.hwm_kib <= FLOOD_HWM_MIB * 1024, "VmHWM {} KiB", after.hwm_kib);
 }
 
-/// Measured (same build): 10 parallel lists 1.03 s in all, 756 KB each (10 000 markers),
-/// `/metrics` max 454 ms, VmRSS 50 -> 103 MiB (200 k held markers and the replies).
+/// Measured (same build): 10 parallel lists 0.97-1.43 s in all, 756 KB each (10 000
+/// markers), `/metrics` max 14-17 ms (454-790 ms while the lists ran on the runtime's
+/// workers), VmRSS 52 -> 118-123 MiB (200 k held markers and the replies).
 const LIST_HWM_MIB: u64 = 300;
 
 #[test]
@@ -146,6 +147,6 @@ fn ten_parallel_marker_lists_against_200k_held_markers_are_bounded_and_metrics_s
         assert_eq!(*status, 200);
         assert!(*len < 2 << 20, "one page is at most 10 000 markers: {len} B (was 15 MB)");
     }
-    assert!(p99 < Duration::from_secs(2), "/metrics p99 {p99:?} (was 21.9 s)");
+    assert!(p99 < Duration::from_secs(1), "/metrics p99 {p99:?} (was 21.9 s)");
     assert!(after.hwm_kib <= LIST_HWM_MIB * 1024, "VmHWM {} KiB (was 528 MB)", after.hwm_kib);
 }

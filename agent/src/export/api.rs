@@ -37,6 +37,10 @@ pub struct AppState {
     pub probes_detail: Option<Arc<std::sync::Mutex<serde_json::Value>>>,
     /// Which source's sweep is in progress, to report one that is stuck.
     pub watchdog: Option<super::watchdog::Watchdog>,
+    /// `/api/v1/*` requests served at once ([`MAX_API_CONCURRENCY`]).
+    pub api_permits: Arc<tokio::sync::Semaphore>,
+    /// How long one waits for its turn ([`API_QUEUE_WAIT`]).
+    pub api_queue_wait: std::time::Duration,
 }
 
 impl AppState {
@@ -52,6 +56,8 @@ impl AppState {
             probes_ready: None,
             probes_detail: None,
             watchdog: None,
+            api_permits: Arc::new(tokio::sync::Semaphore::new(MAX_API_CONCURRENCY)),
+            api_queue_wait: API_QUEUE_WAIT,
         }
     }
 }
@@ -72,6 +78,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/windows", get(windows))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found; see /api/v1/status\n") })
+        .layer(middleware::from_fn_with_state(state.clone(), limit_api))
         .layer(axum::middleware::from_fn(request_timeout))
         .layer(axum::middleware::from_fn(head_limit))
         .with_state(state)
@@ -93,6 +100,24 @@ pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 pub fn head_bytes(req: &axum::extract::Request) -> usize {
     let line = req.method().as_str().len() + req.uri().to_string().len() + " HTTP/1.1\r\n ".len();
     req.headers().iter().fold(line + 2, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
+}
+
+/// `/api/v1/*` requests (the expensive ones) served at once; `/metrics`, `/healthz` and
+/// `/readyz` never wait for them.
+pub const MAX_API_CONCURRENCY: usize = 4;
+/// How long an API request waits for its turn before a 503.
+pub const API_QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn limit_api(State(s): State<AppState>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if !req.uri().path().starts_with("/api/") {
+        return next.run(req).await;
+    }
+    match tokio::time::timeout(s.api_queue_wait, s.api_permits.clone().acquire_owned()).await {
+        Ok(Ok(_permit)) => next.run(req).await,
+        _ => {
+            (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], format!("{MAX_API_CONCURRENCY} API requests in progress; retry\n")).into_response()
+        }
+    }
 }
 
 /// Refuses a head over [`MAX_HEAD_BYTES`] with 431, as documented.
@@ -330,6 +355,12 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
     .into_response()
 }
 
+/// Runs a list endpoint's copying and serializing on a blocking thread: the runtime's few
+/// workers stay free for `/metrics` and `/healthz` however large the page.
+async fn off_runtime(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("list request failed: {e}\n")).into_response())
+}
+
 fn engine_of(s: &AppState) -> Result<std::sync::MutexGuard<'_, crate::engine::Engine>, Response> {
     let Some(e) = &s.engine else {
         return Err((StatusCode::SERVICE_UNAVAILABLE, "step engine not running\n").into_response());
@@ -358,7 +389,11 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
         Ok(b) => b,
         Err(r) => return r,
     };
-    let e = match engine_of(&s) {
+    off_runtime(move || steps_page(&s, &q, since, limit)).await
+}
+
+fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Response {
+    let e = match engine_of(s) {
         Ok(e) => e,
         Err(r) => return r,
     };
@@ -368,6 +403,7 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
         v.truncate(k);
     }
     v.truncate(limit);
+    drop(e);
     let host = s
         .collectives
         .read()
@@ -396,7 +432,11 @@ async fn markers_get(State(s): State<AppState>, q: Result<Query<SinceQuery>, axu
         Ok(b) => b,
         Err(r) => return r,
     };
-    let e = match engine_of(&s) {
+    off_runtime(move || markers_page(&s, since, until, limit)).await
+}
+
+fn markers_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response {
+    let e = match engine_of(s) {
         Ok(e) => e,
         Err(r) => return r,
     };
@@ -491,7 +531,11 @@ async fn windows(State(s): State<AppState>, q: Result<Query<SinceQuery>, axum::e
         Ok(b) => b,
         Err(r) => return r,
     };
-    let e = match engine_of(&s) {
+    off_runtime(move || windows_page(&s, since, until, limit)).await
+}
+
+fn windows_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response {
+    let e = match engine_of(s) {
         Ok(e) => e,
         Err(r) => return r,
     };

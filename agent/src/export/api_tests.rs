@@ -130,3 +130,24 @@ fn readyz_names_a_source_stuck_in_its_sweep() {
         assert_eq!(readyz(State(s)).await.status(), StatusCode::OK);
     });
 }
+
+#[test]
+fn busy_api_requests_never_hold_metrics_and_wait_their_turn() {
+    let mut s = state(0);
+    s.api_queue_wait = std::time::Duration::from_millis(50);
+    let app = hyper_util::service::TowerToHyperService::new(router(s.clone()));
+    let get = |path: &str| axum::extract::Request::builder().uri(path).body(axum::body::Body::empty()).expect("req");
+    rt().block_on(async {
+        // Every API slot taken by slow requests.
+        let held = s.api_permits.clone().acquire_many_owned(MAX_API_CONCURRENCY as u32).await.expect("permits");
+        for path in ["/metrics", "/healthz"] {
+            let r = hyper::service::Service::call(&app, get(path)).await.expect("infallible");
+            assert_eq!(r.status(), StatusCode::OK, "{path} has its own capacity");
+        }
+        let r = hyper::service::Service::call(&app, get("/api/v1/status")).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "waited its turn, then refused");
+        drop(held);
+        let r = hyper::service::Service::call(&app, get("/api/v1/status")).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::OK);
+    });
+}
