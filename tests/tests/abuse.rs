@@ -51,7 +51,7 @@ fn a_marker_flood_over_a_million_ranks_makes_bounded_steps_and_memory() {
         for _ in 0..110 {
             let step = sent / 2;
             let rank = (step * 7919 % 1_000_000) as u32;
-            marks.send(rank, step, if sent % 2 == 0 { "begin" } else { "end" });
+            marks.send(rank, step, if sent.is_multiple_of(2) { "begin" } else { "end" });
             sent += 1;
         }
         std::thread::sleep(Duration::from_millis(10));
