@@ -17,6 +17,8 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("history store {path} is not a regular file (a FIFO, device or directory would block or fail every write; set [store] path to a file)")]
+    NotAFile { path: PathBuf },
     #[error("history store {path} is not an SQLite database: {source} (move the file away or set [store] path to another file)")]
     NotADatabase {
         path: PathBuf,

@@ -112,6 +112,20 @@ mod tests {
     }
 
     #[test]
+    fn a_fifo_at_the_store_path_is_refused_not_opened() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fifo = dir.path().join("agent.db");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let h = Health::default();
+        // SQLite would block in its first read of the header here.
+        assert!(open(true, &fifo, &h).is_none());
+        assert!(h.json()["error"].as_str().is_some_and(|e| e.contains("not a regular file")), "{}", h.json());
+        assert!(matches!(Store::open(dir.path()), Err(crate::store::StoreError::NotAFile { .. })), "a directory");
+    }
+
+    #[test]
     fn the_daemon_creates_the_store_directory_0750_whatever_the_umask() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tmp");

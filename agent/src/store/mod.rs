@@ -71,6 +71,10 @@ impl Store {
     pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
         let path = path.as_ref().to_path_buf();
         create_parent(&path)?;
+        // SQLite would open a FIFO read-write and block in its first read of the header.
+        if std::fs::metadata(&path).is_ok_and(|m| !m.file_type().is_file()) {
+            return Err(StoreError::NotAFile { path });
+        }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&path, flags).map_err(|source| StoreError::Open { path: path.clone(), source })?;
         // Before WAL mode: SQLite gives `-wal` and `-shm` the database file's mode.
