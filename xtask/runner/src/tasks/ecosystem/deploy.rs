@@ -3,7 +3,7 @@
 //! context; the ConfigMap's agent.toml is accepted by the agent and agrees with the mounts;
 //! the systemd unit verifies and grants the same capabilities.
 
-use std::{collections::BTreeSet, path::Path, process::Command};
+use std::{collections::BTreeSet, path::Path, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -32,26 +32,80 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
         bail!("helm lint is not clean:\n{lint_out}");
     }
     eprintln!("helm lint --strict: clean (no INFO, WARNING or ERROR)");
+    // The cluster serves the Prometheus Operator's API: `--api-versions` is what `helm
+    // install` finds by discovery.
+    const MON: &[&str] = &["--api-versions", "monitoring.coreos.com/v1"];
     let template = |extra: &[&str]| -> Result<String> {
         Ok(stdout(&run_ok(
             Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "stepwise", "--set", "createNamespace=true"]).args(extra),
         )?))
     };
-    let helm = template(&[])?;
-    let helm_pm = template(&["--set", "serviceMonitor.enabled=false", "--set", "podMonitor.enabled=true"])?;
+    let helm = template(MON)?;
+    let helm_pm = template(&[MON, &["--set", "serviceMonitor.enabled=false", "--set", "podMonitor.enabled=true"]].concat())?;
     let helm_plain = stdout(&run_ok(Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "gpu-observability"]))?);
+    let helm_port = template(
+        &[
+            MON,
+            &[
+                "--set",
+                "port=9500",
+                "--set",
+                "prometheusLabels.release=kube-prometheus-stack",
+                "--set",
+                "serviceMonitor.honorLabels=true",
+                "--set",
+                "serviceMonitor.relabelings[0].targetLabel=cluster",
+                "--set",
+                "serviceMonitor.relabelings[0].replacement=gpu-a",
+            ],
+        ]
+        .concat(),
+    )?;
+    let helm_options = template(&[
+        "--set",
+        "listenAddress=hostIP",
+        "--set",
+        "port=9501",
+        "--set",
+        "markersOverTcp.enabled=true",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "networkPolicy.from[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+        "--set",
+        "podAnnotations.example\\.com/team=ml",
+        "--set",
+        "extraEnv[0].name=STEPWISE_LOG",
+        "--set",
+        "extraEnv[0].value=debug",
+    ])?;
+    let example = std::fs::read_to_string(root().join("deploy/examples/job-markers-over-tcp.yaml"))?;
 
     let renders = [
         ("kustomize base", &base),
         ("kustomize + podmonitor component", &base_pm),
-        ("helm template", &helm),
+        ("helm template --api-versions monitoring.coreos.com/v1", &helm),
         ("helm template (podMonitor)", &helm_pm),
-        ("helm template (defaults, other namespace)", &helm_plain),
+        ("helm template (defaults, other namespace, no monitoring API)", &helm_plain),
+        ("helm template --set port=9500 (monitoring API, release label)", &helm_port),
+        ("helm template (hostIP, port 9501, markersOverTcp, networkPolicy, podAnnotations, extraEnv)", &helm_options),
+        ("deploy/examples/job-markers-over-tcp.yaml", &example),
     ];
     validate(t, work, &renders)?;
+    chart_values(t, work, &chart, &helm_plain, &helm_port, &helm_options)?;
+    markers_route(t, work, agent, &helm_options, &example)?;
     for (name, yaml) in renders {
         let docs = t.yaml_docs(yaml)?;
-        monitors(t, work, name, &docs)?;
+        if name.starts_with("deploy/examples/") {
+            continue;
+        }
+        if name.contains("no monitoring API") {
+            if let Some(m) = docs.iter().find(|d| d["apiVersion"] == "monitoring.coreos.com/v1") {
+                bail!("{name}: renders a {} although the cluster does not serve monitoring.coreos.com/v1 (the install would fail)", m["kind"]);
+            }
+        } else if !name.contains("hostIP") {
+            monitors(t, work, name, &docs)?;
+        }
         let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").with_context(|| format!("{name}: no DaemonSet"))?;
         security_context(name, ds)?;
         let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").with_context(|| format!("{name}: no ConfigMap"))?;
@@ -70,6 +124,206 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     eprintln!("negative controls rejected: a string for readOnlyRootFilesystem (kubernetes-validate), an extra NET_ADMIN (security context)");
     same_objects("kustomize base", &t.yaml_docs(&base)?, "helm template", &t.yaml_docs(&helm)?)?;
     same_objects("kustomize + podmonitor", &t.yaml_docs(&base_pm)?, "helm template --set podMonitor.enabled=true", &t.yaml_docs(&helm_pm)?)?;
+    Ok(())
+}
+
+/// What each chart value renders (the findings of issue 16 item 3, each failing if it
+/// regressed): one `port` everywhere, monitors only with their API and with the release label,
+/// honorLabels/relabelings, the hostIP listen, the markers token, the NetworkPolicy,
+/// podAnnotations and extraEnv; values.schema.json and the template refuse bad values.
+fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, options: &str) -> Result<()> {
+    let find = |docs: &[Value], kind: &str| -> Result<Value> { docs.iter().find(|d| d["kind"] == kind).cloned().with_context(|| format!("no {kind}")) };
+    let listen = |cm: &Value| -> String {
+        cm["data"]["agent.toml"].as_str().unwrap_or("").lines().find_map(|l| l.strip_prefix("listen = ")).unwrap_or("").trim_matches('"').to_string()
+    };
+    let mut errs = Vec::new();
+    let mut want = |ok: bool, what: String| {
+        if !ok {
+            errs.push(what);
+        }
+    };
+
+    // --set port=9500: listen, containerPort, Service and the monitor's named port agree.
+    let docs = t.yaml_docs(port)?;
+    let (ds, cm, svc, sm) = (find(&docs, "DaemonSet")?, find(&docs, "ConfigMap")?, find(&docs, "Service")?, find(&docs, "ServiceMonitor")?);
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    want(listen(&cm) == "0.0.0.0:9500", format!("port=9500: agent.toml listen is {:?}", listen(&cm)));
+    want(c["ports"][0]["containerPort"] == 9500 && c["ports"][0]["name"] == "http", format!("port=9500: containerPort {}", c["ports"][0]));
+    want(c["readinessProbe"]["httpGet"]["port"] == "http" && c["livenessProbe"]["httpGet"]["port"] == "http", "probes on the named port http".into());
+    want(
+        svc["spec"]["ports"][0]["port"] == 9500 && svc["spec"]["ports"][0]["targetPort"] == "http",
+        format!("port=9500: Service port {}", svc["spec"]["ports"][0]),
+    );
+    want(
+        sm["metadata"]["labels"]["release"] == "kube-prometheus-stack",
+        format!("prometheusLabels.release not on the ServiceMonitor: {}", sm["metadata"]["labels"]),
+    );
+    let ep = &sm["spec"]["endpoints"][0];
+    want(ep["port"] == "http" && ep["honorLabels"] == true, format!("ServiceMonitor endpoint port http with honorLabels: {ep}"));
+    let rl = ep["relabelings"].as_array().cloned().unwrap_or_default();
+    want(
+        rl.len() == 2 && rl[0]["targetLabel"] == "instance" && rl[1]["targetLabel"] == "cluster",
+        format!("relabelings: the instance one, then serviceMonitor.relabelings: {rl:?}"),
+    );
+    // Defaults without the monitoring API: no monitor (checked by the caller), every taint
+    // tolerated, system-node-critical (security_context), no env, no token.
+    let docs = t.yaml_docs(plain)?;
+    let ds = find(&docs, "DaemonSet")?;
+    want(ds["spec"]["template"]["spec"]["containers"][0].get("env").is_none(), "defaults: no env".into());
+    want(!docs.iter().any(|d| d["kind"] == "NetworkPolicy"), "defaults: no NetworkPolicy".into());
+
+    // hostIP, markersOverTcp, networkPolicy, podAnnotations, extraEnv.
+    let docs = t.yaml_docs(options)?;
+    let (ds, cm, np) = (find(&docs, "DaemonSet")?, find(&docs, "ConfigMap")?, find(&docs, "NetworkPolicy")?);
+    let pod = &ds["spec"]["template"];
+    let c = &pod["spec"]["containers"][0];
+    let env = c["env"].as_array().cloned().unwrap_or_default();
+    let var = |n: &str| env.iter().find(|e| e["name"] == n).cloned().unwrap_or(Value::Null);
+    want(var("STEPWISE_HOST_IP")["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP", format!("hostIP: STEPWISE_HOST_IP from status.hostIP: {env:?}"));
+    want(var("STEPWISE_LISTEN")["value"] == "$(STEPWISE_HOST_IP):9501", format!("hostIP: STEPWISE_LISTEN {}", var("STEPWISE_LISTEN")));
+    want(
+        env.iter().position(|e| e["name"] == "STEPWISE_HOST_IP") < env.iter().position(|e| e["name"] == "STEPWISE_LISTEN"),
+        "STEPWISE_HOST_IP defined before STEPWISE_LISTEN (Kubernetes expands $(VAR) only from earlier entries)".into(),
+    );
+    want(var("STEPWISE_LOG")["value"] == "debug", "extraEnv STEPWISE_LOG=debug".into());
+    want(pod["metadata"]["annotations"]["example.com/team"] == "ml", format!("podAnnotations: {}", pod["metadata"]["annotations"]));
+    want(c["ports"][0]["containerPort"] == 9501 && listen(&cm) == "0.0.0.0:9501", "hostIP: port 9501 in containerPort and listen".into());
+    let toml = cm["data"]["agent.toml"].as_str().unwrap_or("");
+    want(
+        toml.contains("[api]\n") && toml.contains("markers_over_tcp = true") && toml.contains("token_file = \"/etc/stepwise-token/token\""),
+        format!("markersOverTcp: [api] markers_over_tcp and token_file in agent.toml:\n{toml}"),
+    );
+    let vol = pod["spec"]["volumes"].as_array().and_then(|v| v.iter().find(|v| v["secret"]["secretName"] == "stepwise-markers-token").cloned());
+    let mount = vol.as_ref().and_then(|v| c["volumeMounts"].as_array().and_then(|m| m.iter().find(|m| m["name"] == v["name"]).cloned()));
+    want(
+        mount.as_ref().is_some_and(|m| m["mountPath"] == "/etc/stepwise-token" && m["readOnly"] == true),
+        format!("markersOverTcp: Secret stepwise-markers-token mounted read-only at /etc/stepwise-token: {mount:?}"),
+    );
+    let ing = &np["spec"]["ingress"][0];
+    want(
+        np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "stepwise-agent"
+            && ing["ports"][0]["port"] == 9501
+            && ing["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring",
+        format!("NetworkPolicy: the agent pods, port 9501, from networkPolicy.from: {}", np["spec"]),
+    );
+    if !errs.is_empty() {
+        bail!("the chart's values do not render as documented:\n  {}", errs.join("\n  "));
+    }
+
+    // Refused: what values.schema.json types (a string port, a misspelt key, an unknown
+    // pull policy) and a config that sets `listen` itself.
+    let bad_config = write(work, "bad-listen.yaml", "config: |\n  listen = \"0.0.0.0:1\"\n")?;
+    for (what, args, expect) in [
+        ("port=http", vec!["--set", "port=http"], "port"),
+        ("prot=9500", vec!["--set", "prot=9500"], "prot"),
+        ("image.pullPolicy=Sometimes", vec!["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        ("config setting listen", vec!["-f", bad_config.to_str().context("utf8")?], "must not set `listen`"),
+    ] {
+        let out = Command::new(&t.helm).args(["template", "stepwise"]).arg(chart).args(&args).output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !err.contains(expect) {
+            bail!("helm template {what}: expected a refusal naming {expect:?}, got {} {err}", out.status);
+        }
+    }
+    eprintln!(
+        "chart values: port=9500 in listen, containerPort, Service and monitor; release label, honorLabels, relabelings; hostIP listen; markers token Secret; NetworkPolicy; podAnnotations; extraEnv; schema refuses port=http, prot=, pullPolicy=Sometimes; a config with listen refused"
+    );
+    Ok(())
+}
+
+/// The markers route for pods without the hostPath: the chart's agent.toml with markersOverTcp
+/// (listenAddress=hostIP: STEPWISE_LISTEN as Kubernetes expands it, the node being
+/// 127.0.0.1 here) runs the agent, and the container command of
+/// deploy/examples/job-markers-over-tcp.yaml, with its env as the kubelet sets it, sends its
+/// markers: they arrive; the same command with a wrong token is refused.
+fn markers_route(t: &Tools, work: &Path, agent: &Path, options: &str, example: &str) -> Result<()> {
+    let docs = t.yaml_docs(options)?;
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").context("ConfigMap")?;
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").context("DaemonSet")?;
+    let toml = cm["data"]["agent.toml"].as_str().context("agent.toml")?;
+    let dir = work.join("markers-route");
+    std::fs::create_dir_all(&dir)?;
+    let d = dir.to_str().context("utf8")?;
+    let token = "route-test-token-0123456789abcdef";
+    write(&dir, "token/token", &format!("{token}\n"))?;
+    let cfg = toml
+        .replace("\"/host/sys\"", "\"/sys\"")
+        .replace("/host/proc", "/proc")
+        .replace("[collectives]\n", "[collectives]\nenabled = false\n")
+        .replace("/var/lib/stepwise/agent.db", &format!("{d}/agent.db"))
+        .replace("/run/stepwise/markers.sock", &format!("{d}/markers.sock"))
+        .replace("/etc/stepwise-token/", &format!("{d}/token/"));
+    let cfg_file = write(&dir, "agent.toml", &cfg)?;
+    // The DaemonSet's env, expanded as the kubelet does with status.hostIP = 127.0.0.1, on a
+    // free port instead of 9501.
+    let port = stepwise_tests::harness::free_port();
+    let env = ds["spec"]["template"]["spec"]["containers"][0]["env"].as_array().context("env")?;
+    let listen = env.iter().find(|e| e["name"] == "STEPWISE_LISTEN").and_then(|e| e["value"].as_str()).context("STEPWISE_LISTEN")?;
+    let listen = listen.replace("$(STEPWISE_HOST_IP)", "127.0.0.1").replace(":9501", &format!(":{port}"));
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(agent)
+        .args(["run", "--config"])
+        .arg(&cfg_file)
+        .env("STEPWISE_LISTEN", &listen)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("agent.stderr"))?)
+        .spawn()?;
+    let result = (|| -> Result<()> {
+        stepwise_tests::harness::wait_for(Duration::from_secs(30), "the agent's /readyz", || {
+            stepwise_tests::harness::http_get(&addr, "/readyz").ok().filter(|r| r.status == 200)
+        })?;
+        let pod = t.yaml_docs(example)?.into_iter().next().context("example pod")?;
+        let c = &pod["spec"]["containers"][0];
+        let cmd: Vec<String> = c["command"].as_array().context("command")?.iter().filter_map(|v| v.as_str().map(String::from)).collect();
+        let mount = c["volumeMounts"].as_array().and_then(|m| m.first()).and_then(|m| m["mountPath"].as_str()).context("token mount")?.to_string();
+        let run = |token_dir: &str| -> Result<std::process::Output> {
+            let mut p = Command::new(&cmd[0]);
+            p.args(&cmd[1..]).env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
+            let mut vars: Vec<(String, String)> = Vec::new();
+            for e in c["env"].as_array().context("env")? {
+                let name = e["name"].as_str().context("name")?.to_string();
+                let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
+                    (Some(v), _) => {
+                        let mut v = v.replace(&mount, token_dir).replace(":9477", &format!(":{port}"));
+                        for (n, val) in &vars {
+                            v = v.replace(&format!("$({n})"), val);
+                        }
+                        v
+                    }
+                    (None, Some("status.hostIP")) => "127.0.0.1".into(),
+                    other => bail!("example env {name}: unexpected source {other:?}"),
+                };
+                vars.push((name, value));
+            }
+            Ok(p.envs(vars).output()?)
+        };
+        let ok = run(&format!("{d}/token"))?;
+        if !ok.status.success() {
+            bail!("the example's command failed against the agent: {}", String::from_utf8_lossy(&ok.stderr));
+        }
+        let m: Value = serde_json::from_str(&stepwise_tests::harness::http_get(&addr, "/api/v1/markers")?.body)?;
+        let got: BTreeSet<(u64, String)> = m["markers"]
+            .as_array()
+            .map(|v| v.iter().filter(|m| m["rank"] == 0).filter_map(|m| Some((m["step"].as_u64()?, m["phase"].as_str()?.to_string()))).collect())
+            .unwrap_or_default();
+        let expect: BTreeSet<(u64, String)> = (1..=3).flat_map(|s| [(s, "begin".to_string()), (s, "end".to_string())]).collect();
+        if got != expect {
+            bail!("markers sent by the example pod's command: expected {expect:?}, the agent holds {got:?}");
+        }
+        write(&dir, "wrong/token", "not-the-token-at-all-0000\n")?;
+        let bad = run(&format!("{d}/wrong"))?;
+        let err = String::from_utf8_lossy(&bad.stderr);
+        if bad.status.success() || !err.contains("401") {
+            bail!("the example's command with a wrong token: expected HTTP 401, got {} {err}", bad.status);
+        }
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result.map_err(|e| anyhow::anyhow!("{e:#}\nagent stderr:\n{}", std::fs::read_to_string(dir.join("agent.stderr")).unwrap_or_default()))?;
+    eprintln!(
+        "markers route: the chart's agent.toml with markersOverTcp and STEPWISE_LISTEN=$(STEPWISE_HOST_IP):port; deploy/examples/job-markers-over-tcp.yaml's command sent 6 markers, all held; a wrong token gets 401"
+    );
     Ok(())
 }
 
@@ -149,7 +403,11 @@ fn security_context(name: &str, ds: &Value) -> Result<()> {
     want(pod["hostNetwork"] == true, "hostNetwork: true");
     want(pod["automountServiceAccountToken"] == false, "automountServiceAccountToken: false");
     want(pod["nodeSelector"].as_object().is_some_and(|m| !m.is_empty()), "a GPU nodeSelector");
-    want(pod["tolerations"].as_array().is_some_and(|v| v.iter().any(|t| t["key"] == "nvidia.com/gpu")), "a nvidia.com/gpu toleration");
+    want(
+        pod["tolerations"].as_array().is_some_and(|v| v.iter().any(|t| t["operator"] == "Exists" && t.get("key").is_none() && t.get("effect").is_none())),
+        "a toleration of every taint (operator: Exists, no key, no effect)",
+    );
+    want(pod["priorityClassName"] == "system-node-critical", "priorityClassName: system-node-critical");
     want(c["livenessProbe"]["httpGet"]["path"] == "/healthz", "livenessProbe on /healthz");
     want(c["readinessProbe"]["httpGet"]["path"] == "/readyz", "readinessProbe on /readyz");
     want(c["resources"]["requests"].is_object() && c["resources"]["limits"]["memory"].is_string(), "resources with requests and a memory limit");
@@ -180,14 +438,18 @@ fn security_context(name: &str, ds: &Value) -> Result<()> {
 /// places the DaemonSet mounts (host sysfs/procfs, state and marker directories).
 fn config(t: &Tools, work: &Path, agent: &Path, name: &str, ds: &Value, cm: &Value) -> Result<()> {
     let toml = cm["data"]["agent.toml"].as_str().with_context(|| format!("{name}: ConfigMap without agent.toml"))?;
-    let file = write(work, "configmap-agent.toml", toml)?;
+    // A token_file (markersOverTcp) is the mounted Secret: a stand-in token for `agent check`.
+    let token = write(work, "configmap-token", "stand-in-token-0123456789\n")?;
+    let checked = toml.replace("\"/etc/stepwise-token/token\"", &format!("{:?}", token.display().to_string()));
+    let file = write(work, "configmap-agent.toml", &checked)?;
     let out = Command::new(agent).args(["check", "--json", "--config"]).arg(&file).output()?;
     let report: Value = serde_json::from_slice(&out.stdout).with_context(|| format!("agent check --json: {}", String::from_utf8_lossy(&out.stderr)))?;
     if let Some(bad) = report["checks"].as_array().and_then(|v| v.iter().find(|c| c["name"] == "config")) {
         bail!("{name}: the agent refuses the ConfigMap's agent.toml: {}", bad["detail"]);
     }
+    let original = write(work, "configmap-agent-original.toml", toml)?;
     let parsed = stdout(&run_ok(
-        Command::new(&t.python).args(["-c", "import sys, tomllib, json; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"]).arg(&file),
+        Command::new(&t.python).args(["-c", "import sys, tomllib, json; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"]).arg(&original),
     )?);
     let cfg: Value = serde_json::from_str(&parsed)?;
     let c = &ds["spec"]["template"]["spec"]["containers"][0];
@@ -198,7 +460,11 @@ fn config(t: &Tools, work: &Path, agent: &Path, name: &str, ds: &Value, cm: &Val
         ("collectives.proc_root", s(&cfg["collectives"]["proc_root"])),
         ("steps.marker_socket", s(&cfg["steps"]["marker_socket"])),
         ("store.path", s(&cfg["store"]["path"])),
+        ("api.token_file", s(&cfg["api"]["token_file"])),
     ] {
+        if key == "api.token_file" && path.is_empty() {
+            continue;
+        }
         if path.is_empty() || !mounted(&path) {
             bail!("{name}: agent.toml {key} = {path:?} is not under any volume the DaemonSet mounts");
         }
