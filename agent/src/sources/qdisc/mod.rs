@@ -23,7 +23,7 @@ use prometheus_client::{
 };
 
 use super::{
-    counter::{Delta, Semantics},
+    counter::{rate_bound, Delta, Semantics, MAX_LINK_BYTES_PER_SECOND},
     kind,
     netdev::{parse_link, pci_address, rtnl::Rtnl},
     Source, SourceContext, SourceError, SweepReport,
@@ -160,11 +160,35 @@ struct Qdisc {
     ifindex: u32,
     present: bool,
     prev: Option<[u64; 5]>,
+    /// A glitched reading waiting to be confirmed by the next one (see [`Qdisc::glitched`]).
+    suspect: Option<[u64; 5]>,
     acc: [u64; 5],
     backlog: (u64, u64),
     at: Instant,
     counters: [Counter; 5],
     gauges: [Gauge; 2],
+}
+
+impl Qdisc {
+    /// Whether `cur` moved more bytes since the last good reading than any link could carry
+    /// (a glitch: not added, not kept, remembered as a suspect). A reading that continues from
+    /// the suspect confirms it: counting goes on from there.
+    fn glitched(&mut self, cur: [u64; 5], at: Instant) -> bool {
+        let Some(p) = self.prev else { return false };
+        let max = rate_bound(Some(MAX_LINK_BYTES_PER_SECOND), u64::try_from(at.saturating_duration_since(self.at).as_nanos()).unwrap_or(u64::MAX));
+        let far = |from: [u64; 5]| max.is_some_and(|m| cur[BYTES].saturating_sub(from[BYTES]) > m);
+        if far(p) {
+            match self.suspect {
+                Some(s) if cur[BYTES] >= s[BYTES] && !far(s) => self.prev = Some(s),
+                _ => {
+                    self.suspect = Some(cur);
+                    return true;
+                }
+            }
+        }
+        self.suspect = None;
+        false
+    }
 }
 
 #[derive(Clone, Default)]
@@ -248,6 +272,7 @@ impl QdiscSource {
             ifindex: r.ifindex,
             present: true,
             prev: None,
+            suspect: None,
             acc: [0; 5],
             backlog: (0, 0),
             at,
@@ -258,6 +283,11 @@ impl QdiscSource {
         // A new interface under the same name, or fewer bytes than before (the qdisc was
         // replaced under the same handle): every counter starts again from zero.
         let recreated = q.ifindex != r.ifindex;
+        if !recreated && q.glitched(cur, at) {
+            self.ctx.errors.inc(SOURCE, kind::COUNTER_GLITCH);
+            q.present = true;
+            return true;
+        }
         let whole_reset = q.prev.is_some_and(|p| cur[BYTES] < p[BYTES]);
         let mut reset = whole_reset;
         for i in 0..5 {

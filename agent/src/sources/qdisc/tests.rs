@@ -114,6 +114,26 @@ fn drops_wrap_at_32_bits_and_replacement_is_a_reset() {
 }
 
 #[test]
+fn bytes_jumping_beyond_any_link_are_a_glitch_and_counting_goes_on() {
+    let c = ctx();
+    let mut src = QdiscSource::new(c.clone(), &mut Registry::default());
+    let t = Instant::now();
+    let at = |s| t + std::time::Duration::from_secs(s);
+    assert!(src.apply("veth0", reading(1000, 0, 0), t));
+    assert!(src.apply("veth0", reading(u64::MAX - 10, 0, 0), at(1)));
+    assert_eq!(src.snapshot()[0].bytes, 1000, "nothing added");
+    assert!(src.apply("veth0", reading(2000, 0, 0), at(2)));
+    assert_eq!(src.snapshot()[0].bytes, 2000, "on from the last good reading, no reset");
+    assert_eq!((c.errors.get(SOURCE, kind::COUNTER_GLITCH), c.errors.get(SOURCE, kind::COUNTER_RESET)), (1, 0));
+    // A jump the next reading continues from is followed from there.
+    let far = 1u64 << 60;
+    assert!(src.apply("veth0", reading(far, 0, 0), at(3)));
+    assert!(src.apply("veth0", reading(far + 500, 0, 0), at(4)));
+    assert_eq!(src.snapshot()[0].bytes, 2500);
+    assert_eq!(c.errors.get(SOURCE, kind::COUNTER_GLITCH), 2);
+}
+
+#[test]
 fn cap_is_enforced_and_counted() {
     let c = ctx();
     let mut src = QdiscSource::new(c.clone(), &mut Registry::default());
