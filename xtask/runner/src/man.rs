@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use clap::CommandFactory;
 
 /// Writes every page into `dir` and returns their paths, sorted.
 pub fn generate(dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let cmd = stepwise::cli::Cli::command().version(stepwise::cli::version());
+    // The same command the binary parses, with the exit codes it adds to every `model` page.
+    let cmd = stepwise::cli::command().version(stepwise::cli::version());
     clap_mangen::generate_to(cmd, dir).with_context(|| format!("cannot write man pages to {}", dir.display()))?;
     let mut pages: Vec<PathBuf> =
         std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "1")).collect();
@@ -49,6 +49,8 @@ mod tests {
         for sub in ["run", "check", "model", "diagnose", "mark", "completions"] {
             assert!(top.contains(&format!("agent\\-{sub}(1)")), "agent.1 refers to agent-{sub}(1)");
         }
+        let allreduce = std::fs::read_to_string(dir.join("agent-model-allreduce.1")).expect("agent-model-allreduce.1");
+        assert!(allreduce.contains("Exit status"), "a model page lists its exit codes: {allreduce}");
         let diag = std::fs::read_to_string(dir.join("agent-diagnose.1")).expect("agent-diagnose.1");
         assert!(diag.contains("\\-\\-html") && diag.contains("\\-\\-slowest") && diag.contains("Exit status"), "{diag}");
         // Renders without warnings where groff is installed (as man-db runs it: -k for UTF-8).
