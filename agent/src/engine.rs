@@ -110,6 +110,11 @@ impl Metrics {
         r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
         r.register("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
         r.register("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
+        // Every cause from the start, at 0: a healthy node's dashboards and alerts see 0, not
+        // an absent series.
+        for c in CauseKind::ALL {
+            let _ = m.attributed.get_or_create(&CauseLabel { cause: c.as_str() });
+        }
         r.register("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
         r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
         r.register("stepwise_rail_bytes_share", "Share of the step's NIC bytes carried by each rail", m.rail_share.clone());

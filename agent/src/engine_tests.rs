@@ -20,3 +20,21 @@ fn markers_make_steps_without_collective_probes() {
     let ids: Vec<u64> = e.steps().map(|a| a.step).collect();
     assert_eq!(ids, [0, 1, 2, 3], "every marked step is attributed");
 }
+
+/// The text exposition of a fresh engine's registry.
+fn exposition(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("encode");
+    out
+}
+
+#[test]
+fn every_cause_is_exported_at_zero_before_the_first_step() {
+    let mut registry = Registry::default();
+    let _e = Engine::new(StepsConfig::default(), "h".into(), &mut registry).expect("engine");
+    let text = exposition(&registry);
+    for c in CauseKind::ALL {
+        let line = format!("stepwise_step_attributed_seconds_total{{cause=\"{}\"}} 0.0", c.as_str());
+        assert!(text.lines().any(|l| l == line), "{line} missing from a fresh engine's metrics:\n{text}");
+    }
+}

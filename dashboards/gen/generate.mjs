@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Generates the five Stepwise Grafana dashboards (classic JSON model, schemaVersion 42 as in
 // @grafana/schema 13) from one description, so variables, selectors, units and layout stay
-// consistent. Usage: node dashboards/gen/generate.mjs [OUT_DIR]   (default: dashboards/)
+// consistent. Usage: node dashboards/gen/generate.mjs [OUT_DIR]   (default: dashboards/ and
+// deploy/helm/stepwise/files/dashboards/)
 // The generated JSON is committed; `cargo xtask test ecosystem` regenerates it and fails on
 // any difference, type-checks it against @grafana/schema, and tests/tests/dashboards.rs runs
 // every panel's query against a real Prometheus scraping real agents.
@@ -75,7 +76,19 @@ const VARIABLES = [
 
 let nextId = 1;
 
+// A healthy node shows 0, not "No data": a counter family is born with its first event (the
+// ranks' waits, TCP retransmissions, probe drops…) and rate() needs two samples, so every
+// range query over counters ends in a fallback: per host (`or on(instance)` the host's
+// stepwise_build_info times 0) when the query is by instance, else one 0 (`or on() vector(0)`).
+// Gauges that mean nothing before the first step (step percentiles, rail shares) and the
+// instant tables get none: "No data" is the truth there. tests/tests/dashboards.rs checks
+// every query on an idle agent (with the fallback) and on the loaded ones (without it).
+const ZERO_BY_HOST = ` or on(instance) 0 * group by (instance) (stepwise_build_info{${SEL}})`;
+const ZERO = ' or on() vector(0)';
+
 function target(refId, expr, legendFormat, extra = {}) {
+  const counters = /\b(rate|increase)\(/.test(expr) && !expr.startsWith('histogram_quantile') && !extra.instant;
+  if (counters) expr += /^\w+ by \(instance\b/.test(expr) ? ZERO_BY_HOST : ZERO;
   return { refId, datasource: DS, expr, legendFormat, range: true, instant: false, editorMode: 'code', ...extra };
 }
 
@@ -159,9 +172,10 @@ function layout(panels) {
 }
 
 // "Per step" divides by the steps each host attributed (every host sees the same steps of its
-// ranks, so this is the mean over hosts).
+// ranks, so this is the mean over hosts); a host without steps in the window has no per-step
+// value (not 0/0 = NaN), so it gets the 0 fallback.
 const perStep = (expr, by) =>
-  `${expr} / on(${by}) group_left() sum by (${by}) (rate(stepwise_steps_total{${SEL}}[${RI}]))`;
+  `${expr} / on(${by}) group_left() (sum by (${by}) (rate(stepwise_steps_total{${SEL}}[${RI}])) > 0)`;
 
 const waitIncrease = `sum by (instance, rank) (increase(stepwise_rank_wait_seconds_total{${SEL}}[$__range]))`;
 
@@ -182,10 +196,10 @@ const DASHBOARDS = [
       ),
       timeseries(
         'Slow steps',
-        'Steps longer than the slow-step threshold ([steps] slow_step; default 1.5 x the median), against all steps.',
+        'Steps longer than the slow-step threshold ([steps] slow_step; default 1.5 x the median), against all steps. Each agent counts every step its ranks take part in, so a step of a job on N hosts is counted by N agents: the panel takes the largest count among the selected hosts (each step once), not their sum (each step N times). Select the hosts of one job to see that job.',
         [
-          target('A', `sum(increase(stepwise_slow_steps_total{${SEL}}[${RI}]))`, 'slow steps'),
-          target('B', `sum(increase(stepwise_steps_total{${SEL}}[${RI}]))`, 'all steps'),
+          target('A', `max(increase(stepwise_slow_steps_total{${SEL}}[${RI}]))`, 'slow steps'),
+          target('B', `max(increase(stepwise_steps_total{${SEL}}[${RI}]))`, 'all steps'),
         ],
         { unit: 'short', bars: true },
       ),
@@ -435,9 +449,13 @@ function dashboard(d) {
 }
 
 const here = dirname(fileURLToPath(import.meta.url));
-const out = process.argv[2] ?? join(here, '..');
-mkdirSync(out, { recursive: true });
-for (const d of DASHBOARDS) {
-  writeFileSync(join(out, d.file), JSON.stringify(dashboard(d), null, 2) + '\n');
+// Without OUT_DIR: dashboards/ and the Helm chart's copy (its Grafana sidecar ConfigMap reads
+// deploy/helm/stepwise/files/dashboards/; Helm cannot read files outside the chart).
+const outs = process.argv[2] ? [process.argv[2]] : [join(here, '..'), join(here, '../../deploy/helm/stepwise/files/dashboards')];
+for (const out of outs) {
+  mkdirSync(out, { recursive: true });
+  for (const d of DASHBOARDS) {
+    writeFileSync(join(out, d.file), JSON.stringify(dashboard(d), null, 2) + '\n');
+  }
+  console.log(`wrote ${DASHBOARDS.length} dashboards to ${out}`);
 }
-console.log(`wrote ${DASHBOARDS.length} dashboards to ${out}`);

@@ -30,7 +30,20 @@ pub fn check(t: &Tools, work: &Path) -> Result<()> {
     if !extra.is_empty() {
         bail!("dashboards/ has JSON the generator does not write: {extra:?}");
     }
-    eprintln!("{} dashboards identical to the generator's output", FILES.len());
+    // The Helm chart's copy (its Grafana sidecar ConfigMap; Helm reads only files inside the
+    // chart), which the generator writes too.
+    let chart = root().join("deploy/helm/stepwise/files/dashboards");
+    let mut copies: Vec<String> = std::fs::read_dir(&chart)?.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    copies.sort();
+    if copies != FILES {
+        bail!("deploy/helm/stepwise/files/dashboards has {copies:?}, expected {FILES:?}: run `node dashboards/gen/generate.mjs`");
+    }
+    for f in FILES {
+        if std::fs::read_to_string(chart.join(f))? != std::fs::read_to_string(dir.join(f))? {
+            bail!("deploy/helm/stepwise/files/dashboards/{f} differs from dashboards/{f}: run `node dashboards/gen/generate.mjs` and commit");
+        }
+    }
+    eprintln!("{} dashboards identical to the generator's output, in dashboards/ and the chart", FILES.len());
 
     // 2. schemaVersion is the one @grafana/schema defines (defaultDashboard).
     let esm = std::fs::read_to_string(t.npm.join("node_modules/@grafana/schema/dist/esm/raw/dashboard/x/types.gen.mjs"))

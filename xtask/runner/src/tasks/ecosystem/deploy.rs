@@ -108,7 +108,7 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
         }
         let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").with_context(|| format!("{name}: no DaemonSet"))?;
         security_context(name, ds)?;
-        let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").with_context(|| format!("{name}: no ConfigMap"))?;
+        let cm = docs.iter().find(|d| is_agent_config(d)).with_context(|| format!("{name}: no ConfigMap with agent.toml"))?;
         config(t, work, agent, name, ds, cm)?;
     }
     // Negative controls: the checks must reject a wrong field type and an extra capability.
@@ -122,8 +122,99 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
         bail!("the security-context check accepted an extra NET_ADMIN capability");
     }
     eprintln!("negative controls rejected: a string for readOnlyRootFilesystem (kubernetes-validate), an extra NET_ADMIN (security context)");
-    same_objects("kustomize base", &t.yaml_docs(&base)?, "helm template", &t.yaml_docs(&helm)?)?;
-    same_objects("kustomize + podmonitor", &t.yaml_docs(&base_pm)?, "helm template --set podMonitor.enabled=true", &t.yaml_docs(&helm_pm)?)?;
+    // The chart's own extras (the PrometheusRule and the dashboards ConfigMap, which need files
+    // the kustomize base does not carry) are checked by `alerts_and_dashboards`.
+    same_objects("kustomize base", &t.yaml_docs(&base)?, "helm template", &chart_only_removed(&t.yaml_docs(&helm)?)?)?;
+    same_objects(
+        "kustomize + podmonitor",
+        &t.yaml_docs(&base_pm)?,
+        "helm template --set podMonitor.enabled=true",
+        &chart_only_removed(&t.yaml_docs(&helm_pm)?)?,
+    )?;
+    alerts_and_dashboards(t, &t.yaml_docs(&helm)?, &t.yaml_docs(&helm_plain)?, &t.yaml_docs(&helm_port)?)?;
+    Ok(())
+}
+
+/// The agent's ConfigMap (the one carrying agent.toml).
+fn is_agent_config(d: &Value) -> bool {
+    d["kind"] == "ConfigMap" && d["data"]["agent.toml"].is_string()
+}
+
+/// The render without the chart-only objects, which must be there.
+fn chart_only_removed(docs: &[Value]) -> Result<Vec<Value>> {
+    let extra = |d: &Value| d["kind"] == "PrometheusRule" || (d["kind"] == "ConfigMap" && d["metadata"]["name"] == "stepwise-agent-dashboards");
+    if docs.iter().filter(|d| extra(d)).count() != 2 {
+        bail!("the chart render lacks its PrometheusRule or dashboards ConfigMap");
+    }
+    Ok(docs.iter().filter(|d| !extra(d)).cloned().collect())
+}
+
+/// Issue 16 item 4 in the chart: the rules file (for a plain Prometheus) passes `promtool
+/// check rules` and its unit tests (`promtool test rules`), the chart's copy is identical and
+/// its PrometheusRule carries exactly those groups (with the release label, only when the
+/// monitoring API is served); the dashboards ConfigMap carries every dashboard, byte for byte,
+/// under the Grafana sidecar's label.
+fn alerts_and_dashboards(t: &Tools, helm: &[Value], plain: &[Value], port: &[Value]) -> Result<()> {
+    let rules = root().join("deploy/prometheus/stepwise-rules.yaml");
+    let text = std::fs::read_to_string(&rules)?;
+    let copy = std::fs::read_to_string(root().join("deploy/helm/stepwise/files/stepwise-rules.yaml"))?;
+    if text != copy {
+        bail!("deploy/helm/stepwise/files/stepwise-rules.yaml differs from deploy/prometheus/stepwise-rules.yaml: cp the latter over the former");
+    }
+    let check = run_ok(Command::new("promtool").args(["check", "rules"]).arg(&rules))?;
+    let test = run_ok(Command::new("promtool").args(["test", "rules"]).arg(root().join("deploy/prometheus/stepwise-rules.test.yaml")))?;
+    let test_out = format!("{}{}", stdout(&test), String::from_utf8_lossy(&test.stderr));
+    if !test_out.contains("SUCCESS") {
+        bail!("promtool test rules:\n{test_out}");
+    }
+    let groups = &t.yaml_docs(&text)?[0]["groups"];
+    let alerts: Vec<&str> = groups[0]["rules"].as_array().map(|v| v.iter().filter_map(|r| r["alert"].as_str()).collect()).unwrap_or_default();
+    let want = ["StepwiseAgentDown", "StepwiseSourceDown", "StepwiseProbeDrops", "StepwiseSlowSteps", "StepwiseDominantCause"];
+    if alerts != want {
+        bail!("stepwise-rules.yaml alerts {alerts:?}, expected {want:?}");
+    }
+    // Each alert has a unit test that expects it to fire.
+    let tests = std::fs::read_to_string(root().join("deploy/prometheus/stepwise-rules.test.yaml"))?;
+    for a in want {
+        if !tests.contains(&format!("alertname: {a}\n        exp_alerts:\n          - exp_labels")) {
+            bail!("stepwise-rules.test.yaml has no test where {a} fires");
+        }
+    }
+    let rule = helm.iter().find(|d| d["kind"] == "PrometheusRule").context("no PrometheusRule with the monitoring API")?;
+    if &rule["spec"]["groups"] != groups {
+        bail!("the chart's PrometheusRule groups differ from stepwise-rules.yaml:\n{}", rule["spec"]["groups"]);
+    }
+    let labelled = port.iter().find(|d| d["kind"] == "PrometheusRule").context("PrometheusRule (port render)")?;
+    if labelled["metadata"]["labels"]["release"] != "kube-prometheus-stack" {
+        bail!("prometheusLabels.release not on the PrometheusRule: {}", labelled["metadata"]["labels"]);
+    }
+    // Dashboards: the sidecar ConfigMap (also without the monitoring API: it is a ConfigMap).
+    for (name, docs) in [("helm template", helm), ("helm template (no monitoring API)", plain)] {
+        let cm = docs.iter().find(|d| d["metadata"]["name"] == "stepwise-agent-dashboards").with_context(|| format!("{name}: no dashboards ConfigMap"))?;
+        if cm["metadata"]["labels"]["grafana_dashboard"] != "1" {
+            bail!("{name}: dashboards ConfigMap without the sidecar label grafana_dashboard: \"1\": {}", cm["metadata"]["labels"]);
+        }
+        let data = cm["data"].as_object().context("data")?;
+        let mut files: Vec<String> =
+            std::fs::read_dir(root().join("dashboards"))?.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".json")).collect();
+        files.sort();
+        if data.len() != files.len() || files.is_empty() {
+            bail!("{name}: dashboards ConfigMap has {:?}, dashboards/ has {files:?}", data.keys().collect::<Vec<_>>());
+        }
+        for f in &files {
+            let want = std::fs::read_to_string(root().join("dashboards").join(f))?;
+            let got = data.get(&format!("stepwise-{f}")).and_then(Value::as_str).unwrap_or("");
+            if got.trim_end() != want.trim_end() {
+                bail!("{name}: dashboards ConfigMap key stepwise-{f} is not dashboards/{f} (regenerate: node dashboards/gen/generate.mjs)");
+            }
+        }
+    }
+    eprintln!(
+        "alerts: {} ({} ); promtool test rules: {}; the chart's PrometheusRule = stepwise-rules.yaml (release label); dashboards ConfigMap: every dashboard, label grafana_dashboard=1",
+        want.join(", "),
+        stdout(&check).trim().replace('\n', " "),
+        test_out.trim().replace('\n', " ")
+    );
     Ok(())
 }
 
@@ -132,7 +223,10 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
 /// honorLabels/relabelings, the hostIP listen, the markers token, the NetworkPolicy,
 /// podAnnotations and extraEnv; values.schema.json and the template refuse bad values.
 fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, options: &str) -> Result<()> {
-    let find = |docs: &[Value], kind: &str| -> Result<Value> { docs.iter().find(|d| d["kind"] == kind).cloned().with_context(|| format!("no {kind}")) };
+    // A kind, or "agent.toml": the agent's ConfigMap (the dashboards' is another).
+    let find = |docs: &[Value], kind: &str| -> Result<Value> {
+        docs.iter().find(|d| if kind == "agent.toml" { is_agent_config(d) } else { d["kind"] == kind }).cloned().with_context(|| format!("no {kind}"))
+    };
     let listen = |cm: &Value| -> String {
         cm["data"]["agent.toml"].as_str().unwrap_or("").lines().find_map(|l| l.strip_prefix("listen = ")).unwrap_or("").trim_matches('"').to_string()
     };
@@ -145,7 +239,7 @@ fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, o
 
     // --set port=9500: listen, containerPort, Service and the monitor's named port agree.
     let docs = t.yaml_docs(port)?;
-    let (ds, cm, svc, sm) = (find(&docs, "DaemonSet")?, find(&docs, "ConfigMap")?, find(&docs, "Service")?, find(&docs, "ServiceMonitor")?);
+    let (ds, cm, svc, sm) = (find(&docs, "DaemonSet")?, find(&docs, "agent.toml")?, find(&docs, "Service")?, find(&docs, "ServiceMonitor")?);
     let c = &ds["spec"]["template"]["spec"]["containers"][0];
     want(listen(&cm) == "0.0.0.0:9500", format!("port=9500: agent.toml listen is {:?}", listen(&cm)));
     want(c["ports"][0]["containerPort"] == 9500 && c["ports"][0]["name"] == "http", format!("port=9500: containerPort {}", c["ports"][0]));
@@ -174,7 +268,7 @@ fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, o
 
     // hostIP, markersOverTcp, networkPolicy, podAnnotations, extraEnv.
     let docs = t.yaml_docs(options)?;
-    let (ds, cm, np) = (find(&docs, "DaemonSet")?, find(&docs, "ConfigMap")?, find(&docs, "NetworkPolicy")?);
+    let (ds, cm, np) = (find(&docs, "DaemonSet")?, find(&docs, "agent.toml")?, find(&docs, "NetworkPolicy")?);
     let pod = &ds["spec"]["template"];
     let c = &pod["spec"]["containers"][0];
     let env = c["env"].as_array().cloned().unwrap_or_default();
@@ -238,7 +332,7 @@ fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, o
 /// markers: they arrive; the same command with a wrong token is refused.
 fn markers_route(t: &Tools, work: &Path, agent: &Path, options: &str, example: &str) -> Result<()> {
     let docs = t.yaml_docs(options)?;
-    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").context("ConfigMap")?;
+    let cm = docs.iter().find(|d| is_agent_config(d)).context("ConfigMap")?;
     let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").context("DaemonSet")?;
     let toml = cm["data"]["agent.toml"].as_str().context("agent.toml")?;
     let dir = work.join("markers-route");
@@ -343,7 +437,9 @@ fn validate(t: &Tools, work: &Path, renders: &[(&str, &String)]) -> Result<()> {
         let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
         let unvalidated: Vec<&str> = text.lines().filter(|l| l.contains("Couldn't find schema")).collect();
         let passed = text.lines().filter(|l| l.contains(" passed for resource ")).count();
-        if !out.status.success() || text.contains("ERROR") || unvalidated.iter().any(|l| !(l.contains("kind ServiceMonitor") || l.contains("kind PodMonitor")))
+        if !out.status.success()
+            || text.contains("ERROR")
+            || unvalidated.iter().any(|l| !["kind ServiceMonitor", "kind PodMonitor", "kind PrometheusRule"].iter().any(|k| l.contains(k)))
         {
             bail!("kubernetes-validate --strict -k {v} failed:\n{text}");
         }

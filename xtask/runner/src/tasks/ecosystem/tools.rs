@@ -63,9 +63,9 @@ pub fn ensure() -> Result<Tools> {
     if which("npm").is_none() || which("node").is_none() {
         apt(&["nodejs", "npm"])?;
     }
-    for t in ["python3", "cc", "systemd-analyze", "readelf", "unshare", "setpriv"] {
+    for t in ["python3", "cc", "systemd-analyze", "readelf", "unshare", "setpriv", "promtool"] {
         if which(t).is_none() {
-            bail!("`{t}` not found: the ecosystem tier needs python3, a C compiler, systemd, binutils and util-linux");
+            bail!("`{t}` not found: the ecosystem tier needs python3, a C compiler, systemd, binutils, util-linux and prometheus (promtool; xtask/setup.sh installs it)");
         }
     }
 
