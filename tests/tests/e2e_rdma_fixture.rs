@@ -2,8 +2,10 @@
 //! host with 8 ConnectX-7 ports (mlx5 sysfs layout) carries background RoCE traffic, and for
 //! a stretch of the run port mlx5_3 is paused 90 % of the time (port_xmit_wait climbs, CNPs
 //! and ECN marks appear) — while a real 4-rank OpenMPI job runs its steps under the agent.
-//! Steps whose transfers fall inside the storm must show congestion equal to the injected
-//! pause time with PFC/transmit-wait evidence; steps outside it must not.
+//! The job's ranks all run on this host: OpenMPI moves their bytes through shared memory,
+//! never over those NICs. So however busy and stalled the NICs are, the truthful answer is no
+//! network cause at all — the storm is somebody else's. (This test used to expect
+//! congestion equal to 0.9 × the shared-memory transfer time: the injection, read back.)
 
 use std::{
     sync::{
@@ -35,7 +37,7 @@ fn now() -> f64 {
 }
 
 #[test]
-fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
+fn a_single_host_job_gets_no_network_cause_from_busy_stalled_nics_it_never_uses() {
     workloads::build().expect("workloads");
     let dir = tempfile::Builder::new().prefix("stepwise-rdma-").tempdir_in(stepwise_tests::scenario::memory_dir()).expect("tmp");
     let sys = dir.path().join("sys");
@@ -136,50 +138,49 @@ fn pfc_storm_on_a_fixture_nic_is_congestion_during_the_steps_it_overlaps() {
     let body: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/steps?limit=1000").expect("steps").body).expect("json");
     let steps = body["steps"].as_array().expect("steps");
     assert!(steps.len() >= 20, "steps attributed: {}", steps.len());
-    let (mut inside, mut outside) = (0, 0);
+    // The agent saw the storm: mlx5_3's transmit-wait counter climbed while the job ran.
+    let wins: serde_json::Value =
+        serde_json::from_str(&agent.get(&format!("/api/v1/windows?since={b0}&until={b1}")).expect("windows").body).expect("windows json");
+    let stalled = sc_nic_name(&sys, 3);
+    let wait = wins["nics"].as_array().expect("nics").iter().find(|n| n["nic"]["name"] == stalled.as_str()).map_or(0.0, |n| {
+        let s = n["samples"].as_array().cloned().unwrap_or_default();
+        let at = |i: usize| s.get(i).and_then(|x| x["xmit_wait_ticks"].as_f64()).unwrap_or(0.0);
+        at(s.len().saturating_sub(1)) - at(0)
+    });
+    assert!(wait > 0.0, "the agent never read the storm on {stalled}: {}", summarize(&wins.to_string()));
+    let mut inside = 0;
     for s in steps {
         let (begin, end) = (s["begin"].as_f64().expect("b"), s["end"].as_f64().expect("e"));
         let cs: Vec<_> = joined.iter().filter(|c| c.first_arrival() >= begin - 1e-6 && c.first_arrival() < end).collect();
         if cs.is_empty() {
             continue;
         }
-        let transfer: f64 = cs.iter().map(|c| c.transfer()).sum();
-        let cause = |k: &str| s["causes"].as_array().and_then(|v| v.iter().find(|c| c["kind"] == k)).cloned().expect("cause");
-        let cong = cause("congestion");
-        let secs = cong["seconds"].as_f64().expect("s");
-        // Transfers fully inside the storm (one writer tick and one agent interval of margin).
-        if cs.iter().all(|c| c.last_arrival() > b0 + 0.03 && c.last_exit() < b1 - 0.03) {
+        let step_seconds = s["seconds"].as_f64().expect("seconds");
+        if cs.iter().any(|c| c.last_exit() > b0 && c.last_arrival() < b1) {
             inside += 1;
-            let injected = PAUSED * transfer;
+        }
+        for kind in ["congestion", "rail_imbalance", "in_flight_limit"] {
+            let c = s["causes"].as_array().and_then(|v| v.iter().find(|c| c["kind"] == kind)).cloned().expect("cause");
+            let secs = c["seconds"].as_f64().expect("s");
             assert!(
-                (secs - injected).abs() <= 0.15 * injected,
-                "step {}: congestion {:.2} ms vs injected pause {:.2} ms (largest fixture write latency {:.1} ms)\n{:#}\nwindows: {}",
+                secs <= 0.05 * step_seconds,
+                "step {}: {kind} {:.2} ms of a {:.2} ms step from NICs the job never used (largest fixture write latency {:.1} ms)\n{:#}",
                 s["step"],
                 secs * 1e3,
-                injected * 1e3,
+                step_seconds * 1e3,
                 max_lag * 1e3,
-                s["causes"],
-                summarize(&agent.get(&format!("/api/v1/windows?since={}&until={}", begin - 0.1, end + 0.1)).map(|r| r.body).unwrap_or_default())
+                s["causes"]
             );
-            let ev = &cong["evidence"];
-            assert!(ev["transmit_wait_seconds"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
-            assert!(ev["ecn_marked_packets"].as_f64().unwrap_or(0.0) > 0.0, "{ev}");
-            assert_eq!(ev["nic"], sc_nic_name(&sys, 3), "{ev}");
-            let top = s["causes"]
-                .as_array()
-                .expect("c")
-                .iter()
-                .filter(|c| !["compute", "ideal_comm"].contains(&c["kind"].as_str().unwrap_or("")))
-                .max_by(|a, b| a["seconds"].as_f64().unwrap_or(0.0).total_cmp(&b["seconds"].as_f64().unwrap_or(0.0)))
-                .expect("top");
-            assert_eq!(top["kind"], "congestion", "step {}", s["step"]);
-        } else if cs.iter().all(|c| c.last_exit() < b0 - 0.05 || c.last_arrival() > b1 + 0.05 + max_lag) {
-            outside += 1;
-            assert!(secs < 0.05 * transfer.max(1e-3), "step {}: congestion {:.3} ms outside the storm", s["step"], secs * 1e3);
         }
+        let notes = s["notes"].to_string();
+        assert!(notes.contains("moved no bytes over a NIC"), "step {}: the note should say no NIC carried the job: {notes}", s["step"]);
     }
-    eprintln!("steps inside the storm {inside}, outside {outside}; largest fixture write latency {:.1} ms", max_lag * 1e3);
-    assert!(inside >= 2 && outside >= 5, "steps inside the storm {inside}, outside {outside}");
+    eprintln!(
+        "steps overlapping the storm {inside} of {}; transmit wait on {stalled}: {wait:.0} ticks; largest fixture write latency {:.1} ms",
+        steps.len(),
+        max_lag * 1e3
+    );
+    assert!(inside >= 2, "only {inside} steps overlapped the storm: the test did not test anything");
 }
 
 /// The netdev name the fixture gives RDMA device index `i` (what the agent names the NIC).

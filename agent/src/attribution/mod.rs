@@ -287,11 +287,15 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
 
         // Transfer: ideal + excess split.
         wins.clear();
-        if let Some(w) = d.windows.get(i) {
+        // Every rank of the communicator on one host (all seen, one host name): its bytes
+        // moved through shared memory, NVLink or loopback, never a NIC — whatever the host's
+        // NICs carried meanwhile (another job's traffic, a paused port) is not this step's.
+        let one_host = c.complete() && c.arrivals.iter().all(|a| a.host == c.arrivals[0].host);
+        if let Some(w) = d.windows.get(i).filter(|_| !one_host) {
             wins.extend(w.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes));
         }
         if wins.is_empty() || transfer <= 0.0 {
-            // No NIC carried this collective's bytes (same host: shared memory or loopback):
+            // No NIC carried this collective's bytes (one host, or no NIC moved anything):
             // its measured transfer is the ideal we can state.
             intra_host += (transfer > 0.0) as usize;
             s[CauseKind::IdealComm as usize] += transfer;
@@ -571,6 +575,30 @@ mod per_host_view_tests {
         let s = Step { source: StepSource::Markers, ..s };
         let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
         assert_eq!(a.collectives, 2);
+    }
+
+    #[test]
+    fn a_job_on_one_host_gets_no_network_cause_from_nics_it_never_used() {
+        // All 4 ranks of the communicator on host a (shared memory): the host's NIC carried
+        // another job's 2 MB and was paused for half the transfer, which is not this step's.
+        let c = partial(4, &[0, 1, 2, 3], 1_000_000, 0.0, 1.0);
+        let s = step(0.0, 1.0);
+        let mut w = nic("mlx5_3", 2e6, 4e6);
+        w.pause_seconds = 0.5;
+        w.max_backlog_bytes = 50_000.0;
+        let cs = [&c];
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], dropped_events: false }, &Params::default());
+        for k in [CauseKind::Congestion, CauseKind::RailImbalance, CauseKind::InFlightLimit, CauseKind::Unexplained] {
+            assert_eq!(a.cause(k), 0.0, "{k:?}: {:?}", a.causes);
+        }
+        assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 1e-12, "{:?}", a.causes);
+        assert!(a.notes.iter().any(|n| n.contains("moved no bytes over a NIC")), "{:?}", a.notes);
+        // The same ranks as half of an 8-rank communicator: the others are elsewhere, so the
+        // NIC carried part of it and its pause is congestion.
+        let c = partial(8, &[0, 1, 2, 3], 1_000_000, 0.0, 1.0);
+        let cs = [&c];
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+        assert!(a.cause(CauseKind::Congestion) > 0.1, "{:?}", a.causes);
     }
 
     #[test]
