@@ -148,7 +148,7 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: tok
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok((s, peer)) => (s, peer.ip()),
                 Err(e) => {
                     // Out of descriptors or memory: back off instead of spinning.
                     tracing::debug!("accept: {e}");
@@ -159,8 +159,9 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: tok
             _ = stopped(&mut stop) => break,
         };
         // At the cap, this closes the longest-idle connection (see `conns`).
+        let (stream, peer) = stream;
         let slot = tokio::select! {
-            s = slots.acquire() => match s {
+            s = slots.acquire(peer) => match s {
                 Some(s) => s,
                 None => break,
             },

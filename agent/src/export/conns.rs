@@ -2,25 +2,38 @@
 //! at once. When they are all taken, a new connection closes the longest-idle one (no request
 //! in progress) instead of waiting for a slot: about 260 idle connections from one client
 //! used to hold every slot until the 10 s header timeout, so each scrape waited ~10 s. A new
-//! connection waits only while every connection is busy with a request.
+//! connection waits only while every connection is busy with a request. Clients (peer
+//! addresses) pay for their own idle connections first: one holding [`MAX_PER_CLIENT`] or more
+//! closes its own longest-idle one for each new one, and at the cap the client holding the
+//! most connections loses its longest-idle one before anyone else does.
 
 use std::{
     collections::HashMap,
+    net::IpAddr,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+/// Connections one peer address holds before its new ones close its own idle ones.
+pub const MAX_PER_CLIENT: usize = 128;
+
+/// A connection is closed to make room only after this long idle: a new one gets to send its
+/// request, and a response (whose request counts as done once the handler returns) gets
+/// written, before either can be taken for idle.
+pub const MIN_IDLE: Duration = Duration::from_millis(200);
+
 /// How often a connection waiting for a slot looks again for an idle one to close.
-const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// One connection's state, shared between its task and the slots.
 #[derive(Debug)]
 pub struct Conn {
+    peer: IpAddr,
     /// Requests in progress.
     busy: AtomicUsize,
     /// Nanoseconds since the slots' start of the last request's end (or the accept).
@@ -69,6 +82,8 @@ pub struct Slots {
     origin: Instant,
     /// Connections closed to make room.
     evictions: AtomicU64,
+    /// Nanoseconds a connection must have been idle to be closed.
+    min_idle: u64,
 }
 
 /// A held slot; dropping it frees the slot.
@@ -87,23 +102,35 @@ impl Drop for Slot {
 
 impl Slots {
     pub fn new(max: usize) -> Arc<Slots> {
+        Slots::with_min_idle(max, MIN_IDLE)
+    }
+
+    /// [`Slots::new`] closing only connections idle for at least `min_idle`.
+    pub fn with_min_idle(max: usize, min_idle: Duration) -> Arc<Slots> {
         Arc::new(Slots {
             permits: Arc::new(Semaphore::new(max)),
             conns: Mutex::default(),
             next: AtomicU64::new(0),
             origin: Instant::now(),
             evictions: AtomicU64::new(0),
+            min_idle: u64::try_from(min_idle.as_nanos()).unwrap_or(u64::MAX),
         })
     }
 
-    /// A slot for a connection just accepted: a free one, or one freed by closing the
-    /// longest-idle connection; waits only while every connection is busy.
-    pub async fn acquire(self: &Arc<Self>) -> Option<Slot> {
+    /// A slot for a connection just accepted from `peer`: a free one, or one freed by closing
+    /// a longest-idle connection (see the module); waits only while every connection is busy.
+    /// `None`: the slots are closed.
+    pub async fn acquire(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
+        if self.held_by(peer) >= MAX_PER_CLIENT {
+            self.evict_idlest(Some(peer));
+        }
         let permit = loop {
             if let Ok(p) = self.permits.clone().try_acquire_owned() {
                 break p;
             }
-            self.evict_idlest();
+            if !self.heaviest().is_some_and(|h| self.evict_idlest(Some(h))) {
+                self.evict_idlest(None);
+            }
             // A busy connection may turn idle (keep-alive) without closing: look again soon.
             if let Ok(p) = tokio::time::timeout(RECHECK, self.permits.clone().acquire_owned()).await {
                 break p.ok()?;
@@ -111,16 +138,38 @@ impl Slots {
         };
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let conn =
-            Arc::new(Conn { busy: AtomicUsize::new(0), last: AtomicU64::new(nanos(self.origin)), evicted: AtomicBool::new(false), close: Notify::new() });
+            Arc::new(Conn { peer, busy: AtomicUsize::new(0), last: AtomicU64::new(nanos(self.origin)), evicted: AtomicBool::new(false), close: Notify::new() });
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, conn.clone());
         Some(Slot { slots: self.clone(), id, conn, _permit: permit })
     }
 
-    /// Asks the connection idle the longest to close; false when every one is busy.
-    fn evict_idlest(&self) -> bool {
+    /// The peer holding the most connections.
+    fn heaviest(&self) -> Option<IpAddr> {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        let idlest =
-            conns.values().filter(|c| c.busy.load(Ordering::Acquire) == 0 && !c.evicted.load(Ordering::Acquire)).min_by_key(|c| c.last.load(Ordering::Acquire));
+        let mut n: HashMap<IpAddr, usize> = HashMap::new();
+        for c in conns.values().filter(|c| !c.evicted.load(Ordering::Acquire)) {
+            *n.entry(c.peer).or_default() += 1;
+        }
+        n.into_iter().max_by_key(|(_, k)| *k).map(|(p, _)| p)
+    }
+
+    /// Connections `peer` holds (not counting those already asked to close).
+    fn held_by(&self, peer: IpAddr) -> usize {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.values().filter(|c| c.peer == peer && !c.evicted.load(Ordering::Acquire)).count()
+    }
+
+    /// Asks the connection idle the longest (of `peer`, if given) to close; false when every
+    /// one is busy.
+    fn evict_idlest(&self, peer: Option<IpAddr>) -> bool {
+        let now = nanos(self.origin);
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let idlest = conns
+            .values()
+            .filter(|c| peer.is_none_or(|p| c.peer == p))
+            .filter(|c| c.busy.load(Ordering::Acquire) == 0 && !c.evicted.load(Ordering::Acquire))
+            .filter(|c| now.saturating_sub(c.last.load(Ordering::Acquire)) >= self.min_idle)
+            .min_by_key(|c| c.last.load(Ordering::Acquire));
         let Some(c) = idlest else { return false };
         c.evicted.store(true, Ordering::Release);
         // Stored if its task is not waiting yet: it closes at its next poll.
@@ -137,9 +186,9 @@ impl Slots {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
+
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime")
@@ -148,17 +197,17 @@ mod tests {
     #[test]
     fn when_full_the_longest_idle_connection_is_closed_not_a_busy_one() {
         rt().block_on(async {
-            let slots = Slots::new(3);
-            let a = slots.acquire().await.expect("a");
-            let b = slots.acquire().await.expect("b");
-            let c = slots.acquire().await.expect("c");
+            let slots = Slots::with_min_idle(3, Duration::ZERO);
+            let a = slots.acquire(LOCAL).await.expect("a");
+            let b = slots.acquire(LOCAL).await.expect("b");
+            let c = slots.acquire(LOCAL).await.expect("c");
             // a is busy, c served a request after b: b is the longest idle.
             let _busy = a.conn.enter(&slots);
             tokio::time::sleep(Duration::from_millis(2)).await;
             drop(c.conn.enter(&slots));
             let waiter = {
                 let slots = slots.clone();
-                tokio::spawn(async move { slots.acquire().await.map(|s| s.id) })
+                tokio::spawn(async move { slots.acquire(LOCAL).await.map(|s| s.id) })
             };
             tokio::time::timeout(Duration::from_secs(1), b.conn.closed()).await.expect("b asked to close");
             assert_eq!(slots.evictions(), 1);
@@ -170,13 +219,55 @@ mod tests {
     }
 
     #[test]
+    fn a_client_at_its_share_closes_its_own_idle_connection_not_another_clients() {
+        rt().block_on(async {
+            let slots = Slots::with_min_idle(MAX_PER_CLIENT + 8, Duration::ZERO);
+            let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 9));
+            // The other client's connection is the longest idle of all.
+            let o = slots.acquire(other).await.expect("other");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let held: Vec<Slot> = acquire_n(&slots, MAX_PER_CLIENT).await;
+            let _busy: Vec<Busy> = held.iter().skip(1).map(|s| s.conn.enter(&slots)).collect();
+            let n = slots.acquire(LOCAL).await.expect("free slots remain");
+            assert_eq!(slots.evictions(), 1);
+            tokio::time::timeout(Duration::from_secs(1), held[0].conn.closed()).await.expect("its own idle one closed");
+            assert!(tokio::time::timeout(Duration::from_millis(20), o.conn.closed()).await.is_err(), "not the other client's");
+            drop(n);
+        });
+    }
+
+    async fn acquire_n(slots: &Arc<Slots>, n: usize) -> Vec<Slot> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(slots.acquire(LOCAL).await.expect("slot"));
+        }
+        v
+    }
+
+    #[test]
+    fn a_connection_just_accepted_or_just_answered_is_not_taken_for_idle() {
+        rt().block_on(async {
+            let slots = Slots::with_min_idle(1, Duration::from_secs(60));
+            let a = slots.acquire(LOCAL).await.expect("a");
+            drop(a.conn.enter(&slots));
+            let s2 = slots.clone();
+            let waiter = tokio::spawn(async move { s2.acquire(LOCAL).await.is_some() });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!waiter.is_finished());
+            assert_eq!(slots.evictions(), 0, "idle for less than the minimum");
+            drop(a);
+            assert!(tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("freed").expect("join"));
+        });
+    }
+
+    #[test]
     fn when_every_connection_is_busy_a_new_one_waits() {
         rt().block_on(async {
-            let slots = Slots::new(1);
-            let a = slots.acquire().await.expect("a");
+            let slots = Slots::with_min_idle(1, Duration::ZERO);
+            let a = slots.acquire(LOCAL).await.expect("a");
             let busy = a.conn.enter(&slots);
             let s2 = slots.clone();
-            let waiter = tokio::spawn(async move { s2.acquire().await.is_some() });
+            let waiter = tokio::spawn(async move { s2.acquire(LOCAL).await.is_some() });
             tokio::time::sleep(Duration::from_millis(20)).await;
             assert!(!waiter.is_finished(), "no idle connection to close");
             assert_eq!(slots.evictions(), 0);
