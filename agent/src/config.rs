@@ -209,7 +209,7 @@ impl Default for StoreConfig {
     }
 }
 
-/// Source switches (`[sources]` table). Each defaults to `true`.
+/// Source switches (`[sources]` table). Each defaults to `true`, but `qdisc_per_queue`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SourcesConfig {
@@ -221,13 +221,18 @@ pub struct SourcesConfig {
     pub netdev: bool,
     /// qdisc statistics (rtnetlink).
     pub qdisc: bool,
+    /// Also every non-root qdisc (the per-TX-queue children of `mq`/`mqprio`, classful
+    /// qdiscs' leaves). Default `false`: the root qdisc of each interface only, whose
+    /// statistics already include its children's (one veth with 64 TX queues made 65 qdiscs
+    /// and 455 series; ~10 such netdevs reach the 1 024-qdisc cap).
+    pub qdisc_per_queue: bool,
     /// TCP retransmissions per interface (`tcp:tcp_retransmit_skb` tracepoint).
     pub tcp: bool,
 }
 
 impl Default for SourcesConfig {
     fn default() -> Self {
-        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true, tcp: true }
+        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true, qdisc_per_queue: false, tcp: true }
     }
 }
 

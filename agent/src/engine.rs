@@ -79,6 +79,15 @@ struct RailLabel {
     rail: String,
 }
 
+/// Upper bounds (`le`) of `stepwise_step_duration_seconds`, in seconds: written out so each
+/// label is the exact decimal (an exponential series prints float noise such as
+/// 0.0022500000000000004), from 5 ms collectives-only steps to multi-minute LLM steps (large
+/// models' steps take 1-60 s; the last finite bucket is 300 s, beyond 120 s).
+pub const STEP_BUCKETS: [f64; 28] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
+    300.0,
+];
+
 struct Metrics {
     duration: Histogram,
     steps: Counter,
@@ -87,7 +96,9 @@ struct Metrics {
     rank_wait: Family<RankLabel, Counter<f64, AtomicU64>>,
     rank_late: Family<RankLabel, Counter<f64, AtomicU64>>,
     rail_share: Family<RailLabel, Gauge<f64, AtomicU64>>,
-    imbalance: Gauge<f64, AtomicU64>,
+    /// One series without labels, created by the first step with rail bytes: before it the
+    /// family is empty (a 0 would read as "less than balanced", 1 is balanced).
+    imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     markers: Counter,
     marker_errors: Counter,
 }
@@ -95,14 +106,14 @@ struct Metrics {
 impl Metrics {
     fn register(r: &mut Registry) -> Metrics {
         let m = Metrics {
-            duration: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 1.5, 24)),
+            duration: Histogram::new(STEP_BUCKETS.iter().copied()),
             steps: Counter::default(),
             slow: Counter::default(),
             attributed: Family::default(),
             rank_wait: Family::default(),
             rank_late: Family::default(),
             rail_share: Family::default(),
-            imbalance: Gauge::default(),
+            imbalance: Family::default(),
             markers: Counter::default(),
             marker_errors: Counter::default(),
         };
@@ -117,7 +128,7 @@ impl Metrics {
         }
         r.register("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
         r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
-        r.register("stepwise_rail_bytes_share", "Share of the step's NIC bytes carried by each rail", m.rail_share.clone());
+        r.register("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
         r.register("stepwise_rail_imbalance_ratio", "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)", m.imbalance.clone());
         r.register("stepwise_markers", "Step markers received", m.markers.clone());
         r.register("stepwise_marker_errors", "Malformed step markers refused", m.marker_errors.clone());
@@ -463,7 +474,7 @@ impl Engine {
                 m.rail_share.get_or_create(&RailLabel { rail: rail.clone() }).set(b / total);
             }
             let mean = total / per_rail.len() as f64;
-            m.imbalance.set(per_rail.values().cloned().fold(0.0, f64::max) / mean);
+            m.imbalance.get_or_create(&Vec::new()).set(per_rail.values().cloned().fold(0.0, f64::max) / mean);
         }
         let _ = CauseKind::ALL;
     }

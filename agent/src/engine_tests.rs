@@ -38,3 +38,40 @@ fn every_cause_is_exported_at_zero_before_the_first_step() {
         assert!(text.lines().any(|l| l == line), "{line} missing from a fresh engine's metrics:\n{text}");
     }
 }
+
+#[test]
+fn step_buckets_reach_past_two_minutes_with_exact_le_labels() {
+    let mut registry = Registry::default();
+    let _e = Engine::new(StepsConfig::default(), "h".into(), &mut registry).expect("engine");
+    let text = exposition(&registry);
+    let les: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("stepwise_step_duration_seconds_bucket{")).filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()).collect();
+    assert_eq!(les.len(), STEP_BUCKETS.len() + 1, "{text}");
+    assert_eq!(les.last(), Some(&"+Inf"));
+    for (le, want) in les.iter().zip(STEP_BUCKETS) {
+        // Each label is the shortest decimal of its bound: no float noise.
+        assert!(le.len() <= 6, "le=\"{le}\" is not an exact decimal");
+        assert_eq!(le.parse::<f64>().expect("le"), want);
+    }
+    let finite: Vec<f64> = les.iter().filter_map(|l| l.parse().ok()).collect();
+    assert!(finite.windows(2).all(|w| w[0] < w[1]), "increasing: {finite:?}");
+    assert!(finite.iter().any(|&b| b >= 120.0) && finite.contains(&120.0), "a 2-minute step lands in a finite bucket: {finite:?}");
+}
+
+#[test]
+fn rail_ratios_are_not_exported_before_the_first_step() {
+    let mut registry = Registry::default();
+    let _e = Engine::new(StepsConfig::default(), "h".into(), &mut registry).expect("engine");
+    let text = exposition(&registry);
+    let samples: Vec<&str> = text.lines().filter(|l| l.contains("stepwise_rail_")).collect();
+    assert!(samples.is_empty(), "rail series before any step: {samples:?}");
+    // Once a step set them: one unlabelled imbalance series and a ratio per rail.
+    let mut registry = Registry::default();
+    let m = Metrics::register(&mut registry);
+    m.imbalance.get_or_create(&Vec::new()).set(1.25);
+    m.rail_share.get_or_create(&RailLabel { rail: "0".into() }).set(0.5);
+    let text = exposition(&registry);
+    assert!(text.lines().any(|l| l == "stepwise_rail_imbalance_ratio 1.25"), "{text}");
+    assert!(text.lines().any(|l| l == "stepwise_rail_bytes_ratio{rail=\"0\"} 0.5"), "{text}");
+    assert!(!text.contains("stepwise_rail_bytes_share"), "the old name is gone");
+}

@@ -278,8 +278,8 @@ const DASHBOARDS = [
         'Rail share vs balanced',
         "Share of the last step's NIC bytes carried by each rail, against the balanced share 1/rails; right axis: busiest rail over the mean rail (1 = balanced).",
         [
-          target('A', `avg by (rail) (stepwise_rail_bytes_share{${SEL}})`, 'rail {{rail}}'),
-          target('B', `1 / count(count by (rail) (stepwise_rail_bytes_share{${SEL}}))`, 'balanced'),
+          target('A', `avg by (rail) (stepwise_rail_bytes_ratio{${SEL}})`, 'rail {{rail}}'),
+          target('B', `1 / count(count by (rail) (stepwise_rail_bytes_ratio{${SEL}}))`, 'balanced'),
           target('C', `max(stepwise_rail_imbalance_ratio{${SEL}})`, 'busiest / mean'),
         ],
         { unit: 'percentunit', min: 0, overrides: [rightAxis('C', 'none')] },
@@ -333,9 +333,9 @@ const DASHBOARDS = [
       ),
       timeseries(
         'Transmit wait',
-        'port_xmit_wait ticks per second: data was queued but the port could not send (credits, PFC). Times [steps.params] xmit_wait_tick_seconds (default 4 ns) it is the fraction of time stalled.',
-        [target('A', `sum by (instance, device, port) (rate(stepwise_nic_transmit_wait_ticks_total{${SEL}}[${RI}]))`, '{{instance}} {{device}}/{{port}}')],
-        { unit: 'short' },
+        'Share of time data was queued but the port could not send (credits, PFC): the rate of stepwise_nic_transmit_wait_seconds_total, port_xmit_wait ticks times [steps.params] xmit_wait_tick_seconds (default 4 ns).',
+        [target('A', `sum by (instance, device, port) (rate(stepwise_nic_transmit_wait_seconds_total{${SEL}}[${RI}]))`, '{{instance}} {{device}}/{{port}}')],
+        { unit: 'percentunit' },
       ),
       timeseries(
         'Qdisc backlog and drops',

@@ -364,3 +364,38 @@ fn veth_deleted_and_recreated_while_sampled_never_goes_backwards() {
     assert!(c.errors.get("qdisc", kind::VANISHED) >= ROUNDS as u64, "each TBF and veth noqueue replaced");
     assert_eq!(c.errors.get("netdev", kind::COUNTER_RESET), 0, "re-creation is not miscounted as a reset");
 }
+
+/// `[sources] qdisc_per_queue`: a veth with 8 TX queues under an `mq` root has 9 qdiscs (the
+/// root and one per queue); by default only the root is exported, with the opt-in all 9.
+#[test]
+fn only_root_qdiscs_are_exported_unless_per_queue_is_on() {
+    let a = Netns::new().expect("create namespace a");
+    let b = Netns::new().expect("create namespace b");
+    stepwise_tests::netns::run_tool(
+        "ip",
+        &["link", "add", "swq0", "numtxqueues", "8", "netns", a.name(), "type", "veth", "peer", "name", "swq1", "numtxqueues", "8", "netns", b.name()],
+    )
+    .expect("veth with 8 TX queues");
+    a.ip(&["link", "set", "swq0", "up"]).expect("up");
+    a.tc(&["qdisc", "add", "dev", "swq0", "root", "handle", "1:", "mq"]).expect("mq root");
+    let json = a.tc(&["-j", "qdisc", "show", "dev", "swq0"]).expect("tc qdisc show");
+    let kernel: Vec<serde_json::Value> = serde_json::from_str(&json).expect("tc json");
+    assert_eq!(kernel.len(), 9, "mq and 8 per-queue qdiscs in the kernel: {json}");
+
+    let on_swq0 = |per_queue: bool| {
+        let mut reg = Registry::default();
+        let mut q = QdiscSource::new(ctx(a.sysfs()), &mut reg).with_per_queue(per_queue);
+        a.run(|_| q.sweep()).expect("qdisc sweep");
+        let snaps: Vec<QdiscSnapshot> = q.snapshot().into_iter().filter(|s| s.netdev == "swq0").collect();
+        let series = encode(&reg).lines().filter(|l| l.starts_with("stepwise_qdisc_") && l.contains("netdev=\"swq0\"")).count();
+        (snaps, series)
+    };
+    let (root, root_series) = on_swq0(false);
+    assert_eq!(root.len(), 1, "default: the root only: {root:?}");
+    assert_eq!((root[0].kind.as_str(), root[0].parent.as_str()), ("mq", "root"));
+    assert_eq!(root_series, 7, "7 series of the one root qdisc");
+    let (all, all_series) = on_swq0(true);
+    assert_eq!(all.len(), 9, "qdisc_per_queue: every qdisc: {all:?}");
+    assert_eq!(all.iter().filter(|s| s.parent != "root").count(), 8);
+    assert_eq!(all_series, 63);
+}

@@ -127,7 +127,7 @@ pub trait Source: Send + 'static {
 pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry: &mut Registry) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.sources.rdma {
-        out.push(Box::new(rdma::RdmaSource::new(ctx.clone(), registry)));
+        out.push(Box::new(rdma::RdmaSource::new(ctx.clone(), registry).with_xmit_wait_tick_seconds(cfg.steps.params.xmit_wait_tick_seconds)));
     }
     if cfg.sources.ethtool {
         out.push(Box::new(ethtool::EthtoolSource::new(ctx.clone(), registry)));
@@ -136,7 +136,7 @@ pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry:
         out.push(Box::new(netdev::NetdevSource::new(ctx.clone(), registry)));
     }
     if cfg.sources.qdisc {
-        out.push(Box::new(qdisc::QdiscSource::new(ctx.clone(), registry)));
+        out.push(Box::new(qdisc::QdiscSource::new(ctx.clone(), registry).with_per_queue(cfg.sources.qdisc_per_queue)));
     }
     if cfg.sources.tcp {
         out.push(Box::new(tcp::TcpSource::new(ctx.clone(), registry)));

@@ -204,6 +204,8 @@ pub struct QdiscSource {
     rtnl: Option<Rtnl>,
     qdiscs: BTreeMap<QdiscLabels, Qdisc>,
     last_error: Option<String>,
+    /// `[sources] qdisc_per_queue`: also the non-root qdiscs.
+    per_queue: bool,
 }
 
 impl QdiscSource {
@@ -221,7 +223,21 @@ impl QdiscSource {
         }
         registry.register("stepwise_qdisc_backlog_bytes", "Bytes queued in the qdisc now", fam.backlog_bytes.clone());
         registry.register("stepwise_qdisc_backlog_packets", "Packets queued in the qdisc now", fam.backlog_packets.clone());
-        QdiscSource { ctx, fam, rtnl: None, qdiscs: BTreeMap::new(), last_error: None }
+        QdiscSource { ctx, fam, rtnl: None, qdiscs: BTreeMap::new(), last_error: None, per_queue: false }
+    }
+
+    /// `[sources] qdisc_per_queue`: export every qdisc, not only each interface's root.
+    pub fn with_per_queue(mut self, per_queue: bool) -> Self {
+        self.per_queue = per_queue;
+        self
+    }
+
+    /// Whether a qdisc of this `parent` is exported: the root (`parent root`: the egress qdisc
+    /// attached to the device, whose statistics include its children's — `mq` sums its
+    /// per-queue qdiscs, a classful parent counts its children's drops and backlog) always,
+    /// the others (per-queue children, leaves, `ingress`/`clsact`) only with `per_queue`.
+    pub fn exports(&self, parent: &str) -> bool {
+        self.per_queue || parent == "root"
     }
 
     /// Every qdisc read at least once (present or gone).
@@ -378,6 +394,9 @@ impl Source for QdiscSource {
             }
             let pci = pci_address(&self.ctx.sysfs_root, netdev);
             if !self.ctx.selector.selects(netdev, pci.as_deref()) || self.ctx.selector.disabled(&format!("{SOURCE}/{netdev}")) {
+                continue;
+            }
+            if !self.exports(&tc_handle(tc.header.parent)) {
                 continue;
             }
             let Some(r) = parse_qdisc(&tc) else {

@@ -239,6 +239,13 @@ impl RdmaSource {
         }
     }
 
+    /// The `port_xmit_wait` tick length in seconds (`[steps.params] xmit_wait_tick_seconds`):
+    /// `stepwise_nic_transmit_wait_seconds_total` is ticks times it.
+    pub fn with_xmit_wait_tick_seconds(self, seconds: f64) -> Self {
+        self.metrics.tick_length.set(seconds);
+        self
+    }
+
     /// A source registering into a private registry, for tools and tests outside the daemon
     /// (its metrics are not exported; read them through [`RdmaSource::ports`]).
     pub fn standalone(ctx: SourceContext) -> Self {

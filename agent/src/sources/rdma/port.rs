@@ -88,6 +88,7 @@ impl Series {
             self.typed[i] = Some(match (t, m.port_family(t)) {
                 (_, Some(fam)) => fam.get_or_create_owned(l),
                 (Typed::Retransmit(reason), None) => m.retransmit_events.get_or_create_owned(&l.retransmit(reason)),
+                (Typed::TransmitWaitTicks, None) => m.transmit_wait.get_or_create_owned(l).ticks,
                 _ => return None,
             });
         }
@@ -282,6 +283,9 @@ impl PortState {
                 }
                 (Typed::Retransmit(reason), None) => {
                     m.retransmit_events.remove(&l.retransmit(reason));
+                }
+                (Typed::TransmitWaitTicks, None) => {
+                    m.transmit_wait.remove(l);
                 }
                 _ => {}
             }
