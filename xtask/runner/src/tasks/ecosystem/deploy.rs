@@ -14,8 +14,9 @@ use crate::tasks::root;
 /// The capabilities the agent is granted everywhere (tests/tests/capabilities.rs shows why
 /// each one is needed).
 pub const CAPS: &[&str] = &["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"];
-/// Kubernetes versions validated against (the two newest kubernetes-validate bundles).
-const K8S: &[&str] = &["1.36.0", "1.37.0"];
+/// Kubernetes versions validated against: the chart's minimum (Chart.yaml `kubeVersion:
+/// >=1.25.0-0`, deploy/README.md) and the two newest kubernetes-validate bundles.
+const K8S: &[&str] = &["1.25.0", "1.36.0", "1.37.0"];
 
 pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     let base = stdout(&run_ok(Command::new(&t.kubectl).arg("kustomize").arg(root().join("deploy/kubernetes")))?);
