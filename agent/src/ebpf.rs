@@ -60,7 +60,9 @@ pub fn embedded() -> bool {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
-    #[error("this agent was built without its eBPF object (AYA_BUILD_SKIP=1 was set at build time); rebuild without it (`cargo xtask setup` installs bpf-linker)")]
+    #[error(
+        "this agent was built without its eBPF object (AYA_BUILD_SKIP=1 was set at build time); rebuild without it (`cargo xtask setup` installs bpf-linker)"
+    )]
     NotEmbedded,
     #[error("cannot load the eBPF object: {0} (the agent needs CAP_BPF and CAP_PERFMON: run as root or grant them)")]
     Load(#[source] aya::EbpfError),
