@@ -104,3 +104,24 @@ fn a_step_waits_for_a_counter_sweep_after_its_end() {
     assert!(missing_data(10.0, 9.0, 11.0).is_some_and(|m| m.contains("1.0 s behind")));
     assert!(missing_data(10.0, 0.0, 11.0).is_some_and(|m| m.contains("first events")));
 }
+
+#[test]
+fn a_step_holding_lost_events_of_an_exited_process_is_incomplete() {
+    let h = history();
+    let mut e = engine(&h);
+    record_step(&mut e, &h, 1, 100.0);
+    record_step(&mut e, &h, 2, 101.0);
+    {
+        let mut g = h.lock().expect("history");
+        g.drained_until = 105.0;
+        // Events at 101.2 s of a process that had exited before it could be inspected.
+        g.push_lost(101.2);
+        g.push_lost(101.3);
+    }
+    e.tick(103.0, 0);
+    let steps: Vec<&Attribution> = e.steps().collect();
+    assert_eq!(steps.len(), 2);
+    let (one, two) = (steps.iter().find(|a| a.step == 1).expect("step 1"), steps.iter().find(|a| a.step == 2).expect("step 2"));
+    assert!(!one.incomplete, "{:?}", one.notes);
+    assert!(two.incomplete && two.notes.iter().any(|n| n.contains("exited before")), "{:?}", two.notes);
+}

@@ -71,7 +71,7 @@ impl Drainer {
                 let requested = sh.requested.load(Ordering::Acquire);
                 let room = QUEUE_MAX.saturating_sub(lock(&sh.queue).events.len());
                 local.clear();
-                let started = crate::sources::collectives::history::ClockMap::monotonic_ns();
+                let started = super::mono_ns();
                 reader.drain(&mut local, room);
                 let mut q = lock(&sh.queue);
                 q.events.extend_from_slice(&local);

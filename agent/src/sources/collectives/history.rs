@@ -39,14 +39,6 @@ impl ClockMap {
     }
 
     /// Wall-clock seconds since the epoch for a CLOCK_MONOTONIC ns value.
-    /// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
-    pub fn monotonic_ns() -> u64 {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: valid out-pointer; the clock id is a constant.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
-
     pub fn wall(&self, mono_ns: u64) -> f64 {
         (mono_ns as i128 + self.offset_ns) as f64 * 1e-9
     }
@@ -237,6 +229,16 @@ mod tests {
             aborted: false,
             grouped: false,
         }
+    }
+
+    #[test]
+    fn lost_events_merge_into_spans_a_second_apart() {
+        let mut h = History::new("h".into(), 16);
+        for t in [10.0, 10.4, 11.2, 14.0] {
+            h.push_lost(t);
+        }
+        assert_eq!(h.lost_since(0.0), vec![(10.0, 11.2), (14.0, 14.0)]);
+        assert_eq!(h.lost_since(12.0), vec![(14.0, 14.0)]);
     }
 
     #[test]

@@ -124,6 +124,13 @@ pub struct Collectives {
     /// Pids whose first event was handled after the process had exited: neither selection
     /// nor process facts can be read, so their events are lost (recorded in the history).
     gone: HashSet<u32>,
+    /// Traced processes found exited (CLOCK_MONOTONIC ns when found): kept until the
+    /// consumer's watermark passes that time, so their last events — still in the ring when a
+    /// starved agent rescans — are decoded, not lost, and their open calls are not taken for
+    /// aborted ones.
+    exiting: HashMap<u32, u64>,
+    /// The consumer's watermark (CLOCK_MONOTONIC ns) last published.
+    drained_ns: u64,
     exe_cache: HashMap<FileKey, SymbolTable>,
     history: SharedHistory,
     metrics: CollectiveMetrics,
@@ -180,6 +187,8 @@ impl Collectives {
             procs: HashMap::new(),
             rejected: HashSet::new(),
             gone: HashSet::new(),
+            exiting: HashMap::new(),
+            drained_ns: 0,
             exe_cache: HashMap::new(),
             history,
             metrics: CollectiveMetrics::register(registry),
@@ -309,7 +318,7 @@ impl Collectives {
         } else {
             std::thread::sleep(wait);
         }
-        let started = ClockMap::monotonic_ns();
+        let started = mono_ns();
         match self.probes.drain(buf) {
             Ok(_) => started,
             Err(e) => {
@@ -325,7 +334,7 @@ impl Collectives {
         let drained = if let Some(d) = &self.drainer {
             d.flush(&mut buf, Duration::from_millis(200))
         } else {
-            let started = ClockMap::monotonic_ns();
+            let started = mono_ns();
             match self.probes.drain(&mut buf) {
                 Ok(_) => started,
                 Err(e) => {
@@ -338,8 +347,37 @@ impl Collectives {
         self.drained_to(drained);
     }
 
+    /// Processes that exited: once every event up to when the exit was seen is decoded, calls
+    /// still open were aborted (killed inside a collective) and the process is forgotten.
+    fn reap_exited(&mut self) {
+        let now = mono_ns();
+        for pid in self.procs.keys().copied().filter(|p| !procs::alive(&self.cfg.proc_root, *p)) {
+            self.exiting.entry(pid).or_insert(now);
+        }
+        // A watermark that stopped (no drain thread) holds nothing for more than 30 s.
+        let ready: Vec<(u32, u64)> =
+            self.exiting.iter().filter(|(_, t)| **t <= self.drained_ns || now.saturating_sub(**t) > 30_000_000_000).map(|(p, t)| (*p, *t)).collect();
+        if ready.is_empty() {
+            return;
+        }
+        let mut hist = match self.history.lock() {
+            Ok(h) => h,
+            Err(p) => p.into_inner(),
+        };
+        for (pid, seen) in ready {
+            self.exiting.remove(&pid);
+            for c in self.decoder.process_exited(pid, seen) {
+                self.metrics.observe(&c);
+                hist.push_call(c);
+            }
+            self.procs.remove(&pid);
+            self.probes.forget_process(pid);
+        }
+    }
+
     /// Publishes the consumer's watermark (events before `mono_ns` are in the history).
-    fn drained_to(&self, mono_ns: u64) {
+    fn drained_to(&mut self, mono_ns: u64) {
+        self.drained_ns = self.drained_ns.max(mono_ns);
         let mut hist = match self.history.lock() {
             Ok(h) => h,
             Err(p) => p.into_inner(),
@@ -502,23 +540,7 @@ impl Collectives {
                 self.procs.insert(f.pid, info);
             }
         }
-        // Processes that exited: calls still open were aborted (killed inside a collective).
-        let gone: Vec<u32> = self.procs.keys().copied().filter(|p| !procs::alive(&self.cfg.proc_root, *p)).collect();
-        if !gone.is_empty() {
-            let now = mono_ns();
-            let mut hist = match self.history.lock() {
-                Ok(h) => h,
-                Err(p) => p.into_inner(),
-            };
-            for pid in gone {
-                for c in self.decoder.process_exited(pid, now) {
-                    self.metrics.observe(&c);
-                    hist.push_call(c);
-                }
-                self.procs.remove(&pid);
-                self.probes.forget_process(pid);
-            }
-        }
+        self.reap_exited();
         let proc_root = self.cfg.proc_root.clone();
         let dead: Vec<u32> = self.rejected.iter().copied().filter(|p| !procs::alive(&proc_root, *p)).collect();
         for pid in dead {
