@@ -340,20 +340,26 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
     let Some(hist) = hist else {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": "collective probes are not running (see /api/v1/status)"}))).into_response();
     };
-    let h = match hist.lock() {
-        Ok(h) => h,
-        Err(p) => p.into_inner(),
-    };
-    Json(serde_json::json!({
-        "host": h.host,
-        "clock_error_seconds": h.clock.error_seconds,
-        "clock_synchronized": h.clock.synchronized,
-        "evicted": h.evicted,
-        "drained_until": h.drained_until,
-        "calls": h.calls_since(since, limit),
-        "net_requests": h.net_since(since, limit),
-    }))
-    .into_response()
+    off_runtime(move || {
+        // Copied under the lock, serialized after it: the drain thread never waits for a page.
+        let page = {
+            let h = match hist.lock() {
+                Ok(h) => h,
+                Err(p) => p.into_inner(),
+            };
+            super::pages::CollectivesPage {
+                host: h.host.to_string(),
+                clock_error_seconds: h.clock.error_seconds,
+                clock_synchronized: h.clock.synchronized,
+                evicted: h.evicted,
+                drained_until: h.drained_until,
+                calls: h.calls_since(since, limit),
+                net_requests: h.net_since(since, limit),
+            }
+        };
+        Json(page).into_response()
+    })
+    .await
 }
 
 /// Runs a list endpoint's copying and serializing on a blocking thread: the runtime's few
@@ -412,7 +418,7 @@ fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Respons
         .and_then(|g| g.clone())
         .map(|h| h.lock().map(|h| h.host.to_string()).unwrap_or_default())
         .unwrap_or_else(crate::sources::collectives::hostname);
-    Json(serde_json::json!({"host": host, "steps": v})).into_response()
+    Json(super::pages::StepsPage { host, steps: v }).into_response()
 }
 
 /// Query of `/api/v1/markers` and `/api/v1/windows`.
@@ -446,7 +452,7 @@ fn markers_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response 
     drop(e);
     let truncated = markers.len() > limit;
     markers.truncate(limit);
-    Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "markers": markers, "truncated": truncated})).into_response()
+    Json(super::pages::MarkersPage { host: crate::sources::collectives::hostname(), markers, truncated }).into_response()
 }
 
 /// Guards the writes on the TCP listener, before their body is read: 403 while
@@ -540,13 +546,14 @@ fn windows_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response 
         Ok(e) => e,
         Err(r) => return r,
     };
-    let nics: Vec<serde_json::Value> = e
+    let nics: Vec<super::pages::NicSamples> = e
         .samples(since, until)
         .into_iter()
         .map(|(nic, mut samples)| {
             samples.truncate(limit);
-            serde_json::json!({"nic": nic, "samples": samples})
+            super::pages::NicSamples { nic, samples }
         })
         .collect();
-    Json(serde_json::json!({"host": crate::sources::collectives::hostname(), "nics": nics})).into_response()
+    drop(e);
+    Json(super::pages::WindowsPage { host: crate::sources::collectives::hostname(), nics }).into_response()
 }

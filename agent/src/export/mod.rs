@@ -5,4 +5,5 @@ pub mod api;
 pub mod conns;
 pub mod metrics;
 pub mod otlp;
+pub mod pages;
 pub mod watchdog;
