@@ -11,6 +11,9 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub mod hang;
+pub use hang::HangConfig;
+
 /// Default config file path.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/stepwise/agent.toml";
 
@@ -59,6 +62,8 @@ pub struct Config {
     pub otlp: crate::export::otlp::OtlpConfig,
     /// What the TCP listener accepts beyond the read-only endpoints (`[api]`).
     pub api: ApiConfig,
+    /// Hang detection (`[hang]`): when an open collective is suspected hung.
+    pub hang: HangConfig,
 }
 
 /// How log lines are written (`log_format`).
@@ -254,6 +259,7 @@ impl Default for Config {
             store: Default::default(),
             otlp: Default::default(),
             api: Default::default(),
+            hang: Default::default(),
         }
     }
 }
@@ -364,6 +370,7 @@ impl Config {
         }
         self.otlp.validate()?;
         self.api.validate()?;
+        self.hang.validate()?;
         self.validate_sizes()
     }
 

@@ -177,6 +177,8 @@ pub struct Engine {
     sinks: Vec<StepSink>,
     /// Bounds what a marker flood can cost (`timeline::admission`).
     admission: crate::timeline::admission::Admission,
+    /// Judges the open calls at every tick (`[hang]`).
+    hang: crate::hang::detector::Detector,
 }
 
 /// Receives each step as it is attributed: job key, attribution and the step's collectives.
@@ -226,6 +228,7 @@ impl Engine {
             rates,
             metrics: Metrics::register(registry),
             admission: crate::timeline::admission::Admission::register(registry, Default::default()),
+            hang: crate::hang::detector::Detector::new(Default::default(), registry),
             recent: VecDeque::new(),
             calls: None,
             last_attributed: 0.0,
@@ -253,6 +256,32 @@ impl Engine {
     }
 
     /// The `[steps]` configuration in force.
+    /// Applies `[hang]` (at start and on SIGHUP).
+    pub fn set_hang_config(&mut self, cfg: crate::config::HangConfig) {
+        self.hang.set_config(cfg);
+    }
+
+    /// The hang detector: its configuration and last verdicts (`/api/v1/open`).
+    pub fn hang(&self) -> &crate::hang::detector::Detector {
+        &self.hang
+    }
+
+    /// Judges this host's open calls as of the probe consumer's watermark.
+    fn judge_hangs(&mut self, now: f64) {
+        let Some(calls) = &self.calls else { return };
+        let view = {
+            let h = match calls.lock() {
+                Ok(h) => h,
+                Err(p) => p.into_inner(),
+            };
+            if h.drained_until <= 0.0 {
+                return;
+            }
+            h.progress.snapshot(&h.host, h.drained_until)
+        };
+        self.hang.update(&view, now);
+    }
+
     pub fn steps_config(&self) -> &StepsConfig {
         &self.cfg
     }
@@ -327,6 +356,7 @@ impl Engine {
         while self.markers.front().is_some_and(|m| m.time.unwrap_or(now) < now - MARKER_KEEP_SECONDS) {
             self.markers.pop_front();
         }
+        self.judge_hangs(now);
         let horizon = now - self.cfg.grace.as_secs_f64();
         let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hang;
 pub mod model;
 pub mod report;
 pub mod sources;

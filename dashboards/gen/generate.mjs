@@ -246,6 +246,15 @@ const DASHBOARDS = [
           }),
         ],
       ),
+      timeseries(
+        'Open collectives and suspected hangs',
+        "A: seconds the oldest open call of each communicator has been open (0 when none is). B (right axis): 1 while the agent's [hang] rule suspects the communicator hung (a rank inside past max(floor, k × median) while others have not arrived or exited). `agent diagnose --hang` names the missing ranks.",
+        [
+          target('A', `max by (instance, comm) (stepwise_collective_open_seconds{${SEL}})`, '{{comm}} open ({{instance}})'),
+          target('B', `max by (instance) (stepwise_hang_suspected{${SEL}})${ZERO_BY_HOST}`, 'suspected ({{instance}})'),
+        ],
+        { unit: 's', w: 24, overrides: [rightAxis('B', 'none')] },
+      ),
     ],
   },
   {

@@ -39,6 +39,12 @@ pub fn run_ok(cmd: &mut Command) -> Result<Output> {
 /// `mpirun` for 4 ranks of `mpi_steps` inside network namespace `ns`, with compute as sleep so
 /// ranks on two cores keep their timing, and OpenMPI yielding instead of spinning when idle.
 pub fn mpi_steps(ns: &str, np: u32, args: &[&str]) -> Command {
+    mpi_steps_with(ns, np, &[], args)
+}
+
+/// [`mpi_steps`] with extra `mpirun` options (e.g. `--enable-recovery`: the job outlives a
+/// killed rank).
+pub fn mpi_steps_with(ns: &str, np: u32, mpirun: &[&str], args: &[&str]) -> Command {
     let bin = workspace_root().join("tests/workloads/build/mpi_steps");
     let mut c = Command::new("ip");
     c.args([
@@ -55,8 +61,9 @@ pub fn mpi_steps(ns: &str, np: u32, args: &[&str]) -> Command {
         "1",
         "-x",
         "STEPS_COMPUTE",
-        "-np",
     ])
+    .args(mpirun)
+    .arg("-np")
     .arg(np.to_string())
     .arg(bin)
     .args(args);

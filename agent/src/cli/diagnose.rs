@@ -14,6 +14,7 @@
 
 mod cluster;
 mod fetch;
+mod hang;
 
 use std::{
     net::ToSocketAddrs,
@@ -49,8 +50,14 @@ Local mode reads the history store (--db) or one agent (--agent); cluster mode (
 asks every agent and joins ranks across hosts.\n\n\
 Exit status: 0 a report; 1 the data cannot be read (store unreadable, agent or DNS name unreachable, \
 --html file not written); 2 usage error (also a bad --peers/--agent address); 3 no step matches (the message says why; \
---json still prints a report).")]
+--json still prints a report).\n\n\
+--hang: which communicator is stuck and who everyone waits for, from the live agents' /api/v1/open \
+(this host's agent at 127.0.0.1:9477 unless --agent, --peers or --dns); exit 0 nothing suspected, \
+4 a communicator is suspected hung, 1 no agent answered.")]
 pub struct DiagnoseArgs {
+    /// Live hang report instead of steps: open calls, missing ranks, their state.
+    #[arg(long, conflicts_with_all = ["step", "slowest", "since", "db"])]
+    pub hang: bool,
     /// Only this step (its id from markers, or from period detection).
     #[arg(long, conflicts_with = "slowest")]
     pub step: Option<u64>,
@@ -350,6 +357,21 @@ pub fn main(mut a: DiagnoseArgs) -> ExitCode {
         *ag = peers.pop().unwrap_or_default();
     }
     a.peers = peers;
+    if a.hang {
+        let peers = match (&a.dns, &a.agent) {
+            (Some(name), _) => match resolve(name) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("agent diagnose: {e}");
+                    return ExitCode::from(EXIT_FAILURE);
+                }
+            },
+            (None, Some(ag)) => vec![ag.clone()],
+            (None, None) => a.peers.clone(),
+        };
+        let cluster = a.dns.is_some() || !a.peers.is_empty();
+        return hang::main(&a, peers, cluster);
+    }
     let sel = Selection::from_args(&a, now_unix());
     let out = build(&a, &sel);
     let rep = match out {

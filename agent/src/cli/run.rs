@@ -5,7 +5,7 @@
 //! SIGHUP reloads the config file (flags and `STEPWISE_*` variables still override it, as at
 //! start): a file that does not load or validate is logged and counted
 //! (`stepwise_config_reload_errors_total`) and the running configuration stays. A valid one
-//! applies `log` and `[steps]` (slow-step threshold, grace, history, NIC rates, attribution
+//! applies `log`, `[hang]` and `[steps]` (slow-step threshold, grace, history, NIC rates, attribution
 //! parameters) at once; every other key — log_format, listen, sysfs_root, interval, include/exclude,
 //! rails, `[sources]`, `[collectives]`, `[store]`, `[otlp]`, `[steps] marker_socket` — needs a
 //! restart, and the log names the changed ones.
@@ -205,14 +205,14 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<String> {
     let (a, b) = (serde_json::to_value(old).unwrap_or_default(), serde_json::to_value(new).unwrap_or_default());
     let mut keys: Vec<String> = match (a.as_object(), b.as_object()) {
         (Some(a), Some(b)) => {
-            a.iter().filter(|(k, v)| !matches!(k.as_str(), "log" | "steps") && b.get(k.as_str()) != Some(*v)).map(|(k, _)| k.clone()).collect()
+            a.iter().filter(|(k, v)| !matches!(k.as_str(), "log" | "steps" | "hang") && b.get(k.as_str()) != Some(*v)).map(|(k, _)| k.clone()).collect()
         }
         _ => Vec::new(),
     };
     if old.steps.marker_socket != new.steps.marker_socket {
         keys.push("steps.marker_socket".into());
     }
-    if keys.is_empty() && (Config { log: new.log.clone(), steps: new.steps.clone(), ..old.clone() }) != *new {
+    if keys.is_empty() && (Config { log: new.log.clone(), steps: new.steps.clone(), hang: new.hang.clone(), ..old.clone() }) != *new {
         keys.push("(a setting not shown, e.g. a secret)".into());
     }
     keys
@@ -238,7 +238,7 @@ async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex
             }
         };
         let applied = match engine.lock() {
-            Ok(mut e) => e.set_steps_config(new.steps.clone()),
+            Ok(mut e) => e.set_steps_config(new.steps.clone()).map(|()| e.set_hang_config(new.hang.clone())),
             Err(p) => p.into_inner().set_steps_config(new.steps.clone()),
         };
         if let Err(e) = applied {
@@ -254,13 +254,14 @@ async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex
         reloads.inc();
         let restart = restart_keys(&running, &new);
         if restart.is_empty() {
-            info!("configuration reloaded (log and [steps] applied)");
+            info!("configuration reloaded (log, [steps] and [hang] applied)");
         } else {
-            warn!("configuration reloaded (log and [steps] applied); changed keys that need a restart: {}", restart.join(", "));
+            warn!("configuration reloaded (log, [steps] and [hang] applied); changed keys that need a restart: {}", restart.join(", "));
         }
         let marker_socket = running.steps.marker_socket.clone();
         running.log = new.log;
         running.steps = new.steps;
+        running.hang = new.hang;
         running.steps.marker_socket = marker_socket;
     }
 }
@@ -293,7 +294,8 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
     let coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
     let host = cfg.collectives.host.clone().unwrap_or_else(crate::sources::collectives::hostname);
-    let engine = Engine::new(cfg.steps.clone(), host, &mut registry).map_err(|e| anyhow::anyhow!("invalid [steps] config: {e}"))?;
+    let mut engine = Engine::new(cfg.steps.clone(), host, &mut registry).map_err(|e| anyhow::anyhow!("invalid [steps] config: {e}"))?;
+    engine.set_hang_config(cfg.hang.clone());
     let engine = Arc::new(Mutex::new(engine));
     let mut state = api::AppState::new(registry);
     state.watchdog = Some(watchdog.clone());

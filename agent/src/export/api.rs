@@ -74,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/collectives", get(collectives))
         .route("/api/v1/steps", get(steps))
+        .route("/api/v1/open", get(open))
         .route("/api/v1/markers", get(markers_get).merge(post(markers_post).route_layer(middleware::from_fn_with_state(state.clone(), require_token))))
         .route("/api/v1/windows", get(windows))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
@@ -376,6 +377,36 @@ fn engine_of(s: &AppState) -> Result<std::sync::MutexGuard<'_, crate::engine::En
         Ok(g) => g,
         Err(p) => p.into_inner(),
     })
+}
+
+/// Query of `/api/v1/open`.
+#[derive(Debug, serde::Deserialize)]
+pub struct OpenQuery {
+    /// Only this communicator (its 16 hex digits, as in `/api/v1/collectives`).
+    pub comm: Option<String>,
+    /// At most this many communicators, the longest-open first (default and maximum
+    /// [`MAX_OPEN_LIMIT`]).
+    pub limit: Option<usize>,
+}
+
+/// Most communicators one `/api/v1/open` response carries (and the default).
+pub const MAX_OPEN_LIMIT: usize = 256;
+
+pub(super) async fn open(State(s): State<AppState>, q: Result<Query<OpenQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Ok(Query(q)) = q else {
+        return (StatusCode::BAD_REQUEST, "bad query: use ?comm=<16 hex digits>&limit=<n>\n").into_response();
+    };
+    if let Some(c) = &q.comm {
+        if c.len() != 16 || !c.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return (StatusCode::BAD_REQUEST, format!("comm {c:?} is not a communicator id: 16 hex digits, as in /api/v1/collectives\n")).into_response();
+        }
+    }
+    let (_, _, limit) = match list_bounds(None, None, q.limit, MAX_OPEN_LIMIT, MAX_OPEN_LIMIT) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let comm = q.comm.map(|c| c.to_ascii_lowercase());
+    off_runtime(move || super::open::page(&s, comm.as_deref(), limit)).await
 }
 
 /// Query of `/api/v1/steps`.

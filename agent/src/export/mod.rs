@@ -4,6 +4,7 @@
 pub mod api;
 pub mod conns;
 pub mod metrics;
+pub mod open;
 pub mod otlp;
 pub mod pages;
 pub mod watchdog;

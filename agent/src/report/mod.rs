@@ -2,6 +2,7 @@
 //! ([`json`]) and a self-contained HTML page ([`html`]). Shared by `agent diagnose` and the
 //! daemon. A [`Report`] holds everything they show; renderers only format it.
 
+pub mod hang;
 pub mod html;
 pub mod json;
 pub mod text;

@@ -5,11 +5,14 @@
 //! - [`markers`]: explicit step markers (Unix socket, `POST /api/v1/markers`, `agent mark`);
 //! - [`steps`]: step windows from markers, or from the period of a communicator's
 //!   `(op, bytes)` sequence when there are none;
-//! - [`windows`]: per-NIC counter deltas over a time window.
+//! - [`windows`]: per-NIC counter deltas over a time window;
+//! - [`open`]: each communicator's progress on one host (open calls, last completed call,
+//!   exited ranks), judged by [`crate::hang`].
 
 pub mod admission;
 pub mod join;
 pub mod markers;
+pub mod open;
 pub mod steps;
 pub mod windows;
 

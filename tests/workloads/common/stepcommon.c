@@ -1,6 +1,7 @@
 #include "stepcommon.h"
 
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +28,12 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
       {"marker-socket", required_argument, 0, 'm'}, {"delay-rank", required_argument, 0, 'D'},
       {"delay-us", required_argument, 0, 'U'},   {"delay-every", required_argument, 0, 'E'},
       {"no-verify", no_argument, 0, 'V'},        {"help", no_argument, 0, 'h'},
+      {"stop-rank", required_argument, 0, 'S'},  {"stop-step", required_argument, 0, 'K'},
+      {"vary-us", required_argument, 0, 'Y'},
       {0, 0, 0, 0}};
   *o = (struct step_opts){.rank = -1, .nranks = -1, .steps = 10, .bytes = 1 << 20,
-                          .compute_us = 10000, .delay_rank = -1, .delay_every = 1, .verify = 1};
+                          .compute_us = 10000, .delay_rank = -1, .delay_every = 1, .verify = 1,
+                          .stop_rank = -1};
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
@@ -44,6 +48,9 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
       case 'U': o->delay_us = parse_long("--delay-us", optarg, 0, usage); break;
       case 'E': o->delay_every = parse_long("--delay-every", optarg, 1, usage); break;
       case 'V': o->verify = 0; break;
+      case 'S': o->stop_rank = (int)parse_long("--stop-rank", optarg, 0, usage); break;
+      case 'K': o->stop_step = parse_long("--stop-step", optarg, 0, usage); break;
+      case 'Y': o->vary_us = parse_long("--vary-us", optarg, 0, usage); break;
       case 'h': fputs(usage, stdout); exit(0);
       default: fputs(usage, stderr); exit(2);
     }
@@ -81,8 +88,23 @@ void busy_wait_us(long us) {
 }
 
 long step_delay_us(const struct step_opts* o, int rank, long k) {
-  if (rank != o->delay_rank || (k + 1) % o->delay_every != 0) return 0;
-  return o->delay_us;
+  long vary = 0;
+  if (o->vary_us > 0 && rank == (int)(k % 4)) {
+    uint64_t h = (uint64_t)k * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 31;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    vary = (long)(h % 1001) * o->vary_us / 1000;
+  }
+  if (rank != o->delay_rank || (k + 1) % o->delay_every != 0) return vary;
+  return vary + o->delay_us;
+}
+
+void step_stop_point(const struct step_opts* o, int rank, long k) {
+  if (rank != o->stop_rank || k != o->stop_step) return;
+  printf("stopping rank=%d step=%ld pid=%d\n", rank, k, (int)getpid());
+  fflush(stdout);
+  raise(SIGSTOP);
 }
 
 void markers_open(struct markers* m, const char* path) {

@@ -17,6 +17,9 @@ struct step_opts {
   long delay_us;
   long delay_every;
   int verify;
+  int stop_rank;  /* -1: none; else this rank SIGSTOPs itself before step stop_step's collective */
+  long stop_step;
+  long vary_us;   /* rank k % 4 computes 0..vary_us longer at step k (deterministic per step) */
 };
 
 /* Parses argv; on a usage error prints usage and exits 2. with_rank: --rank, --nranks and
@@ -29,6 +32,9 @@ void busy_wait_us(long us);
 /* The extra compute this rank does at step k: delay_us when it is the delayed rank and
  * (k+1) % delay_every == 0, i.e. on the delay_every-th, 2*delay_every-th ... step. */
 long step_delay_us(const struct step_opts* o, int rank, long k);
+/* Called just before step k's collective: the --stop-rank rank prints "stopping …" and
+ * stops itself with SIGSTOP at --stop-step (it goes on when sent SIGCONT). */
+void step_stop_point(const struct step_opts* o, int rank, long k);
 
 /* One-line JSON markers {"rank":R,"step":k,"phase":"begin"|"end"} as datagrams to a Unix
  * socket; errors (nobody listening) are ignored. */

@@ -3,6 +3,9 @@
  * MPI_Allreduce of --bytes (float sum over MPI_COMM_WORLD), bracketed by step markers.
  * --delay-rank R --delay-us D --delay-every K: rank R computes D us longer on every K-th
  * step, so the others wait for it inside MPI_Allreduce (readiness skew of D).
+ * --stop-rank R --stop-step K: rank R stops itself (SIGSTOP) just before step K's
+ * MPI_Allreduce. --vary-us V: at step k rank k % 4 computes 0..V longer (a pseudo-random
+ * amount per step): step times vary and the others wait up to V, progressing.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -14,7 +17,7 @@
 static const char usage[] =
     "usage: mpirun ... mpi_steps [--steps S] [--bytes B] [--compute-us C]\n"
     "                  [--marker-socket PATH] [--delay-rank R --delay-us D [--delay-every K]]\n"
-    "                  [--no-verify]\n"
+    "                  [--no-verify] [--stop-rank R --stop-step K] [--vary-us V]\n"
     "  Steps of C us busy-wait + one MPI_Allreduce of B bytes (float sum).\n";
 
 int main(int argc, char** argv) {
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
     marker_send(&m, rank, k, "begin");
     double t0 = now_us();
     busy_wait_us(o.compute_us + delay);
+    step_stop_point(&o, rank, k);
     double t1 = now_us();
     int rc = MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     double t2 = now_us();

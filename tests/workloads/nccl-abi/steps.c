@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
     marker_send(&m, o.rank, k, "begin");
     double t0 = now_us();
     busy_wait_us(o.compute_us + delay);
+    step_stop_point(&o, o.rank, k);
     double t1 = now_us();
     ncclResult_t rc = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
     double t2 = now_us();

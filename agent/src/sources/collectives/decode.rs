@@ -240,6 +240,19 @@ impl CallDecoder {
         out
     }
 
+    /// Collectives entered and not returned yet (`exit_ns` 0, no return value).
+    pub fn open_calls(&self) -> Vec<Call> {
+        let mut out = Vec::new();
+        for p in self.pending.values().flatten().filter(|p| p.seq.is_some()) {
+            if let Some((info, _)) = self.probes.get(&p.probe_id) {
+                if info.op.is_collective() {
+                    out.push(self.make_call(info, p, None, 0, false));
+                }
+            }
+        }
+        out
+    }
+
     fn comm_for(&mut self, info: &ProbeInfo, ev: &ProbeEvent, handle: u64, proc: &ProcInfo) -> (CommId, bool, Option<u32>, Option<u32>) {
         let key = (ev.pid, handle);
         if let Some(c) = self.comms.get(&key) {

@@ -109,6 +109,10 @@ pub struct History {
     /// Wall-time spans holding events that were lost because their process had exited before
     /// the agent could inspect it (merged when less than a second apart; bounded).
     lost: VecDeque<(f64, f64)>,
+    /// Open calls, last completed call per process, exits (`/api/v1/open`).
+    pub progress: super::progress::Progress,
+    /// Root of procfs the traced processes' states are read from.
+    pub proc_root: std::path::PathBuf,
 }
 
 /// Lost-event spans kept at most.
@@ -131,6 +135,8 @@ impl History {
             evicted: 0,
             drained_until: 0.0,
             lost: VecDeque::new(),
+            progress: Default::default(),
+            proc_root: "/proc".into(),
         }
     }
 
@@ -172,11 +178,25 @@ impl History {
             duration: call.exit_ns.saturating_sub(call.enter_ns) as f64 * 1e-9,
             call,
         };
+        self.progress.observe(&rec.call, rec.enter, rec.exit);
         if self.calls.len() >= self.cap {
             self.calls.pop_front();
             self.evicted += 1;
         }
         self.calls.push_back(rec);
+    }
+
+    /// The collectives open now (entered, not returned), from the decoder.
+    pub fn set_open(&mut self, open: Vec<Call>) {
+        let clock = self.clock;
+        self.progress.set_open(open.into_iter().map(|c| (clock.wall(c.enter_ns), c)).map(|(since, c)| (c, since)).collect());
+    }
+
+    /// A traced process was found exited at CLOCK_MONOTONIC `seen_ns`.
+    pub fn process_exited(&mut self, pid: u32, seen_ns: u64, (signal, code): (Option<i32>, Option<i32>)) {
+        let at = self.clock.wall(seen_ns);
+        self.progress.exited(pid, crate::timeline::open::Exit { at, signal, code });
+        self.progress.prune(at);
     }
 
     pub fn push_net(&mut self, req: NetRequest) {

@@ -9,9 +9,11 @@
 pub mod decode;
 mod drain;
 pub mod elf;
+pub mod exits;
 pub mod history;
 mod metrics;
 pub mod procs;
+pub mod progress;
 pub mod targets;
 
 use std::{
@@ -129,6 +131,10 @@ pub struct Collectives {
     /// starved agent rescans — are decoded, not lost, and their open calls are not taken for
     /// aborted ones.
     exiting: HashMap<u32, u64>,
+    /// Pidfds of the traced processes, for how they exited (see [`exits`]).
+    exits: exits::ExitWatch,
+    /// How each process in `exiting` ended (read when it was found exited).
+    exit_status: HashMap<u32, (Option<i32>, Option<i32>)>,
     /// The consumer's watermark (CLOCK_MONOTONIC ns) last published.
     drained_ns: u64,
     exe_cache: HashMap<FileKey, SymbolTable>,
@@ -176,7 +182,9 @@ impl Collectives {
         let selector = cfg.select.resolve().map_err(CollectivesError::Select)?;
         let probes = Probes::load()?;
         let host = cfg.host.clone().unwrap_or_else(hostname);
-        let history = Arc::new(Mutex::new(History::new(host, cfg.history)));
+        let mut hist = History::new(host, cfg.history);
+        hist.proc_root = cfg.proc_root.clone();
+        let history = Arc::new(Mutex::new(hist));
         Ok(Collectives {
             targets,
             globs,
@@ -188,6 +196,8 @@ impl Collectives {
             rejected: HashSet::new(),
             gone: HashSet::new(),
             exiting: HashMap::new(),
+            exits: Default::default(),
+            exit_status: HashMap::new(),
             drained_ns: 0,
             exe_cache: HashMap::new(),
             history,
@@ -352,7 +362,10 @@ impl Collectives {
     fn reap_exited(&mut self) {
         let now = mono_ns();
         for pid in self.procs.keys().copied().filter(|p| !procs::alive(&self.cfg.proc_root, *p)) {
-            self.exiting.entry(pid).or_insert(now);
+            if let std::collections::hash_map::Entry::Vacant(e) = self.exiting.entry(pid) {
+                e.insert(now);
+                self.exit_status.insert(pid, self.exits.status(&self.cfg.proc_root, pid));
+            }
         }
         // A watermark that stopped (no drain thread) holds nothing for more than 30 s.
         let ready: Vec<(u32, u64)> =
@@ -370,6 +383,8 @@ impl Collectives {
                 self.metrics.observe(&c);
                 hist.push_call(c);
             }
+            hist.process_exited(pid, seen, self.exit_status.remove(&pid).unwrap_or((None, None)));
+            self.exits.forget(pid);
             self.procs.remove(&pid);
             self.probes.forget_process(pid);
         }
@@ -431,6 +446,7 @@ impl Collectives {
                 Err(e) => self.metrics.decode_error(e.kind()),
             }
         }
+        hist.set_open(self.decoder.open_calls());
         self.metrics.events.inc_by(events.len() as u64 - retired);
         let drops = self.probes.drops();
         if drops > self.last_drops {
@@ -463,6 +479,7 @@ impl Collectives {
             found.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
         let info = self.proc_info(pid, &libs);
         self.procs.insert(pid, info);
+        self.exits.watch(pid);
         true
     }
 
@@ -538,6 +555,7 @@ impl Collectives {
                     f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
                 let info = self.proc_info(f.pid, &libs);
                 self.procs.insert(f.pid, info);
+                self.exits.watch(f.pid);
             }
         }
         self.reap_exited();

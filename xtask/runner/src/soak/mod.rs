@@ -3,7 +3,10 @@
 //! (default `$STEPWISE_SOAK_MINUTES`, else 10):
 //!
 //! - back-to-back `nccl_steps` jobs (2 ranks, markers) and every fourth job a 4-rank OpenMPI
-//!   `mpi_steps` job, in a network namespace the agent's probes select;
+//!   `mpi_steps` job, in a network namespace the agent's probes select; the OpenMPI jobs are
+//!   slow but progressing — step times from 0.3 to 0.9 s (3×), ranks up to 0.6 s apart — and
+//!   the `[hang]` rule of `tests/tests/e2e_hang.rs` (2 s floor, 5 × the median) must never
+//!   suspect them (the long false-positive run of issue 15);
 //! - an event storm every minute (4 threads calling probed NCCL-ABI entry points for 3 s,
 //!   overflowing the probe ring);
 //! - the sysfs scenario writer playing 4 RDMA NICs with traffic, a counter reset every 30 s
@@ -171,7 +174,7 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
 
     let db = dir.join("agent.db");
     let config = format!(
-        "interval = \"100ms\"\n[sources]\nethtool = false\n[collectives]\nhistory = {SOAK_HISTORY}\nlibrary_dirs = [\"{}\", \"{}\", \"/usr/lib/x86_64-linux-gnu\"]\n[collectives.select]\nnetns = \"/run/netns/{}\"\n[store]\nmax_bytes = {STORE_MAX_BYTES}\nmax_age = \"2m\"\nretention_interval = \"20s\"\n",
+        "interval = \"100ms\"\n[sources]\nethtool = false\n[collectives]\nhistory = {SOAK_HISTORY}\nlibrary_dirs = [\"{}\", \"{}\", \"/usr/lib/x86_64-linux-gnu\"]\n[collectives.select]\nnetns = \"/run/netns/{}\"\n[store]\nmax_bytes = {STORE_MAX_BYTES}\nmax_age = \"2m\"\nretention_interval = \"20s\"\n[hang]\nfloor = \"2s\"\nk = 5\nclear_after = \"2s\"\n",
         lib.display(),
         storm_lib.display(),
         ns.name()
@@ -354,6 +357,11 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
         if storms.load(Ordering::Relaxed) > 0 && t1.drops <= 0.0 {
             problems.push("storms ran but no probe drop was counted".into());
         }
+        let suspicions = metric_sum(&agent.metrics().unwrap_or_default(), "stepwise_hang_suspicions_total", &[]);
+        println!("hang: {suspicions} suspicions raised over the run (slow but progressing OpenMPI jobs every fourth job; must be 0)");
+        if suspicions > 0.0 {
+            problems.push(format!("{suspicions} hang suspicions raised on jobs that were progressing (see the agent log's 'collective suspected hung')"));
+        }
         if let Some(a) = &attacks {
             problems.extend(attack_problems(a, &agent.metrics().unwrap_or_default(), t1.t));
         }
@@ -444,13 +452,13 @@ fn nccl_job(ns: &str, dir: &Path, lib: &Path, sock: &Path, n: u64, stop: &Atomic
     res
 }
 
-/// One 4-rank OpenMPI job of 20 steps.
+/// One 4-rank OpenMPI job of 20 steps of 0.3 s compute, one rank per step up to 0.6 s more.
 fn mpi_job(ns: &str, sock: &Path, stop: &AtomicBool) -> Result<bool> {
     let sock = sock.to_str().context("utf-8 socket path")?;
     let log = std::env::temp_dir().join(format!("stepwise-soak-mpi-{}.log", std::process::id()));
     let mut p = vec![Proc::spawn(
         "mpirun",
-        &mut workloads::mpi_steps(ns, 4, &["--steps", "20", "--bytes", "262144", "--compute-us", "30000", "--marker-socket", sock]),
+        &mut workloads::mpi_steps(ns, 4, &["--steps", "20", "--bytes", "262144", "--compute-us", "300000", "--vary-us", "600000", "--marker-socket", sock]),
         log.clone(),
     )?];
     let res = wait_all(&mut p, stop);

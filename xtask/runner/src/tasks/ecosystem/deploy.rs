@@ -170,7 +170,7 @@ fn alerts_and_dashboards(t: &Tools, helm: &[Value], plain: &[Value], port: &[Val
     }
     let groups = &t.yaml_docs(&text)?[0]["groups"];
     let alerts: Vec<&str> = groups[0]["rules"].as_array().map(|v| v.iter().filter_map(|r| r["alert"].as_str()).collect()).unwrap_or_default();
-    let want = ["StepwiseAgentDown", "StepwiseSourceDown", "StepwiseProbeDrops", "StepwiseSlowSteps", "StepwiseDominantCause"];
+    let want = ["StepwiseAgentDown", "StepwiseSourceDown", "StepwiseProbeDrops", "StepwiseSlowSteps", "StepwiseDominantCause", "StepwiseHangSuspected"];
     if alerts != want {
         bail!("stepwise-rules.yaml alerts {alerts:?}, expected {want:?}");
     }

@@ -1,0 +1,94 @@
+//! `agent diagnose --hang`: every agent's `/api/v1/open` (this host's agent by default, or
+//! `--agent`, `--peers`, `--dns`), joined on the communicator and judged by the same rule
+//! as the daemon ([`crate::hang::evaluate`]): which communicator is stuck, the ranks inside,
+//! and each missing rank with its host, last completed sequence number and state.
+
+use std::{process::ExitCode, time::Instant};
+
+use super::{fetch, DiagnoseArgs, EXIT_FAILURE};
+use crate::{
+    export::open::OpenWire,
+    report::{hang as render, hang::HangReport, PeerFailure},
+};
+
+/// Exit status when a communicator is suspected hung.
+pub const EXIT_HANG: u8 = 4;
+/// Where `--hang` looks without `--agent`, `--peers` or `--dns`.
+pub const LOCAL_AGENT: &str = "127.0.0.1:9477";
+
+fn fetch_all(peers: &[String], timeout: std::time::Duration) -> Vec<(String, Result<OpenWire, fetch::PeerError>)> {
+    let agent = fetch::client();
+    let mut out = Vec::with_capacity(peers.len());
+    for chunk in peers.chunks(fetch::MAX_PARALLEL) {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|p| {
+                    let agent = &agent;
+                    s.spawn(move || fetch::get_json::<OpenWire>(agent, p, "/api/v1/open", Instant::now() + timeout, timeout))
+                })
+                .collect();
+            for (p, h) in chunk.iter().zip(handles) {
+                out.push((p.clone(), h.join().unwrap_or_else(|_| Err(fetch::PeerError::Http("worker panicked".into())))));
+            }
+        });
+    }
+    out
+}
+
+/// The joined report of `answers` (peer, its `/api/v1/open` or why not).
+pub fn report(source: String, answers: Vec<(String, Result<OpenWire, fetch::PeerError>)>, cluster: bool) -> HangReport {
+    let mut rep = HangReport { source, ..Default::default() };
+    let mut wires = Vec::new();
+    for (peer, r) in answers {
+        match r {
+            Ok(w) => {
+                rep.peers.answered.push(format!("{peer} ({})", w.view.host));
+                rep.hosts.push(w.view.host.clone());
+                wires.push(w);
+            }
+            Err(e) => rep.peers.failed.push(PeerFailure { peer, error: e.to_string() }),
+        }
+    }
+    let Some(first) = wires.first() else { return rep };
+    let cfg = first.hang.clone();
+    if wires.iter().any(|w| w.hang != cfg) {
+        rep.notes.push(format!("the agents' [hang] settings differ; judged with {}'s", first.view.host));
+    }
+    if cluster && !rep.peers.failed.is_empty() {
+        rep.notes.push("some peers did not answer: ranks not seen may be on them, so they are listed but not counted as missing".into());
+    }
+    let views: Vec<_> = wires.iter().map(|w| w.view.clone()).collect();
+    rep.hangs = crate::hang::evaluate(&views, &cfg, cluster && rep.peers.failed.is_empty());
+    // An agent's own suspicion (held by its hysteresis) stands even when the joined rule
+    // no longer holds this instant.
+    for h in &mut rep.hangs {
+        let held = wires.iter().flat_map(|w| &w.hangs).filter(|x| x.comm == h.comm && x.suspected);
+        if let Some(since) = held.filter_map(|x| x.suspected_since).reduce(f64::min) {
+            h.suspected = true;
+            h.suspected_since = Some(since);
+        }
+    }
+    rep
+}
+
+pub fn main(a: &DiagnoseArgs, peers: Vec<String>, cluster: bool) -> ExitCode {
+    let peers = if peers.is_empty() { vec![LOCAL_AGENT.to_string()] } else { peers };
+    let source = if cluster { format!("cluster of {} peer(s)", peers.len()) } else { format!("agent {}", peers[0]) };
+    let rep = report(source, fetch_all(&peers, a.timeout), cluster);
+    if rep.hosts.is_empty() {
+        for f in &rep.peers.failed {
+            eprintln!("agent diagnose: agent {} did not answer: {}", f.peer, f.error);
+        }
+        return ExitCode::from(EXIT_FAILURE);
+    }
+    if let Some(path) = &a.html {
+        if let Err(e) = std::fs::write(path, render::html(&rep)) {
+            eprintln!("agent diagnose: cannot write {}: {e}", path.display());
+            return ExitCode::from(EXIT_FAILURE);
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    let code = if rep.suspected() > 0 { ExitCode::from(EXIT_HANG) } else { ExitCode::SUCCESS };
+    crate::cli::print_stdout(if a.json { render::json(&rep) } else { render::text(&rep) }, code)
+}
