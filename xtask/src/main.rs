@@ -17,7 +17,7 @@ const USAGE: &str = "usage: cargo xtask <task>
   test [tier…]       every test tier (lint, fresh-build, unit, integration, ecosystem, fuzz, soak)
   bench <what>       benchmarks: counters, models, attribution, probes
   fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)
-  soak [--minutes N] [--debug] [--attack]  agent under jobs, event storms and counter faults (and attacks); RSS/CPU/fds/db bounds
+  soak [--minutes N] [--debug] [--no-attack]  agent under jobs, event storms, counter faults and attacks; RSS/CPU/fds/db bounds
   scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)
   man [DIR]          man pages for agent and its subcommands (default target/man)
 

@@ -36,6 +36,14 @@ pub struct AttackStats {
     pub idle_connections: usize,
 }
 
+/// Whether a round is under way: its 300 connections are the agent's descriptors for those
+/// seconds, so the soak's descriptor bounds skip the rows sampled meanwhile (RSS counts them).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
 /// Starts the attacker against the agent at `addr` with marker socket `sock`.
 pub fn spawn(addr: String, sock: PathBuf, stop: Arc<AtomicBool>) -> JoinHandle<AttackStats> {
     std::thread::spawn(move || {
@@ -43,7 +51,9 @@ pub fn spawn(addr: String, sock: PathBuf, stop: Arc<AtomicBool>) -> JoinHandle<A
         let mut next = Instant::now() + FIRST;
         while !stop.load(Ordering::Relaxed) {
             if Instant::now() >= next {
+                ACTIVE.store(true, Ordering::Relaxed);
                 round(&addr, &sock, &mut stats);
+                ACTIVE.store(false, Ordering::Relaxed);
                 next += EVERY;
             }
             std::thread::sleep(Duration::from_millis(200));
