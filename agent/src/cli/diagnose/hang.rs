@@ -92,3 +92,55 @@ pub fn main(a: &DiagnoseArgs, peers: Vec<String>, cluster: bool) -> ExitCode {
     let code = if rep.suspected() > 0 { ExitCode::from(EXIT_HANG) } else { ExitCode::SUCCESS };
     crate::cli::print_stdout(if a.json { render::json(&rep) } else { render::text(&rep) }, code)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeline::open::{CommProgress, HostProgress, OpenCall, RankProgress};
+
+    fn wire(host: &str, ranks: Vec<RankProgress>, held: bool) -> OpenWire {
+        let comm = CommProgress {
+            comm: "00000000000000aa".into(),
+            global: true,
+            library: "nccl".into(),
+            nranks: Some(2),
+            median_seconds: Some(0.01),
+            samples: 4,
+            ranks,
+        };
+        let mut w = OpenWire { view: HostProgress { host: host.into(), as_of: 100.0, comms: vec![comm] }, ..Default::default() };
+        w.hang.floor = std::time::Duration::from_secs(2);
+        if held {
+            w.hangs = vec![crate::hang::Hang { comm: "00000000000000aa".into(), suspected: true, suspected_since: Some(90.0), ..Default::default() }];
+        }
+        w
+    }
+
+    fn inside(rank: u32, host: &str, since: f64) -> RankProgress {
+        RankProgress {
+            rank: Some(rank),
+            pid: rank + 1,
+            host: host.into(),
+            open: Some(OpenCall { seq: 3, op: "all_reduce".into(), tid: 1, since }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn views_join_across_peers_and_a_failed_peer_keeps_unseen_ranks_uncounted() {
+        let both =
+            vec![("a:1".to_string(), Ok(wire("a", vec![inside(0, "a", 99.5)], false))), ("b:1".to_string(), Ok(wire("b", vec![inside(1, "b", 99.6)], false)))];
+        let rep = report("cluster".into(), both, true);
+        assert_eq!(rep.hosts, vec!["a", "b"]);
+        assert_eq!((rep.hangs[0].inside.len(), rep.suspected()), (2, 0), "both ranks inside 0.5 s: nothing suspected");
+        let one_failed = vec![("a:1".to_string(), Ok(wire("a", vec![inside(0, "a", 10.0)], false))), ("b:1".to_string(), Err(fetch::PeerError::Refused))];
+        let rep = report("cluster".into(), one_failed, true);
+        assert_eq!(rep.suspected(), 0, "rank 1 may be on the peer that did not answer");
+        assert!(rep.notes.iter().any(|n| n.contains("did not answer")), "{:?}", rep.notes);
+        assert_eq!(rep.peers.failed.len(), 1);
+        // An agent's held suspicion stands in the joined report.
+        let held = vec![("a:1".to_string(), Ok(wire("a", vec![inside(0, "a", 99.9)], true)))];
+        let rep = report("agent a:1".into(), held, false);
+        assert_eq!((rep.suspected(), rep.hangs[0].suspected_since), (1, Some(90.0)));
+    }
+}

@@ -41,6 +41,12 @@ fn conflicting_or_malformed_flags_are_usage_errors() {
     assert!(usage_error(&["--threshold-ms=-1"]).contains("milliseconds"));
     assert!(usage_error(&["--threshold-ms", "NaN"]).contains("milliseconds"));
     assert!(usage_error(&["--bogus"]).contains("--bogus"));
+    for with in [&["--step", "3"][..], &["--slowest", "2"], &["--since", "5m"], &["--db", "x.db"]] {
+        let args: Vec<&str> = ["--hang"].into_iter().chain(with.iter().copied()).collect();
+        assert!(usage_error(&args).contains("cannot be used with"), "--hang {with:?}");
+    }
+    let a = parse(&["--hang", "--peers", "a,b:1", "--json"]).expect("--hang with peers");
+    assert!(a.hang && a.json && a.peers.len() == 2);
 }
 
 #[test]
