@@ -2,7 +2,8 @@
 //! tick, with hysteresis (a raised suspicion holds until the rule has been false for
 //! `[hang] clear_after`), a log line when one is raised and cleared, and the metrics
 //! `stepwise_collective_open_seconds`, `stepwise_hang_suspected`,
-//! `stepwise_hang_missing_ranks` (per communicator, at most [`MAX_COMM_LABELS`]) and
+//! `stepwise_hang_missing_ranks` (per communicator with a live process on this host, at most
+//! [`MAX_COMM_LABELS`]; a finished job's series are removed) and
 //! `stepwise_hang_suspicions_total`.
 
 use std::{collections::HashMap, sync::atomic::AtomicU64};
@@ -78,9 +79,12 @@ impl Detector {
 
     /// Judges `view` at wall time `now`.
     pub fn update(&mut self, view: &HostProgress, now: f64) {
+        // Communicators with a live process here keep their series (at 0 when nothing is
+        // open); those of finished jobs lose them.
+        let live: std::collections::HashSet<&str> = view.comms.iter().filter(|c| c.ranks.iter().any(|r| r.exited.is_none())).map(|c| c.comm.as_str()).collect();
         if !self.cfg.enabled {
             self.last.clear();
-            self.publish(&[]);
+            self.publish(&[], &live);
             return;
         }
         let mut hangs = evaluate(std::slice::from_ref(view), &self.cfg, false);
@@ -116,38 +120,37 @@ impl Detector {
             st.raised.is_some()
         });
         hangs.extend(held);
-        self.publish(&hangs);
+        self.publish(&hangs, &live);
         self.last = hangs;
     }
 
-    fn publish(&mut self, hangs: &[Hang]) {
+    fn publish(&mut self, hangs: &[Hang], live: &std::collections::HashSet<&str>) {
         let mut shown: Vec<&Hang> = hangs.iter().collect();
         shown.sort_by(|a, b| b.suspected.cmp(&a.suspected).then(b.open_seconds.total_cmp(&a.open_seconds)));
         shown.truncate(MAX_COMM_LABELS);
         let now: Vec<CommLabels> = shown.iter().map(|h| CommLabels { comm: h.comm.clone(), library: h.library.clone() }).collect();
-        // A communicator that no longer has an open call reads 0 until another takes its
-        // place, so a cleared hang is seen going to 0, not vanishing.
-        for old in &self.labelled {
-            if !now.contains(old) {
-                self.metrics.open.get_or_create(old).set(0.0);
-                self.metrics.suspected.get_or_create(old).set(0);
-                self.metrics.missing.get_or_create(old).set(0);
+        // A live communicator that no longer has an open call reads 0, so a cleared hang is
+        // seen going to 0; a finished job's communicators are removed.
+        let mut keep = now.clone();
+        for old in std::mem::take(&mut self.labelled) {
+            if now.contains(&old) {
+                continue;
+            }
+            if live.contains(old.comm.as_str()) && keep.len() < MAX_COMM_LABELS {
+                self.metrics.open.get_or_create(&old).set(0.0);
+                self.metrics.suspected.get_or_create(&old).set(0);
+                self.metrics.missing.get_or_create(&old).set(0);
+                keep.push(old);
+            } else {
+                self.metrics.open.remove(&old);
+                self.metrics.suspected.remove(&old);
+                self.metrics.missing.remove(&old);
             }
         }
         for (l, h) in now.iter().zip(&shown) {
             self.metrics.open.get_or_create(l).set(h.open_seconds);
             self.metrics.suspected.get_or_create(l).set(i64::from(h.suspected));
             self.metrics.missing.get_or_create(l).set(h.missing.iter().filter(|m| m.why != Why::NotSeen).count() as i64);
-        }
-        let mut keep = now;
-        for old in std::mem::take(&mut self.labelled) {
-            if keep.len() >= MAX_COMM_LABELS {
-                self.metrics.open.remove(&old);
-                self.metrics.suspected.remove(&old);
-                self.metrics.missing.remove(&old);
-            } else if !keep.contains(&old) {
-                keep.push(old);
-            }
         }
         self.labelled = keep;
     }

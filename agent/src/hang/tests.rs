@@ -153,4 +153,13 @@ fn the_detector_holds_a_suspicion_and_exports_it() {
     let m = text(&reg);
     assert!(m.contains("stepwise_collective_open_seconds{comm=\"00000000000000aa\",library=\"mpi\"} 0"), "{m}");
     assert!(m.contains("stepwise_hang_suspicions_total 1"));
+    // The job ended: its communicator's series go.
+    let mut gone = done.clone();
+    for r in &mut gone.comms[0].ranks {
+        r.exited = Some(Exit { at: 108.0, signal: None, code: Some(0) });
+    }
+    d.update(&gone, 108.0);
+    let m = text(&reg);
+    assert!(!m.contains("comm=\"00000000000000aa\""), "{m}");
+    assert!(m.contains("stepwise_hang_suspicions_total 1"));
 }
