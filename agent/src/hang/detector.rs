@@ -2,8 +2,8 @@
 //! tick, with hysteresis (a raised suspicion holds until the rule has been false for
 //! `[hang] clear_after`), a log line when one is raised and cleared, and the metrics
 //! `stepwise_collective_open_seconds`, `stepwise_hang_suspected`,
-//! `stepwise_hang_missing_ranks` (per communicator with a live process on this host, at most
-//! [`MAX_COMM_LABELS`]; a finished job's series are removed) and
+//! `stepwise_hang_missing_ranks` (per communicator, at most [`MAX_COMM_LABELS`]; a finished
+//! job's series are removed [`LINGER_SECONDS`] after its last process here) and
 //! `stepwise_hang_suspicions_total`.
 
 use std::{collections::HashMap, sync::atomic::AtomicU64};
@@ -20,6 +20,8 @@ use crate::{config::HangConfig, timeline::open::HostProgress};
 
 /// Communicators with their own series at most (the longest-open first).
 pub const MAX_COMM_LABELS: usize = 32;
+/// How long a communicator none of whose processes lives here keeps its series (at 0).
+pub const LINGER_SECONDS: f64 = 600.0;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CommLabels {
@@ -46,7 +48,8 @@ pub struct Detector {
     cfg: HangConfig,
     state: HashMap<String, State>,
     last: Vec<Hang>,
-    labelled: Vec<CommLabels>,
+    /// Communicators with series, and when each last had a live process here.
+    labelled: Vec<(CommLabels, f64)>,
     metrics: Metrics,
 }
 
@@ -84,7 +87,7 @@ impl Detector {
         let live: std::collections::HashSet<&str> = view.comms.iter().filter(|c| c.ranks.iter().any(|r| r.exited.is_none())).map(|c| c.comm.as_str()).collect();
         if !self.cfg.enabled {
             self.last.clear();
-            self.publish(&[], &live);
+            self.publish(&[], &live, now);
             return;
         }
         let mut hangs = evaluate(std::slice::from_ref(view), &self.cfg, false);
@@ -120,27 +123,29 @@ impl Detector {
             st.raised.is_some()
         });
         hangs.extend(held);
-        self.publish(&hangs, &live);
+        self.publish(&hangs, &live, now);
         self.last = hangs;
     }
 
-    fn publish(&mut self, hangs: &[Hang], live: &std::collections::HashSet<&str>) {
+    fn publish(&mut self, hangs: &[Hang], live: &std::collections::HashSet<&str>, t: f64) {
         let mut shown: Vec<&Hang> = hangs.iter().collect();
         shown.sort_by(|a, b| b.suspected.cmp(&a.suspected).then(b.open_seconds.total_cmp(&a.open_seconds)));
         shown.truncate(MAX_COMM_LABELS);
         let now: Vec<CommLabels> = shown.iter().map(|h| CommLabels { comm: h.comm.clone(), library: h.library.clone() }).collect();
-        // A live communicator that no longer has an open call reads 0, so a cleared hang is
-        // seen going to 0; a finished job's communicators are removed.
-        let mut keep = now.clone();
-        for old in std::mem::take(&mut self.labelled) {
+        // A communicator that no longer has an open call reads 0, so a cleared hang is seen
+        // going to 0; one none of whose processes has lived here for LINGER_SECONDS (a
+        // finished job) loses its series.
+        let mut keep: Vec<(CommLabels, f64)> = now.iter().map(|l| (l.clone(), t)).collect();
+        for (old, seen) in std::mem::take(&mut self.labelled) {
             if now.contains(&old) {
                 continue;
             }
-            if live.contains(old.comm.as_str()) && keep.len() < MAX_COMM_LABELS {
+            let seen = if live.contains(old.comm.as_str()) { t } else { seen };
+            if t - seen < LINGER_SECONDS && keep.len() < MAX_COMM_LABELS {
                 self.metrics.open.get_or_create(&old).set(0.0);
                 self.metrics.suspected.get_or_create(&old).set(0);
                 self.metrics.missing.get_or_create(&old).set(0);
-                keep.push(old);
+                keep.push((old, seen));
             } else {
                 self.metrics.open.remove(&old);
                 self.metrics.suspected.remove(&old);

@@ -159,6 +159,8 @@ fn the_detector_holds_a_suspicion_and_exports_it() {
         r.exited = Some(Exit { at: 108.0, signal: None, code: Some(0) });
     }
     d.update(&gone, 108.0);
+    assert!(text(&reg).contains("stepwise_collective_open_seconds{comm=\"00000000000000aa\",library=\"mpi\"} 0"), "kept at 0 for a while");
+    d.update(&gone, 108.0 + detector::LINGER_SECONDS);
     let m = text(&reg);
     assert!(!m.contains("comm=\"00000000000000aa\""), "{m}");
     assert!(m.contains("stepwise_hang_suspicions_total 1"));
