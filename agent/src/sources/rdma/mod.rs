@@ -43,6 +43,11 @@ pub const KIND_CARDINALITY: &str = "cardinality";
 pub const MAX_COUNTER_NAMES: usize = 256;
 /// Directories are re-listed at least this often (see [`files`]).
 const RELIST_PERIOD: Duration = Duration::from_secs(30);
+/// Counters that only feed metrics (the generic `stepwise_rdma_{port,hw}_stat_total`
+/// families, and `hw_counters/lifespan`) are read at least this often, not every sweep of a
+/// faster interval: attribution never reads them and Prometheus scrapes far more slowly. The
+/// counters attribution uses, and `state`, are read every sweep (see [`port`]).
+pub const METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 /// Plain-data snapshot of one port's cumulative counters, for consumers that diff them over
 /// step windows (attribution). Values are in base units and never decrease.
@@ -183,6 +188,8 @@ pub struct RdmaSource {
     counter_names: BTreeSet<String>,
     budget: Budget,
     relist_every: u32,
+    /// Sweeps between reads of the metric-only counters (see [`METRICS_PERIOD`]).
+    metrics_every: u32,
     sweeps: u64,
     scratch: Scratch,
     /// `<sysfs>/class/infiniband`.
@@ -221,7 +228,8 @@ impl RdmaSource {
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
         let metrics = Metrics::register(registry);
         let class_path = ctx.sysfs_root.join("class/infiniband");
-        let relist_every = u32::try_from(RELIST_PERIOD.as_nanos().div_ceil(ctx.interval.as_nanos().max(1))).unwrap_or(u32::MAX).max(1);
+        let every = |period: Duration| u32::try_from(period.as_nanos().div_ceil(ctx.interval.as_nanos().max(1))).unwrap_or(u32::MAX).max(1);
+        let (relist_every, metrics_every) = (every(RELIST_PERIOD), every(METRICS_PERIOD));
         RdmaSource {
             ctx,
             metrics,
@@ -232,6 +240,7 @@ impl RdmaSource {
             counter_names: BTreeSet::new(),
             budget: Budget::from_rlimit(),
             relist_every,
+            metrics_every,
             sweeps: 0,
             scratch: Scratch::default(),
             class_path,
@@ -338,6 +347,7 @@ impl RdmaSource {
             budget: &self.budget,
             interval: self.ctx.interval,
             relist_every: self.relist_every,
+            metrics_every: self.metrics_every,
             scratch: &mut self.scratch,
         };
         let mut any_ok = false;

@@ -87,12 +87,14 @@ pub enum ReadFailure {
     /// `read()` failed (EIO on a restricted function, EISDIR, a dangling link, EACCES…).
     Io,
     Value(ValueError),
+    /// Not read this sweep: a metric-only counter between its paced reads (not a failure).
+    NotDue,
 }
 
 impl ReadFailure {
     pub fn kind(&self) -> &'static str {
         match self {
-            ReadFailure::Io => kind::READ,
+            ReadFailure::Io | ReadFailure::NotDue => kind::READ,
             ReadFailure::Value(v) => v.kind(),
         }
     }

@@ -125,6 +125,8 @@ pub(super) struct Io<'a> {
     pub interval: Duration,
     /// Re-list directories every this many sweeps (see [`files`](super::files)).
     pub relist_every: u32,
+    /// Read paced (metric-only) files every this many sweeps (see [`super::METRICS_PERIOD`]).
+    pub metrics_every: u32,
     pub scratch: &'a mut Scratch,
 }
 
@@ -146,6 +148,8 @@ pub(super) struct Scratch {
 #[derive(Debug, Default)]
 struct Gathered {
     text: [bool; 3],
+    /// Text files left unread this sweep (`rate`, `link_layer` between their paced reads).
+    text_not_due: [bool; 3],
     groups: [bool; 3],
 }
 
@@ -171,6 +175,14 @@ pub(super) struct PortState {
     /// Read hw_counters every this many sweeps (see [`hw_every`]).
     pub hw_every: u32,
     hw_countdown: u32,
+    /// Sweeps left until the paced files are due again.
+    paced_countdown: u32,
+    /// Per group: its paced files are due at the next sweep that reads the group (hw_counters
+    /// may not be read on the sweep the period ends).
+    paced_due: [bool; 3],
+    /// `rate` and `link_layer` are due: at each period, and after `state` changed (a link
+    /// renegotiates its rate only through a state change).
+    text_due: bool,
     pub lifespan_ms: Option<u64>,
     pub up: bool,
     pub state: Option<String>,
@@ -205,6 +217,9 @@ impl PortState {
             totals: [None; Typed::COUNT],
             hw_every: 1,
             hw_countdown: 0,
+            paced_countdown: 0,
+            paced_due: [true; 3],
+            text_due: true,
             lifespan_ms: None,
             up: false,
             state: None,
@@ -297,7 +312,17 @@ impl PortState {
     /// Reads one port; `None` if its directory no longer exists, else (values read, skipped).
     pub fn sweep(&mut self, io: &mut Io, dev: &str, port: u32, topo: Option<&TopoEntry>, topo_gen: u64) -> Option<(usize, usize)> {
         let hw_due = self.hw_countdown == 0;
+        if self.paced_countdown == 0 {
+            self.paced_due = [true; 3];
+            self.text_due = true;
+            self.paced_countdown = io.metrics_every;
+        }
+        self.paced_countdown -= 1;
         let got = self.gather(io, hw_due)?;
+        for (due, read) in self.paced_due.iter_mut().zip(got.groups) {
+            *due &= !read;
+        }
+        self.text_due &= got.text_not_due[1];
         self.present = true;
         self.relabel(io.metrics, dev, port, topo, topo_gen);
         let mut skipped = self.apply_text(io, &got);
@@ -360,7 +385,7 @@ impl PortState {
                 }
             }
             let Some(files) = self.files.as_mut() else { continue };
-            match read_files(files, io, hw_due, !last) {
+            match read_files(files, io, Due { hw: hw_due, paced: self.paced_due, text: self.text_due }, !last) {
                 Ok(g) => return Some(g),
                 Err(_) => self.files = None,
             }
@@ -371,8 +396,8 @@ impl PortState {
     /// state, rate, link_layer (attributes of every IB port, core sysfs.c); returns skipped.
     fn apply_text(&mut self, io: &mut Io, got: &Gathered) -> usize {
         let mut skipped = 0;
-        for ok in got.text {
-            if !ok {
+        for (ok, not_due) in got.text.into_iter().zip(got.text_not_due) {
+            if !ok && !not_due {
                 io.err(kind::READ);
                 skipped += 1;
             }
@@ -380,6 +405,7 @@ impl PortState {
         let (m, text) = (io.metrics, &io.scratch.text);
         let Some(labels) = &self.labels else { return skipped };
         if got.text[0] {
+            self.text_due |= !self.state_text.valid || self.state_text.raw != text[0];
             match self.state_text.get(&text[0], parse::parse_state) {
                 Some(s) => {
                     self.up = s.is_active();
@@ -406,6 +432,9 @@ impl PortState {
                 }
             }
         }
+        if got.text_not_due[2] {
+            return skipped;
+        }
         let link = if got.text[2] { self.link_text.get(&text[2], parse::parse_link_layer).as_deref() } else { None };
         if self.link_layer.as_deref() != link {
             self.link_layer = link.map(str::to_string);
@@ -422,12 +451,14 @@ impl PortState {
         for (f, value) in dir.files.iter_mut().zip(&io.scratch.values[g]) {
             if f.tag == Tag::New && group == Group::Hw && spec::is_hw_control_file(&f.name) {
                 f.tag = Tag::Control;
+                f.paced = true;
             }
             if f.tag == Tag::Control {
                 continue;
             }
             let v = match value {
                 Ok(v) => *v,
+                Err(ReadFailure::NotDue) => continue,
                 Err(e) => {
                     io.err(e.kind());
                     skipped += 1;
@@ -444,6 +475,7 @@ impl PortState {
                 _ => match self.counters.iter().position(|c| c.group == group && c.name == f.name) {
                     Some(i) => {
                         f.tag = Tag::Counter(i);
+                        f.paced = self.counters.get(i).is_some_and(|c| !matches!(c.target, Target::Typed(_)));
                         i
                     }
                     None => {
@@ -453,6 +485,7 @@ impl PortState {
                                 io.err(KIND_CARDINALITY);
                                 skipped += 1;
                                 f.tag = Tag::OverCap;
+                                f.paced = true;
                                 continue;
                             }
                             io.names.insert(f.name.clone());
@@ -465,6 +498,7 @@ impl PortState {
                         let series =
                             fam.map(|fam| fam.get_or_create_owned(&CounterLabels { device: dev.to_string(), port: port.to_string(), counter: f.name.clone() }));
                         f.tag = Tag::Counter(self.counters.len());
+                        f.paced = !matches!(sp.target, Target::Typed(_));
                         self.counters.push(CounterState {
                             group,
                             name: f.name.clone(),
@@ -525,14 +559,30 @@ impl PortState {
     }
 }
 
-/// Reads the port's text files and the counter groups due into the scratch buffers. With
-/// `abort_stale`, a descriptor whose file is gone stops the pass (`Err`); otherwise it is
-/// one more failed read.
-fn read_files(files: &mut PortFiles, io: &mut Io, hw_due: bool, abort_stale: bool) -> Result<Gathered, ReadError> {
+/// What a sweep reads of a port besides `state` and the counters attribution uses.
+#[derive(Clone, Copy, Debug)]
+struct Due {
+    /// hw_counters (see [`hw_every`]).
+    hw: bool,
+    /// Per group: its paced (metric-only) files.
+    paced: [bool; 3],
+    /// `rate` and `link_layer`.
+    text: bool,
+}
+
+/// Reads the port's text files and the counter groups due into the scratch buffers; a
+/// group's paced files only where `due.paced` says so ([`ReadFailure::NotDue`] otherwise).
+/// With `abort_stale`, a descriptor whose file is gone stops the pass (`Err`); otherwise it
+/// is one more failed read.
+fn read_files(files: &mut PortFiles, io: &mut Io, due: Due, abort_stale: bool) -> Result<Gathered, ReadError> {
     let mut got = Gathered::default();
     let mut failed = false;
     let s = &mut *io.scratch;
     for (i, f) in files.text.iter_mut().enumerate() {
+        if i > 0 && !due.text {
+            got.text_not_due[i] = true;
+            continue;
+        }
         match f.read(&files.dir, &mut s.text[i], io.budget) {
             Ok(()) => got.text[i] = true,
             Err(ReadError::Stale) if abort_stale => return Err(ReadError::Stale),
@@ -541,12 +591,16 @@ fn read_files(files: &mut PortFiles, io: &mut Io, hw_due: bool, abort_stale: boo
     }
     for (g, dir) in files.groups.iter_mut().enumerate() {
         let Some(dir) = dir else { continue };
-        if g == HW && !hw_due {
+        if g == HW && !due.hw {
             continue;
         }
         let vals = &mut s.values[g];
         vals.clear();
         for f in &mut dir.files {
+            if f.paced && !due.paced[g] {
+                vals.push(Err(ReadFailure::NotDue));
+                continue;
+            }
             let v = match f.read(&dir.dir, &mut s.buf, io.budget) {
                 Ok(()) => parse::parse_counter_bytes(&s.buf).map_err(ReadFailure::Value),
                 Err(ReadError::Stale) if abort_stale => return Err(ReadError::Stale),

@@ -229,13 +229,15 @@ fn hw_counters_are_read_no_faster_than_their_lifespan() {
     let h = Host::new();
     h.add_nic("mlx5_0", "eth0");
     h.put("mlx5_0", "hw_counters/lifespan", "30\n");
+    // A counter attribution reads (out_of_buffer), so it is not also paced to once a second.
+    h.put("mlx5_0", "hw_counters/out_of_buffer", "7\n");
     let (mut src, _e, _r) = h.source_with(Duration::from_millis(10), Selector::new(&[], &[], true).expect("sel"));
     src.sweep().expect("sweep"); // reads hw (sweep 0)
     let mut seen = Vec::new();
     for i in 1..=6u64 {
-        h.put("mlx5_0", "hw_counters/rx_read_requests", &format!("{}\n", 7 + i));
+        h.put("mlx5_0", "hw_counters/out_of_buffer", &format!("{}\n", 7 + i));
         src.sweep().expect("sweep");
-        seen.push(hw(&src, "mlx5_0", "rx_read_requests"));
+        seen.push(hw(&src, "mlx5_0", "out_of_buffer"));
     }
     assert_eq!(seen, vec![7, 7, 10, 10, 10, 13], "hw_counters read on sweeps 0, 3, 6 only");
     assert_eq!(src.status()["devices"][0]["ports"][0]["hw_counters_every_sweeps"], 3);
@@ -480,4 +482,40 @@ fn a_fifo_in_place_of_a_counter_is_a_failed_read_and_the_sweep_goes_on() {
     assert_eq!(port(&src.ports(), "mlx5_0").transmit_bytes, 800, "the other device is still swept");
     assert_eq!(port(&src.ports(), "mlx5_1").transmit_bytes, 400, "and the rest of this one");
     assert!(errors.get("rdma", "read") >= 3);
+}
+
+#[test]
+fn metric_only_counters_and_the_rate_are_read_once_a_period_attribution_counters_every_sweep() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    // 100 ms: the metric-only files are due every 10 sweeps (METRICS_PERIOD).
+    let (mut src, errors, _r) = h.source_with(Duration::from_millis(100), Selector::new(&[], &[], true).expect("sel"));
+    src.sweep().expect("sweep 0 reads everything");
+    let rate = |s: &RdmaSource| s.status()["devices"][0]["ports"][0]["rate_bytes_per_second"].as_f64();
+    let rate0 = rate(&src);
+    let (mut generic, mut typed, mut rates) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 1..=11u64 {
+        h.put("mlx5_0", "hw_counters/rx_read_requests", &format!("{}\n", 7 + i));
+        h.put("mlx5_0", "counters/port_xmit_data", &format!("{}\n", 100 + i));
+        if i == 2 {
+            h.put("mlx5_0", "rate", "200 Gb/sec (4X HDR)\n");
+        }
+        if i == 4 {
+            // A state change makes the rate due at the next sweep.
+            h.put("mlx5_0", "state", "1: DOWN\n");
+            h.put("mlx5_0", "rate", "100 Gb/sec (4X EDR)\n");
+        }
+        src.sweep().expect("sweep");
+        generic.push(hw(&src, "mlx5_0", "rx_read_requests"));
+        typed.push(port(&src.ports(), "mlx5_0").transmit_bytes);
+        rates.push(rate(&src).map(|r| r * 8.0 / 1e9));
+    }
+    assert_eq!(generic, vec![7, 7, 7, 7, 7, 7, 7, 7, 7, 17, 17], "rx_read_requests read on sweeps 0 and 10 only");
+    assert_eq!(typed, (1..=11).map(|i| 4 * (100 + i)).collect::<Vec<u64>>(), "port_xmit_data read every sweep");
+    assert_eq!(rate0.map(|r| r * 8.0 / 1e9), Some(400.0));
+    let g = |x: f64| Some(x);
+    assert_eq!(rates, vec![g(400.0), g(400.0), g(400.0), g(400.0), g(100.0), g(100.0), g(100.0), g(100.0), g(100.0), g(100.0), g(100.0)]);
+    assert!(!port(&src.ports(), "mlx5_0").up, "state is read every sweep");
+    assert_eq!(errors.get("rdma", "read"), 0, "an unread file is not a failed read");
+    assert_eq!(errors.get("rdma", "counter_reset"), 0);
 }
