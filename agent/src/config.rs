@@ -305,11 +305,15 @@ impl Config {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
         };
-        let mut cfg = match read_regular(&path) {
-            Ok(text) => Config::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Config::default(),
+        let (mut cfg, otlp_keys) = match read_regular(&path) {
+            Ok(text) => {
+                (Config::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?, crate::export::otlp::env::file_keys(&text))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => (Config::default(), Default::default()),
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
+        // The standard OTEL_* variables fill what `[otlp]` leaves out.
+        crate::export::otlp::env::apply(&mut cfg.otlp, &otlp_keys, &|k| std::env::var(k).ok())?;
         if let Some(v) = overrides.listen {
             cfg.listen = v;
         }

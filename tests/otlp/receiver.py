@@ -3,7 +3,8 @@
 
 Serves, on 127.0.0.1:
   - OTLP/gRPC: MetricsService/Export and TraceService/Export (grpcio server), and
-  - OTLP/HTTP: POST /v1/metrics and /v1/traces with application/x-protobuf bodies,
+  - OTLP/HTTP: POST /v1/metrics and /v1/traces with application/x-protobuf bodies
+    (gzip-compressed when content-encoding says so; grpcio inflates gzip messages itself),
 and writes every request it decodes as one JSON line to --out:
   {"transport": "grpc"|"http", "signal": "metrics"|"traces",
    "headers": {name: value}, "request": <MessageToDict of the Export request>}
@@ -14,6 +15,7 @@ Usage: receiver.py --grpc-port P --http-port Q --out FILE
 """
 
 import argparse
+import gzip
 import json
 import sys
 import threading
@@ -72,6 +74,10 @@ class Http(BaseHTTPRequestHandler):
             self.send_error(415)
             return
         try:
+            if headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            elif headers.get("content-encoding") not in (None, "identity"):
+                raise ValueError("content-encoding " + headers["content-encoding"])
             msg = req_type.FromString(body)
         except Exception as e:  # a body that is not the Export request
             record("http", signal, headers, error=str(e))

@@ -169,10 +169,15 @@ pub struct Agent {
 impl Agent {
     /// Starts `agent run` with extra args and waits until `/readyz` answers 200.
     pub fn start(dir: &Path, args: &[&str]) -> Result<Agent> {
+        Agent::start_env(dir, args, &[])
+    }
+
+    /// [`Agent::start`] with extra environment variables.
+    pub fn start_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Agent> {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(agent_bin());
-        cmd.args(["run", "--listen", &addr]).args(args).env("STEPWISE_LOG", "info");
+        cmd.args(["run", "--listen", &addr]).args(args).env("STEPWISE_LOG", "info").envs(env.iter().copied());
         // Each test agent gets its own history and marker socket unless the test chose them
         // (flags, or the config file which the env defaults do not override).
         let config_sets = |key: &str| {

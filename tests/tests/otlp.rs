@@ -3,10 +3,11 @@
 //! `~/.cache/stepwise/py` on first use). The agent watches the straggler job of
 //! `e2e_straggler.rs` (4 MPI ranks in a netns, rank 2 30 ms late every 5th step) and exports:
 //!
-//! 1. over OTLP/gRPC: every metric family of `/metrics` with its type, and one trace per
+//! 1. over OTLP/gRPC (gzip): every metric family of `/metrics` with its type, and one trace per
 //!    attributed step (a `step` span with collective and cause children; the
 //!    readiness_skew cause span names rank 2);
-//! 2. over OTLP/HTTP-protobuf: the same, with the configured headers;
+//! 2. over OTLP/HTTP-protobuf, configured by the standard `OTEL_*` variables only: the same,
+//!    gzip-compressed, with the headers and resource attributes those variables give;
 //! 3. to a collector that accepts connections and never answers: exports time out and
 //!    are counted, steps beyond the queue are dropped and counted, and sampling and
 //!    attribution go on at their own pace.
@@ -119,7 +120,12 @@ fn spans(lines: &[&Value]) -> Vec<Value> {
 fn metrics(l: &Value) -> Vec<Value> {
     let mut out = Vec::new();
     for rm in l["request"]["resource_metrics"].as_array().into_iter().flatten() {
-        assert_eq!(attr_s(&rm["resource"]["attributes"], "service.name"), Some("stepwise-agent"), "resource: {}", rm["resource"]);
+        // The default name, or the one OTEL_SERVICE_NAME gave (part 2).
+        assert!(
+            matches!(attr_s(&rm["resource"]["attributes"], "service.name"), Some("stepwise-agent" | "stepwise-node-agent")),
+            "resource: {}",
+            rm["resource"]
+        );
         assert!(attr_s(&rm["resource"]["attributes"], "host.name").is_some_and(|h| !h.is_empty()));
         for sm in rm["scope_metrics"].as_array().into_iter().flatten() {
             out.extend(sm["metrics"].as_array().into_iter().flatten().cloned());
@@ -284,7 +290,7 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
         dir.path(),
         &ns,
         &sock,
-        &format!("endpoint = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\n[otlp.headers]\nx-stepwise-test = \"grpc\"\n", rx.grpc),
+        &format!("endpoint = \"http://127.0.0.1:{}\"\ninterval = \"1s\"\ncompression = \"gzip\"\n[otlp.headers]\nx-stepwise-test = \"grpc\"\n", rx.grpc),
     );
     let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8")]).expect("agent starts");
     job(&ns, &sock, 10);
@@ -310,14 +316,19 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     assert_eq!(sample(&m, "stepwise_otlp_export_errors_total", &[("signal", "metrics")]), Some(0.0));
     drop(agent);
 
-    // 2. HTTP/protobuf (the endpoint with a trailing slash, as users write it).
-    let cfg = config(
-        dir.path(),
-        &ns,
-        &sock,
-        &format!("endpoint = \"http://127.0.0.1:{}/\"\nprotocol = \"http/protobuf\"\ninterval = \"1s\"\n[otlp.headers]\nx-stepwise-test = \"http\"\n", rx.http),
-    );
-    let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8")]).expect("agent starts");
+    // 2. HTTP/protobuf, configured the way collectors' users configure every SDK: by the
+    // standard OTEL_* variables (the endpoint with a trailing slash, as users write it), gzip.
+    let cfg = config(dir.path(), &ns, &sock, "interval = \"1s\"\n");
+    let endpoint = format!("http://127.0.0.1:{}/", rx.http);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-stepwise-test=http,authorization=Bearer%20t0ken"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "k8s.cluster.name=test-cluster,deployment.environment=ci%2Clocal"),
+        ("OTEL_SERVICE_NAME", "stepwise-node-agent"),
+    ];
+    let agent = Agent::start_env(dir.path(), &["--config", cfg.to_str().expect("utf8")], &env).expect("agent starts");
     job(&ns, &sock, 10);
     let traces = wait_for(Duration::from_secs(20), "step 4's trace over HTTP", || {
         let lines = rx.lines();
@@ -328,9 +339,17 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     check_step_trace(&traces, 4, "http", &agent);
     check_metrics(&rx, &agent, "http");
     let lines = rx.lines();
-    assert!(requests(&lines, "http", "metrics")
-        .iter()
-        .all(|l| l["headers"]["x-stepwise-test"] == "http" && l["headers"]["content-type"] == "application/x-protobuf"));
+    let http = requests(&lines, "http", "metrics");
+    assert!(http.iter().all(|l| l["headers"]["x-stepwise-test"] == "http"
+        && l["headers"]["authorization"] == "Bearer t0ken"
+        && l["headers"]["content-type"] == "application/x-protobuf"
+        && l["headers"]["content-encoding"] == "gzip"));
+    let res = &http[0]["request"]["resource_metrics"][0]["resource"]["attributes"];
+    assert_eq!(attr_s(res, "service.name"), Some("stepwise-node-agent"), "OTEL_SERVICE_NAME: {res}");
+    assert_eq!(attr_s(res, "k8s.cluster.name"), Some("test-cluster"), "OTEL_RESOURCE_ATTRIBUTES: {res}");
+    assert_eq!(attr_s(res, "deployment.environment"), Some("ci,local"), "percent-decoded: {res}");
+    assert!(attr_s(res, "host.name").is_some_and(|h| !h.is_empty()), "host.name kept: {res}");
+    assert!(lines.iter().all(|l| l.get("error").is_none()), "every gzip body inflated and decoded");
     drop(agent);
 
     // 3. A collector that accepts and never answers: 1 s timeouts, a queue of 2 steps.

@@ -10,6 +10,7 @@
 //! by `timeout` and a failed one is counted (`stepwise_otlp_export_errors_total{signal}`).
 //! Sampling, attribution and the API never wait on the network.
 
+pub mod env;
 pub mod prom;
 pub mod spans;
 pub mod transport;
@@ -53,6 +54,16 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
+/// Compression of export bodies.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    /// gzip (`content-encoding: gzip` over HTTP, `grpc-encoding: gzip` over gRPC).
+    Gzip,
+}
+
 /// `[otlp]`: OpenTelemetry export of metrics and step traces.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -76,6 +87,11 @@ pub struct OtlpConfig {
     pub timeout: Duration,
     /// Steps waiting for export; more are dropped and counted. Default 1024.
     pub queue: usize,
+    /// `none` or `gzip`. Default `none`.
+    pub compression: Compression,
+    /// Resource attributes added to `service.name`, `service.version` and `host.name`
+    /// (which these may replace), e.g. `"k8s.cluster.name" = "a100-east"`. Default empty.
+    pub resource: BTreeMap<String, String>,
 }
 
 impl Default for OtlpConfig {
@@ -88,6 +104,8 @@ impl Default for OtlpConfig {
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
             queue: 1024,
+            compression: Compression::None,
+            resource: BTreeMap::new(),
         }
     }
 }
@@ -151,9 +169,10 @@ impl OtlpConfig {
     fn client(&self) -> Result<Client, ExportError> {
         let auth = self.authority().unwrap_or_default();
         let headers = self.header_list().unwrap_or_default();
+        let gzip = self.compression == Compression::Gzip;
         Ok(match self.protocol {
-            Protocol::Grpc => Client::Grpc(transport::Grpc::new(auth, headers, self.timeout)?),
-            Protocol::HttpProtobuf => Client::Http(transport::Http::new(&self.endpoint(), self.headers.clone().into_iter().collect(), self.timeout)),
+            Protocol::Grpc => Client::Grpc(transport::Grpc::new(auth, headers, self.timeout, gzip)?),
+            Protocol::HttpProtobuf => Client::Http(transport::Http::new(&self.endpoint(), self.headers.clone().into_iter().collect(), self.timeout, gzip)),
         })
     }
 }
@@ -249,8 +268,14 @@ pub fn start(cfg: &crate::config::Config, state: &mut AppState, engine: &Arc<Mut
     let (stop_tx, stop_rx) = mpsc::channel();
     let endpoint = oc.endpoint();
     let protocol = oc.protocol;
+    let oc_resource = oc.resource.clone();
+    let unread = env::unread(&|k| std::env::var(k).ok());
+    if !unread.is_empty() {
+        tracing::warn!(variables = ?unread, "OTLP: these OpenTelemetry variables are set but not read (one endpoint serves both signals; no TLS)");
+    }
     let thread = std::thread::Builder::new().name("otlp-export".into()).spawn(move || {
-        Loop { cfg: oc, client, registry, metrics, steps: rx, ids: Ids::default(), resource: resource(&host), start: unix_nanos(), warned: false }.run(stop_rx)
+        Loop { cfg: oc, client, registry, metrics, steps: rx, ids: Ids::default(), resource: resource(&host, &oc_resource), start: unix_nanos(), warned: false }
+            .run(stop_rx)
     });
     match thread {
         Ok(t) => {
@@ -264,15 +289,13 @@ pub fn start(cfg: &crate::config::Config, state: &mut AppState, engine: &Arc<Mut
     }
 }
 
-fn resource(host: &str) -> Resource {
-    Resource {
-        attributes: vec![
-            prom::kv_str("service.name", "stepwise-agent"),
-            prom::kv_str("service.version", env!("CARGO_PKG_VERSION")),
-            prom::kv_str("host.name", host),
-        ],
-        ..Default::default()
-    }
+/// `service.*` and `host.name`, then the configured attributes (`[otlp] resource`,
+/// `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME`), which replace a default of the same key.
+fn resource(host: &str, extra: &BTreeMap<String, String>) -> Resource {
+    let mut attrs: BTreeMap<&str, &str> =
+        [("service.name", "stepwise-agent"), ("service.version", env!("CARGO_PKG_VERSION")), ("host.name", host)].into_iter().collect();
+    attrs.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    Resource { attributes: attrs.into_iter().map(|(k, v)| prom::kv_str(k, v)).collect(), ..Default::default() }
 }
 
 fn scope() -> InstrumentationScope {

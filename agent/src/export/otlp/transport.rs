@@ -1,5 +1,5 @@
 //! The two OTLP transports, both plain (no TLS: the agent sends to a node-local or in-cluster
-//! collector, and the lean build carries no TLS stack).
+//! collector, and the lean build carries no TLS stack), both with optional gzip.
 //!
 //! - `grpc`: one unary call per export over HTTP/2 with the `h2` crate (the HTTP/2 stack
 //!   tonic itself uses). A unary gRPC call is a POST of one length-prefixed message with
@@ -68,35 +68,40 @@ pub struct Grpc {
     timeout: Duration,
     rt: tokio::runtime::Runtime,
     conn: Option<h2::client::SendRequest<Bytes>>,
+    gzip: bool,
 }
 
-/// gRPC `grpc-message` is percent-encoded (PROTOCOL-HTTP2.md).
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// gzip of one body (flate2's pure-Rust backend, default level).
+pub fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 4 + 64), flate2::Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = e.write_all(body);
+    e.finish().unwrap_or_default()
+}
+
+/// A gRPC length-prefixed message: compressed flag, u32 big-endian length, the message.
+fn grpc_frame(body: &[u8], gzip_it: bool) -> Vec<u8> {
+    let gz;
+    let msg = if gzip_it {
+        gz = gzip(body);
+        &gz[..]
+    } else {
+        body
+    };
+    let mut framed = Vec::with_capacity(msg.len() + 5);
+    framed.push(u8::from(gzip_it));
+    framed.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(u32::MAX).to_be_bytes());
+    framed.extend_from_slice(msg);
+    framed
 }
 
 impl Grpc {
-    pub fn new(authority: String, headers: Vec<(http::HeaderName, http::HeaderValue)>, timeout: Duration) -> Result<Grpc, ExportError> {
+    pub fn new(authority: String, headers: Vec<(http::HeaderName, http::HeaderValue)>, timeout: Duration, gzip: bool) -> Result<Grpc, ExportError> {
         // One worker keeps the connection task (pings, window updates) running between
         // exports; it is the exporter's own, so a stuck collector never touches the API's.
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("otlp-h2").enable_all().build().map_err(ExportError::Runtime)?;
-        Ok(Grpc { authority, headers, timeout, rt, conn: None })
+        Ok(Grpc { authority, headers, timeout, rt, conn: None, gzip })
     }
 
     fn call(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
@@ -115,7 +120,7 @@ impl Grpc {
     fn call_once(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
         let timeout = self.timeout;
         let conn = self.conn.take();
-        let fut = call(conn, &self.authority, &self.headers, path, body);
+        let fut = call(conn, &self.authority, &self.headers, path, grpc_frame(&body, self.gzip), self.gzip);
         match self.rt.block_on(async { tokio::time::timeout(timeout, fut).await }) {
             Ok(Ok(conn)) => {
                 self.conn = Some(conn);
@@ -137,7 +142,8 @@ async fn call(
     authority: &str,
     headers: &[(http::HeaderName, http::HeaderValue)],
     path: &str,
-    body: Vec<u8>,
+    framed: Vec<u8>,
+    gzip: bool,
 ) -> Result<h2::client::SendRequest<Bytes>, (ExportError, Option<h2::client::SendRequest<Bytes>>)> {
     let conn = match conn {
         Some(c) => c,
@@ -160,16 +166,14 @@ async fn call(
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
         .header(http::header::USER_AGENT, concat!("stepwise-agent/", env!("CARGO_PKG_VERSION")));
+    if gzip {
+        req = req.header("grpc-encoding", "gzip");
+    }
     for (k, v) in headers {
         req = req.header(k, v);
     }
     let req = req.body(()).map_err(|e| (e.into(), Some(send.clone())))?;
     let (resp, mut stream) = send.send_request(req, false).map_err(|e| (e.into(), None))?;
-    // Length-prefixed message: compressed flag 0, u32 big-endian length, the message.
-    let mut framed = Vec::with_capacity(body.len() + 5);
-    framed.push(0);
-    framed.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes());
-    framed.extend_from_slice(&body);
     stream.send_data(Bytes::from(framed), true).map_err(|e| (e.into(), None))?;
     let resp = resp.await.map_err(|e| (e.into(), None))?;
     let (parts, mut rbody) = resp.into_parts();
@@ -182,7 +186,7 @@ async fn call(
     let get = |k: &str| trailers.as_ref().and_then(|t| t.get(k)).or_else(|| parts.headers.get(k)).and_then(|v| v.to_str().ok()).map(str::to_string);
     let code = if parts.status == http::StatusCode::OK { get("grpc-status").and_then(|s| s.parse::<u32>().ok()).unwrap_or(2) } else { 14 };
     if code != 0 {
-        let message = get("grpc-message").map(|m| percent_decode(&m)).unwrap_or_else(|| format!("HTTP {}", parts.status));
+        let message = get("grpc-message").map(|m| super::env::percent_decode(&m)).unwrap_or_else(|| format!("HTTP {}", parts.status));
         return Err((ExportError::Grpc { code, path: path.into(), message }, Some(send)));
     }
     Ok(send)
@@ -194,17 +198,24 @@ pub struct Http {
     headers: Vec<(String, String)>,
     agent: ureq::Agent,
     timeout: Duration,
+    gzip: bool,
 }
 
 impl Http {
-    pub fn new(base: &str, headers: Vec<(String, String)>, timeout: Duration) -> Http {
+    pub fn new(base: &str, headers: Vec<(String, String)>, timeout: Duration, gzip: bool) -> Http {
         let agent = ureq::Agent::config_builder().timeout_global(Some(timeout)).http_status_as_error(false).max_redirects(0).build().new_agent();
-        Http { base: base.trim_end_matches('/').to_string(), headers, agent, timeout }
+        Http { base: base.trim_end_matches('/').to_string(), headers, agent, timeout, gzip }
     }
 
     fn post(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
         let url = format!("{}{path}", self.base);
         let mut req = self.agent.post(&url).header("content-type", "application/x-protobuf");
+        let body = if self.gzip {
+            req = req.header("content-encoding", "gzip");
+            gzip(&body)
+        } else {
+            body
+        };
         for (k, v) in &self.headers {
             req = req.header(k.as_str(), v.as_str());
         }
@@ -226,9 +237,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grpc_message_is_percent_decoded() {
-        assert_eq!(percent_decode("bad%20request%3A%20x"), "bad request: x");
-        assert_eq!(percent_decode("100%"), "100%");
+    fn a_gzipped_grpc_frame_is_flagged_and_inflates_to_the_message() {
+        let body: Vec<u8> = (0..4000u32).flat_map(|i| (i % 7).to_le_bytes()).collect();
+        let plain = grpc_frame(&body, false);
+        assert_eq!((plain[0], u32::from_be_bytes([plain[1], plain[2], plain[3], plain[4]]) as usize), (0, body.len()));
+        let gz = grpc_frame(&body, true);
+        let len = u32::from_be_bytes([gz[1], gz[2], gz[3], gz[4]]) as usize;
+        assert_eq!((gz[0], len), (1, gz.len() - 5));
+        assert!(len < body.len() / 4, "compressed: {len} of {} bytes", body.len());
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[5..]), &mut out).expect("gunzip");
+        assert_eq!(out, body);
     }
 
     #[test]
@@ -236,14 +255,14 @@ mod tests {
         // Nothing listens on a port just released: both transports fail, neither hangs.
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
         let t = std::time::Instant::now();
-        let mut g = Client::Grpc(Grpc::new(format!("127.0.0.1:{port}"), Vec::new(), Duration::from_secs(2)).expect("runtime"));
+        let mut g = Client::Grpc(Grpc::new(format!("127.0.0.1:{port}"), Vec::new(), Duration::from_secs(2), false).expect("runtime"));
         assert!(matches!(g.export(true, vec![1, 2, 3]), Err(ExportError::Connect { .. })));
-        let mut h = Client::Http(Http::new(&format!("http://127.0.0.1:{port}/"), Vec::new(), Duration::from_secs(2)));
+        let mut h = Client::Http(Http::new(&format!("http://127.0.0.1:{port}/"), Vec::new(), Duration::from_secs(2), true));
         assert!(h.export(false, vec![1]).is_err());
         // A listener that accepts and never answers: the timeout bounds the call.
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr");
-        let mut g = Client::Grpc(Grpc::new(addr.to_string(), Vec::new(), Duration::from_millis(300)).expect("runtime"));
+        let mut g = Client::Grpc(Grpc::new(addr.to_string(), Vec::new(), Duration::from_millis(300), true).expect("runtime"));
         assert!(matches!(g.export(false, vec![0; 10]), Err(ExportError::Timeout(_))));
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         drop(l);
