@@ -58,6 +58,8 @@ pub struct ProcInfo {
     pub ompi_types: HashMap<u64, u64>,
     /// Runtime address of `ompi_mpi_comm_world`.
     pub ompi_world: Option<u64>,
+    /// Its Kubernetes pod, when it runs in one.
+    pub pod: Option<super::k8s::Pod>,
 }
 
 impl ProcInfo {
@@ -75,6 +77,10 @@ impl ProcInfo {
             (Some(a), Some(p)) => format!("master={a}:{p}"),
             _ => "job=unknown".into(),
         }
+    }
+    /// The rank on this node, from the launcher's environment.
+    pub fn local_rank(&self) -> Option<u32> {
+        self.env_u32(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"])
     }
     pub fn world_rank(&self) -> Option<u32> {
         self.env_u32(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK", "SLURM_PROCID", "STEPWISE_RANK"])

@@ -37,6 +37,34 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// `stepwise_rank_info`: who a traced process is (one series per process, removed when it
+/// exits, so bounded by the processes on the node).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RankInfoLabels {
+    pub rank: String,
+    pub local_rank: String,
+    pub job: String,
+    pub pod: String,
+    pub namespace: String,
+    /// The container ID's first 12 hex digits (as `crictl ps` shows it).
+    pub container: String,
+}
+
+impl RankInfoLabels {
+    fn of(p: &super::decode::ProcInfo) -> RankInfoLabels {
+        let opt = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or_default();
+        let pod = p.pod.as_ref();
+        RankInfoLabels {
+            rank: opt(p.world_rank()),
+            local_rank: opt(p.local_rank()),
+            job: p.job(),
+            pod: pod.and_then(|p| p.name.clone()).unwrap_or_default(),
+            namespace: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
+            container: pod.and_then(|p| p.container_id.as_ref()).map(|c| c.chars().take(12).collect()).unwrap_or_default(),
+        }
+    }
+}
+
 type HistFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
 
 fn duration_histogram() -> Histogram {
@@ -58,6 +86,7 @@ pub struct CollectiveMetrics {
     pub clock_error: Gauge<f64, AtomicU64>,
     pub comms: Gauge,
     pub processes: Gauge,
+    rank_info: Family<RankInfoLabels, Gauge>,
     user_ops: std::sync::Mutex<Vec<String>>,
 }
 
@@ -77,6 +106,7 @@ impl CollectiveMetrics {
             clock_error: Gauge::default(),
             comms: Gauge::default(),
             processes: Gauge::default(),
+            rank_info: Family::default(),
             user_ops: Default::default(),
         };
         r.register("stepwise_collective_calls", "Collective library calls seen, by library and operation", m.calls.clone());
@@ -92,7 +122,20 @@ impl CollectiveMetrics {
         r.register("stepwise_clock_error_seconds", "Error bound of monotonic to wall-clock conversion (adjtimex maxerror)", m.clock_error.clone());
         r.register("stepwise_collective_communicators", "Communicators currently tracked", m.comms.clone());
         r.register("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());
+        r.register(
+            "stepwise_rank_info",
+            "A traced process: its global and local rank, job, and Kubernetes pod, namespace and container (1 while it runs)",
+            m.rank_info.clone(),
+        );
         m
+    }
+
+    pub fn set_rank_info(&self, p: &super::decode::ProcInfo) {
+        self.rank_info.get_or_create(&RankInfoLabels::of(p)).set(1);
+    }
+
+    pub fn forget_rank_info(&self, p: &super::decode::ProcInfo) {
+        self.rank_info.remove(&RankInfoLabels::of(p));
     }
 
     fn op_label(&self, c: &Call) -> String {

@@ -11,6 +11,7 @@ mod drain;
 pub mod elf;
 pub mod exits;
 pub mod history;
+pub mod k8s;
 mod metrics;
 pub mod procs;
 pub mod progress;
@@ -69,6 +70,9 @@ pub struct CollectivesConfig {
     pub library_dirs: Vec<PathBuf>,
     /// Host name reported with each call. Default: the kernel's hostname.
     pub host: Option<String>,
+    /// The kubelet's pod log directories (`<namespace>_<name>_<uid>`), where a traced
+    /// process's pod gets its namespace and name ([`k8s`]). Default `/var/log/pods`.
+    pub pod_logs: PathBuf,
 }
 
 impl Default for CollectivesConfig {
@@ -85,6 +89,7 @@ impl Default for CollectivesConfig {
             proc_root: PathBuf::from("/proc"),
             library_dirs: ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib"].iter().map(PathBuf::from).collect(),
             host: None,
+            pod_logs: PathBuf::from("/var/log/pods"),
         }
     }
 }
@@ -385,7 +390,9 @@ impl Collectives {
             }
             hist.process_exited(pid, seen, self.exit_status.remove(&pid).unwrap_or((None, None)));
             self.exits.forget(pid);
-            self.procs.remove(&pid);
+            if let Some(p) = self.procs.remove(&pid) {
+                self.metrics.forget_rank_info(&p);
+            }
             self.probes.forget_process(pid);
         }
     }
@@ -486,7 +493,8 @@ impl Collectives {
     fn proc_info(&mut self, pid: u32, libs: &[(usize, u64, SymbolTable)]) -> ProcInfo {
         let dir = self.cfg.proc_root.join(pid.to_string());
         let raw = super::fsread::read(&dir.join("environ")).unwrap_or_default();
-        let mut info = ProcInfo { env: procs::parse_environ(&raw), ..Default::default() };
+        let pod = k8s::pod_of(&self.cfg.proc_root, pid, &self.cfg.pod_logs);
+        let mut info = ProcInfo { env: procs::parse_environ(&raw), pod, ..Default::default() };
         for (ti, base, syms) in libs {
             if self.targets[*ti].family != Family::Mpi {
                 continue;
@@ -513,7 +521,8 @@ impl Collectives {
                 }
             }
         }
-        debug!(pid, ompi_world = ?info.ompi_world, types = info.ompi_types.len(), env = info.env.len(), "process facts");
+        debug!(pid, ompi_world = ?info.ompi_world, types = info.ompi_types.len(), env = info.env.len(), pod = ?info.pod, "process facts");
+        self.metrics.set_rank_info(&info);
         info
     }
 

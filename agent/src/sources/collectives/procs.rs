@@ -32,6 +32,7 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "TORCHELASTIC_RUN_ID",
     "SLURM_JOB_ID",
     "SLURM_PROCID",
+    "SLURM_LOCALID",
     "SLURM_NTASKS",
     "STEPWISE_RANK",
     "STEPWISE_JOB",
