@@ -289,6 +289,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let errors = Errors::register(&mut registry);
     let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
     let store_health = crate::store::Health::register(&mut registry);
+    let nic_info = topology::info::NicInfo::register(&mut registry);
     let watchdog = crate::export::watchdog::Watchdog::register(&mut registry, &agent_metrics, crate::export::watchdog::Watchdog::deadline_for(cfg.interval));
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
@@ -320,6 +321,7 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     if let Ok(mut t) = state.topology.write() {
         *t = serde_json::to_value(&topo).unwrap_or_default();
     }
+    nic_info.update(&topo);
     info!(nics = topo.nics.len(), gpus = topo.gpus.len(), "topology discovered");
 
     let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());

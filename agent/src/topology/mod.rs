@@ -6,6 +6,7 @@
 //! override first, else by NIC order (PCI address order), which is how NCCL pairs NIC i of
 //! every server on leaf i.
 
+pub mod info;
 mod pci;
 
 use std::{
