@@ -71,6 +71,7 @@ fn step(sh: &Shape, i: u64) -> (Attribution, Vec<Collective>, Vec<NicWindow>) {
             retransmits: 0.0,
             drops: 0.0,
             max_backlog_bytes: 0.0,
+            tcp: Default::default(),
         })
         .collect();
     let s = Step { id: i, begin, end: t + 0.01, source: StepSource::Markers, ranks: BTreeMap::new() };

@@ -126,6 +126,7 @@ fn sample(step: u64, begin: f64, ncoll: usize) -> (Attribution, Vec<Collective>,
             retransmits: 1.0,
             drops: 0.0,
             max_backlog_bytes: 4096.0,
+            tcp: Default::default(),
         })
         .collect();
     let s = Step { id: step, begin, end: t + 0.005, source: StepSource::Markers, ranks: BTreeMap::new() };

@@ -288,6 +288,17 @@ pub fn fix_for(k: CauseKind, e: &BTreeMap<String, serde_json::Value>, late: Opti
             num(e, "busiest_share") * 100.0,
             duration(num(e, "balanced_transfer_seconds"))
         ),
+        CauseKind::InFlightLimit if s_of(e, "transport") == "tcp" => format!(
+            "the TCP connections kept {:.0} KiB in flight over a {} round trip (N·m/T = {:.2} MB/s < path {:.2} MB/s), held by the {} ({:.0} % of their busy time); {:.0} segments of {:.0} B in flight would fill the path: raise the socket buffers (SO_SNDBUF/SO_RCVBUF, net.ipv4.tcp_wmem/tcp_rmem) or use more connections",
+            num(e, "in_flight_bytes") / 1024.0,
+            duration(num(e, "slot_occupancy_seconds")),
+            num(e, "window_bound_bytes_per_second") / 1e6,
+            num(e, "path_bytes_per_second") / 1e6,
+            if s_of(e, "limit") == "rwnd" { "peer's receive window" } else { "send buffer" },
+            num(e, "limited_share") * 100.0,
+            num(e, "requests_needed"),
+            num(e, "request_bytes")
+        ),
         CauseKind::InFlightLimit => format!(
             "only {:.1} requests of {:.0} KiB were in flight (N·m/T = {:.2} GB/s < path {:.2} GB/s): raise the window — NCCL_NCHANNELS, NCCL_IB_QPS_PER_CONNECTION, NCCL_BUFFSIZE/NCCL_STEPS — or reap completions faster",
             num(e, "in_flight_requests"),

@@ -16,6 +16,7 @@
 //!   reported in `unexplained` as model error, never hidden.
 
 mod evidence;
+mod transport;
 
 use std::collections::BTreeMap;
 
@@ -257,6 +258,8 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     let mut hosts: Vec<&str> = Vec::new();
     let mut cong_ev = evidence::Congestion::default();
     let mut inflight_ev: Option<evidence::InFlight> = None;
+    let mut tcp_ev: Option<transport::TcpInFlight> = None;
+    let mut latency_ev: Option<(f64, bool)> = None;
     let mut bytes_total = 0.0;
     let mut intra_host = 0usize;
 
@@ -358,8 +361,11 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         let ours = sum_tx - other;
         let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
 
-        // §1.1: the cut bound of our bytes balanced over every rail.
-        let ideal = frac * (traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + p.alpha);
+        // §1.1: the cut bound of our bytes balanced over every rail; §1.3: one latency per
+        // round, the path's measured one-way latency where the transport measured it.
+        let (lat, measured) = transport::round_latency(&wins, p.alpha);
+        latency_ev = Some((lat, measured || latency_ev.is_some_and(|l| l.1)));
+        let ideal = frac * (traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + transport::rounds(c) * lat);
         s[CauseKind::IdealComm as usize] += ideal;
         let mut left = transfer - ideal;
         let cong = (frac * cg.seconds).min(left.max(0.0));
@@ -380,6 +386,17 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
             left -= extra;
             s[CauseKind::InFlightLimit as usize] += extra;
             inflight_ev = Some(inflight_ev.map_or(inf.clone(), |e: evidence::InFlight| e.merge(&inf)));
+        } else if let Some(t) = transport::TcpInFlight::measure(&wins, full, rate) {
+            // TCP (§2.2 per connection, N·m/T = bytes in flight / RTT): only a send buffer or
+            // receive window that held the transfer below the path's rate.
+            if t.binding() {
+                // The payload the connections delivered (the NIC's bytes also hold headers).
+                let v = if t.acked_bytes > 0.0 { t.acked_bytes } else { max_ours.max(own) };
+                let extra = (frac * (v / t.bound_bytes_per_second - v / rate)).max(0.0).min(left.max(0.0));
+                left -= extra;
+                s[CauseKind::InFlightLimit as usize] += extra;
+            }
+            tcp_ev = Some(t);
         }
         s[CauseKind::Unexplained as usize] += left;
     }
@@ -403,7 +420,14 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
             let secs = s[k as usize];
             let mut evidence = match k {
                 CauseKind::Compute => ev(&[("outside_collectives_seconds", secs.into())]),
-                CauseKind::IdealComm => ev(&[("collectives", n_colls.into()), ("payload_bytes", bytes_total.into()), ("nics", nics_ev.clone().into())]),
+                CauseKind::IdealComm => {
+                    let mut e = ev(&[("collectives", n_colls.into()), ("payload_bytes", bytes_total.into()), ("nics", nics_ev.clone().into())]);
+                    if let Some((lat, measured)) = latency_ev {
+                        e.insert("round_latency_seconds".into(), lat.into());
+                        e.insert("latency_measured".into(), measured.into());
+                    }
+                    e
+                }
                 CauseKind::ReadinessSkew => match &late {
                     Some(r) => ev(&[
                         ("late_rank", r.rank.into()),
@@ -422,7 +446,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
                     None => BTreeMap::new(),
                 },
                 CauseKind::Congestion => cong_ev.to_evidence(),
-                CauseKind::InFlightLimit => inflight_ev.as_ref().map(|e| e.to_evidence()).unwrap_or_default(),
+                CauseKind::InFlightLimit => inflight_ev.as_ref().map(|e| e.to_evidence()).or_else(|| tcp_ev.as_ref().map(|t| t.to_evidence())).unwrap_or_default(),
                 CauseKind::Unexplained => ev(&[("note", "time the models do not explain; large values are themselves a finding".into())]),
             };
             if k == CauseKind::RailImbalance && secs > 0.0 {

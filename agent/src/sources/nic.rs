@@ -98,4 +98,16 @@ pub fn merge(a: &mut NicSample, b: &NicSample) {
     a.retransmits += b.retransmits;
     a.drops += b.drops;
     a.backlog_bytes = a.backlog_bytes.max(b.backlog_bytes);
+    // One source (tcp) fills these; added like the counters, gauges kept where set.
+    let (t, u) = (&mut a.tcp, &b.tcp);
+    t.bytes_acked += u.bytes_acked;
+    t.busy_seconds += u.busy_seconds;
+    t.rwnd_limited_seconds += u.rwnd_limited_seconds;
+    t.sndbuf_limited_seconds += u.sndbuf_limited_seconds;
+    t.in_flight_byte_seconds += u.in_flight_byte_seconds;
+    t.rtt_seconds = t.rtt_seconds.max(u.rtt_seconds);
+    t.min_rtt_seconds = t.min_rtt_seconds.max(u.min_rtt_seconds);
+    t.mss_bytes = t.mss_bytes.max(u.mss_bytes);
+    t.sndbuf_bytes += u.sndbuf_bytes;
+    t.cwnd_bytes += u.cwnd_bytes;
 }

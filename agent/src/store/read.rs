@@ -310,5 +310,6 @@ fn window_row(row: &Row<'_>) -> Result<NicWindow, String> {
         retransmits: real(row, 13)?,
         drops: real(row, 14)?,
         max_backlog_bytes: real(row, 15)?,
+        tcp: Default::default(),
     })
 }

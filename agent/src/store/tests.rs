@@ -48,6 +48,7 @@ pub(super) fn sample(step: u64, begin: f64, late: f64, nranks: u32, ncoll: usize
             retransmits: 1.0,
             drops: 0.0,
             max_backlog_bytes: 4096.0,
+            tcp: Default::default(),
         })
         .collect();
     let s = Step { id: step, begin, end, source: StepSource::Markers, ranks: BTreeMap::new() };

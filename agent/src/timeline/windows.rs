@@ -26,6 +26,37 @@ pub struct NicSample {
     pub drops: f64,
     /// Gauge: qdisc backlog bytes at the sample.
     pub backlog_bytes: f64,
+    /// The NIC's TCP connections (sources/tcp).
+    #[serde(default)]
+    pub tcp: TcpSample,
+}
+
+/// The TCP connections whose local address is on a NIC (`sources/tcp`, from `tcp_info`):
+/// cumulative seconds and bytes, and gauges (marked). In a [`NicWindow`] the cumulative
+/// fields are the window's deltas and the gauges the mean of the samples that cover it (0
+/// when none knew).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct TcpSample {
+    pub bytes_acked: f64,
+    /// Connection-seconds with data to send (including the two limited states).
+    pub busy_seconds: f64,
+    /// Part of the busy time stalled by the peers' receive windows.
+    pub rwnd_limited_seconds: f64,
+    /// Part of the busy time stalled by the local send buffers.
+    pub sndbuf_limited_seconds: f64,
+    /// ∫ bytes in flight dt.
+    pub in_flight_byte_seconds: f64,
+    /// Gauge: mean smoothed RTT of the connections carrying data.
+    pub rtt_seconds: f64,
+    /// Gauge: their mean smallest RTT (the path without queueing).
+    pub min_rtt_seconds: f64,
+    /// Gauge: mean send MSS.
+    pub mss_bytes: f64,
+    /// Gauge: sum of the send buffers.
+    pub sndbuf_bytes: f64,
+    /// Gauge: sum of the congestion windows in bytes.
+    pub cwnd_bytes: f64,
 }
 
 /// A NIC's identity and nominal rate.
@@ -55,6 +86,9 @@ pub struct NicWindow {
     pub drops: f64,
     /// Largest backlog seen by a sample inside the window.
     pub max_backlog_bytes: f64,
+    /// TCP deltas and gauges (not kept by the history store).
+    #[serde(default)]
+    pub tcp: TcpSample,
 }
 
 /// Bounded time series of samples per NIC.
@@ -106,6 +140,27 @@ impl CounterLog {
         Some(lerp(&samples[i - 1], &samples[i], t, f))
     }
 
+    /// Mean of a gauge's non-zero values in the samples covering [t0, t1] (those inside it
+    /// and the first one after it, whose value stands for the interval before it); 0 when
+    /// none.
+    fn gauge(samples: &VecDeque<NicSample>, t0: f64, t1: f64, f: &dyn Fn(&NicSample) -> f64) -> f64 {
+        let i = samples.partition_point(|s| s.time < t0);
+        let j = samples.partition_point(|s| s.time <= t1);
+        let (mut sum, mut n) = (0.0, 0usize);
+        for s in samples.range(i..(j + 1).min(samples.len())) {
+            let v = f(s);
+            if v > 0.0 {
+                sum += v;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            sum / n as f64
+        } else {
+            0.0
+        }
+    }
+
     /// Deltas of every NIC over [t0, t1]. NICs without samples covering the window give zeros.
     pub fn window(&self, t0: f64, t1: f64) -> Vec<NicWindow> {
         self.nics
@@ -117,6 +172,18 @@ impl CounterLog {
                 };
                 // Samples inside the window, plus the first one after it (it covers the end).
                 let max_backlog = s.iter().filter(|x| x.time >= t0).take_while(|x| x.time <= t1 + 1.0).map(|x| x.backlog_bytes).fold(0.0, f64::max);
+                let tcp = TcpSample {
+                    bytes_acked: d(&|x| x.tcp.bytes_acked),
+                    busy_seconds: d(&|x| x.tcp.busy_seconds),
+                    rwnd_limited_seconds: d(&|x| x.tcp.rwnd_limited_seconds),
+                    sndbuf_limited_seconds: d(&|x| x.tcp.sndbuf_limited_seconds),
+                    in_flight_byte_seconds: d(&|x| x.tcp.in_flight_byte_seconds),
+                    rtt_seconds: Self::gauge(s, t0, t1, &|x| x.tcp.rtt_seconds),
+                    min_rtt_seconds: Self::gauge(s, t0, t1, &|x| x.tcp.min_rtt_seconds),
+                    mss_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.mss_bytes),
+                    sndbuf_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.sndbuf_bytes),
+                    cwnd_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.cwnd_bytes),
+                };
                 NicWindow {
                     nic: info.clone(),
                     tx_bytes: d(&|x| x.tx_bytes),
@@ -130,6 +197,7 @@ impl CounterLog {
                     retransmits: d(&|x| x.retransmits),
                     drops: d(&|x| x.drops),
                     max_backlog_bytes: max_backlog,
+                    tcp,
                 }
             })
             .collect()
@@ -169,5 +237,21 @@ mod tests {
             small.push(info.clone(), s(i as f64, i as f64));
         }
         assert_eq!(small.samples(0.0, 100.0)[0].1.len(), 4);
+    }
+
+    #[test]
+    fn a_tcp_gauge_is_the_mean_of_the_samples_covering_the_window_zero_when_none_knew() {
+        let mut log = CounterLog::new(100);
+        let info = NicInfo { name: "eth0".into(), ..Default::default() };
+        for (t, rtt, acked) in [(0.0, 0.005, 0.0), (1.0, 0.02, 1000.0), (2.0, 0.0, 3000.0), (3.0, 0.04, 3000.0), (4.0, 0.001, 3000.0)] {
+            log.push(info.clone(), NicSample { time: t, tcp: TcpSample { rtt_seconds: rtt, bytes_acked: acked, ..Default::default() }, ..Default::default() });
+        }
+        // [0.5, 2.5]: the samples at 1 and 2 inside, 3 after it; the 0 at 2 (no connection
+        // carried data) does not count.
+        let w = &log.window(0.5, 2.5)[0];
+        assert!((w.tcp.rtt_seconds - 0.03).abs() < 1e-12, "{:?}", w.tcp);
+        assert!((w.tcp.bytes_acked - 2500.0).abs() < 1e-9);
+        // After the last sample nothing covers the window: unknown, not the last value.
+        assert_eq!(log.window(5.0, 6.0)[0].tcp.rtt_seconds, 0.0);
     }
 }

@@ -7,16 +7,26 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "internal.h"
+
+/* NCCL_ABI_SNDBUF: SO_SNDBUF of every connection (a window-limited transport, honestly). */
+static void sock_sndbuf(int fd) {
+  const char* v = getenv("NCCL_ABI_SNDBUF");
+  int n = v != NULL ? atoi(v) : 0;
+  if (n > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &n, sizeof n) != 0)
+    abi_warn("SO_SNDBUF %d: %s", n, strerror(errno));
+}
 
 static int sock_new(void) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  sock_sndbuf(fd);
   const char* ifname = abi_env()->ifname;
   if (ifname != NULL &&
       setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname, (socklen_t)strlen(ifname)) != 0)
@@ -107,6 +117,7 @@ int sock_accept(int lfd, long timeout_ms) {
   if (fd >= 0) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    sock_sndbuf(fd);
   }
   return fd;
 }

@@ -169,10 +169,11 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("counters") => bench_counters(),
         Some("models") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_models"])),
         Some("attribution") => bench_attribution(),
+        Some("tcp") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_tcp"])),
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }
-        _ => bail!("usage: cargo xtask bench <counters|models|attribution>"),
+        _ => bail!("usage: cargo xtask bench <counters|models|attribution|probes|tcp>"),
     }
 }
 

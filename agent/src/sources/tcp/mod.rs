@@ -1,7 +1,18 @@
-//! TCP retransmissions per interface, from the `tcp:tcp_retransmit_skb` tracepoint: the
-//! congestion signal when collectives run over TCP (gloo, NCCL's socket transport, MPI's
-//! tcp btl). The kernel counts per source address; addresses map to interfaces through
-//! `getifaddrs(3)` in the agent's network namespace.
+//! TCP per interface, for collectives that run over TCP (gloo, NCCL's socket transport, MPI's
+//! tcp btl):
+//! - retransmissions from the `tcp:tcp_retransmit_skb` tracepoint, the congestion signal.
+//!   The kernel counts per source address;
+//! - in-flight bytes, smoothed RTT, congestion window, send buffer and the time each
+//!   connection was limited by the receive window or the send buffer, from a `sock_diag`
+//!   dump of the established connections every sweep (`diag.rs`, `inflight.rs`).
+//!
+//! Addresses map to interfaces through `getifaddrs(3)` in the agent's network namespace;
+//! both parts see the connections of that namespace only.
+
+mod diag;
+pub mod inflight;
+
+pub use diag::{SockDiag, TcpConn};
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -28,6 +39,9 @@ pub struct TcpSource {
     /// Accumulated per interface.
     totals: BTreeMap<String, u64>,
     metric: Family<NetdevLabel, Counter>,
+    diag: Result<SockDiag, String>,
+    inflight: inflight::InFlightTracker,
+    started: std::time::Instant,
 }
 
 /// Interface name per local address (`getifaddrs(3)`).
@@ -72,31 +86,65 @@ impl TcpSource {
             Ok(p) => (Some(p), None),
             Err(e) => (None, Some(e.to_string())),
         };
-        TcpSource { ctx, probe, load_error, last: BTreeMap::new(), totals: BTreeMap::new(), metric }
+        let diag = SockDiag::open().map_err(|e| e.to_string());
+        let inflight = inflight::InFlightTracker::new(registry);
+        TcpSource { ctx, probe, load_error, last: BTreeMap::new(), totals: BTreeMap::new(), metric, diag, inflight, started: std::time::Instant::now() }
+    }
+
+    /// One `sock_diag` dump into the per-interface in-flight view; the number of connections.
+    fn sweep_inflight(&mut self, addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
+        let d = self.diag.as_mut().map_err(|e| e.clone())?;
+        let (conns, bad) = d.dump().map_err(|e| e.to_string())?;
+        for _ in 0..bad {
+            self.ctx.errors.inc("tcp", kind::PARSE);
+        }
+        let sel = &self.ctx.selector;
+        let now = self.started.elapsed().as_secs_f64();
+        self.inflight.update(now, &conns, |c| c.local.and_then(|ip| addrs.get(&ip)).filter(|d| d.as_str() != "lo" && sel.selects(d, None)).cloned());
+        Ok(conns.len())
     }
 }
 
 impl Source for TcpSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        self.totals
-            .iter()
-            .map(|(n, v)| {
-                (
-                    crate::timeline::NicInfo { name: n.clone(), ..Default::default() },
-                    crate::timeline::NicSample { retransmits: *v as f64, ..Default::default() },
-                )
-            })
-            .collect()
+        let mut out: BTreeMap<&str, crate::timeline::NicSample> = BTreeMap::new();
+        for (n, v) in &self.totals {
+            out.entry(n).or_default().retransmits = *v as f64;
+        }
+        for (n, e) in &self.inflight.ifaces {
+            out.entry(n).or_default().tcp = crate::timeline::windows::TcpSample {
+                bytes_acked: e.bytes_acked,
+                busy_seconds: e.busy_seconds,
+                rwnd_limited_seconds: e.rwnd_limited_seconds,
+                sndbuf_limited_seconds: e.sndbuf_limited_seconds,
+                in_flight_byte_seconds: e.in_flight_byte_seconds,
+                rtt_seconds: e.rtt_seconds,
+                min_rtt_seconds: e.min_rtt_seconds,
+                mss_bytes: e.mss_bytes,
+                sndbuf_bytes: e.sndbuf_bytes,
+                cwnd_bytes: e.cwnd_bytes,
+            };
+        }
+        out.into_iter().map(|(n, s)| (crate::timeline::NicInfo { name: n.to_string(), ..Default::default() }, s)).collect()
     }
     fn name(&self) -> &'static str {
         "tcp"
     }
     fn sweep(&mut self) -> Result<SweepReport, SourceError> {
-        let Some(p) = &self.probe else {
-            return Err(SourceError::Unavailable { source_name: "tcp", reason: self.load_error.clone().unwrap_or_default() });
-        };
         let addrs = interface_addresses();
         let mut report = SweepReport::default();
+        let diag = self.sweep_inflight(&addrs);
+        match &diag {
+            Ok(n) => report.values += n,
+            Err(_) => self.ctx.errors.inc("tcp", kind::NETLINK),
+        }
+        let Some(p) = &self.probe else {
+            if diag.is_ok() {
+                report.devices = addrs.len();
+                return Ok(report);
+            }
+            return Err(SourceError::Unavailable { source_name: "tcp", reason: self.load_error.clone().unwrap_or_default() });
+        };
         for (ip, total) in p.counts() {
             report.values += 1;
             let prev = self.last.insert(ip, total).unwrap_or(0);
@@ -118,6 +166,15 @@ impl Source for TcpSource {
         Ok(report)
     }
     fn status(&self) -> serde_json::Value {
-        serde_json::json!({"attached": self.probe.is_some(), "error": self.load_error, "retransmits": self.totals})
+        let inflight: BTreeMap<&str, serde_json::Value> = self
+            .inflight
+            .ifaces
+            .iter()
+            .map(|(n, e)| {
+                (n.as_str(), serde_json::json!({"connections": e.connections, "in_flight_bytes": e.in_flight_bytes, "rtt_seconds": e.rtt_seconds, "bytes_acked": e.bytes_acked}))
+            })
+            .collect();
+        serde_json::json!({"attached": self.probe.is_some(), "error": self.load_error, "retransmits": self.totals,
+            "sock_diag": self.diag.as_ref().err(), "in_flight": inflight})
     }
 }

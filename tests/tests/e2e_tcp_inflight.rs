@@ -1,0 +1,208 @@
+//! TCP in flight and measured latency, end to end: two namespace "servers" joined by a
+//! userspace delay line (`tests/tools/delayline.py`: 10 ms each way, 200 Mbit/s, two TUN
+//! devices; this kernel has no netem), the NCCL-ABI workload's 2-rank all-reduce over real
+//! TCP between them, one agent per server inside its namespace (its `tcp` source dumps that
+//! namespace's connections with sock_diag every 10 ms).
+//!
+//! One job with default socket buffers, then one with `SO_SNDBUF` 16 KiB
+//! (`NCCL_ABI_SNDBUF`), on the same line:
+//! - healthy (default buffers): the per-round latency of ideal communication is the measured
+//!   round trip (the connections' smallest RTT, ≈ 21 ms), so the long-RTT job is explained —
+//!   ideal communication is the largest network cause, `unexplained` small, no in-flight cause;
+//! - Little's law on real TCP: over the job, the exported ∫ in-flight bytes / smoothed RTT
+//!   (`stepwise_tcp_little_bytes_total`) agrees with the bytes the NIC counter saw (±20 %);
+//! - clamped: `in_flight_limit` carries the excess the workload itself measured (its
+//!   all-reduce clamped − unclamped, ±15 %) and names the send buffer as the binding limit.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+use stepwise_tests::{
+    harness::{sample, workspace_root, Proc},
+    scenarios::{self, agent_config, cause, cause_seconds, start_job, summarize, JobOutput, RankSpec, Servers},
+    workloads,
+};
+
+const DELAY_MS: f64 = 10.0;
+const RATE_BPS: f64 = 200e6;
+const BYTES: u64 = 1 << 20;
+const STEPS: u64 = 7;
+const COMPUTE_US: u64 = 50_000;
+const ADDR: [&str; 2] = ["198.18.100.1", "198.18.100.2"];
+const DEV: [&str; 2] = ["dl0", "dl1"];
+/// `SO_SNDBUF` of the clamped job (the kernel doubles it).
+const SNDBUF: u32 = 16384;
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of nothing");
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn within(got: f64, want: f64, tol: f64) -> bool {
+    (got - want).abs() <= tol * want.abs()
+}
+
+/// The delay line between the two servers, killed on drop (it removes its TUN devices).
+fn delay_line(s: &Servers, dir: &Path) -> Proc {
+    let tool = workspace_root().join("tests/tools/delayline.py");
+    let mut c = Command::new("nice");
+    c.args(["-n", scenarios::JOB_NICE, "python3"]).arg(tool).args([
+        s.ns(0),
+        s.ns(1),
+        ADDR[0],
+        ADDR[1],
+        "--delay-ms",
+        &DELAY_MS.to_string(),
+        "--rate",
+        &RATE_BPS.to_string(),
+    ]);
+    c.stdin(Stdio::null());
+    let p = Proc::spawn("delayline", &mut c, dir.join("delayline.log")).expect("delay line starts");
+    let end = Instant::now() + Duration::from_secs(20);
+    while !(0..2).all(|k| s.servers[k].ip(&["-br", "addr", "show", "dev", DEV[k]]).is_ok_and(|o| o.contains(ADDR[k]) && !o.contains("DOWN"))) {
+        assert!(Instant::now() < end, "delay line devices not up:\n{}", p.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    p
+}
+
+fn job(s: &Servers, dir: &Path, name: &str, env: &[(&str, String)]) -> JobOutput {
+    let ranks: Vec<RankSpec> = (0..2u32)
+        .map(|r| {
+            let mut e: Vec<(String, String)> = vec![("NCCL_ABI_IFACE_ADDR".into(), ADDR[r as usize].into())];
+            e.extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+            RankSpec { ns: s.ns(r as usize).to_string(), rank: r, env: e, args: Vec::new() }
+        })
+        .collect();
+    let a: Vec<String> = [("--steps", STEPS.to_string()), ("--bytes", BYTES.to_string()), ("--compute-us", COMPUTE_US.to_string())]
+        .iter()
+        .flat_map(|(k, v)| [k.to_string(), v.clone()])
+        .collect();
+    start_job(name, dir, &ranks, &a).expect("job starts").wait(Duration::from_secs(120)).expect("job")
+}
+
+/// Steps of agent `k` that began in [t0, t1], polling until there are `n` (at most 30 s).
+fn steps_between(s: &Servers, k: usize, t0: f64, t1: f64, n: usize) -> Vec<Value> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v: Vec<Value> = s.steps(k).expect("steps").into_iter().filter(|x| x["begin"].as_f64().is_some_and(|b| b >= t0 && b <= t1)).collect();
+        if v.len() >= n || Instant::now() > end {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn metrics(s: &Servers, k: usize) -> String {
+    s.get(&s.agents[k].addr, "/metrics").expect("metrics").body
+}
+
+/// (Little's-law bytes, NIC counter tx bytes) of server `k`'s delay-line device.
+fn little_and_tx(s: &Servers, k: usize) -> (f64, f64) {
+    let m = metrics(s, k);
+    let little = sample(&m, "stepwise_tcp_little_bytes_total", &[("netdev", DEV[k])]).unwrap_or(0.0);
+    (little, s.link_bytes(k, DEV[k]).expect("link bytes").0)
+}
+
+/// Median all-reduce seconds of the job (steps ≥ 1: step 0 also opens the connections).
+fn allreduce(o: &JobOutput) -> f64 {
+    median(o.lines.iter().filter(|l| l.step >= 1).map(|l| l.allreduce_us * 1e-6).collect())
+}
+
+#[test]
+fn long_rtt_job_is_explained_little_holds_and_a_clamped_send_buffer_is_the_in_flight_limit() {
+    scenarios::require_tools(&["ip", "nice", "env", "python3"]).expect("tools");
+    workloads::build().expect("workloads build");
+    let dir = tempfile::Builder::new().prefix("stepwise-e2e-tcp-").tempdir().expect("tmp");
+    let mut s = Servers::new(0, 1500, None).expect("servers");
+    let _line = delay_line(&s, dir.path());
+    let rate = format!("{}Mbit/s", RATE_BPS / 1e6);
+    let rates: BTreeMap<String, String> = DEV.iter().map(|d| (d.to_string(), rate.clone())).collect();
+    for k in 0..2 {
+        let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, false);
+        s.start_agent(k, dir.path(), &cfg).expect("agent");
+    }
+
+    let before: Vec<(f64, f64)> = (0..2).map(|k| little_and_tx(&s, k)).collect();
+    let t0 = now();
+    let healthy = job(&s, dir.path(), "healthy", &[]);
+    let t1 = now();
+    let after: Vec<(f64, f64)> = (0..2).map(|k| little_and_tx(&s, k)).collect();
+    let clamped = job(&s, dir.path(), "clamped", &[("NCCL_ABI_SNDBUF", SNDBUF.to_string())]);
+    let t2 = now();
+    let excess = allreduce(&clamped) - allreduce(&healthy);
+    eprintln!(
+        "all-reduce: default buffers {:.1} ms, SO_SNDBUF {SNDBUF} B {:.1} ms (excess {:.1} ms)",
+        allreduce(&healthy) * 1e3,
+        allreduce(&clamped) * 1e3,
+        excess * 1e3
+    );
+    assert!(excess > 0.05, "the clamped send buffer should slow the all-reduce down: excess {:.1} ms", excess * 1e3);
+
+    for k in 0..2 {
+        // Little's law: ∫ in flight / RTT dt against the bytes the NIC sent.
+        let (little, tx) = (after[k].0 - before[k].0, after[k].1 - before[k].1);
+        eprintln!("server {k}: Little's-law bytes {little:.0} vs NIC tx bytes {tx:.0} ({:+.1} %)", (little / tx - 1.0) * 100.0);
+        assert!(tx > STEPS as f64 * BYTES as f64, "server {k}: the NIC carried the job's bytes: {tx}");
+        assert!(within(little, tx, 0.20), "server {k}: in-flight bytes / smoothed RTT integrated over the job = {little:.0} B vs the NIC counter's {tx:.0} B");
+
+        // Healthy: measured latency explains the long round trip.
+        let steps: Vec<Value> = steps_between(&s, k, t0, t1, STEPS as usize).into_iter().filter(|st| st["step"].as_u64() != Some(0)).collect();
+        eprintln!("healthy server {k}:\n{}", summarize(&steps));
+        assert!(steps.len() >= STEPS as usize - 2, "healthy server {k}: steps\n{}", summarize(&steps));
+        scenarios::assert_parts_sum(&steps);
+        for st in &steps {
+            let ev = &cause(st, "ideal_comm")["evidence"];
+            assert_eq!(ev["latency_measured"], Value::Bool(true), "server {k}: the round latency is the measured one: {ev}");
+            let lat = ev["round_latency_seconds"].as_f64().unwrap_or(0.0);
+            assert!((1.8 * DELAY_MS * 1e-3..=3.0 * DELAY_MS * 1e-3).contains(&lat), "server {k}: round latency ≈ the {} ms round trip: {lat}", 2.0 * DELAY_MS);
+            assert_eq!(
+                cause_seconds(st, "in_flight_limit"),
+                0.0,
+                "healthy server {k} step {}: no in-flight cause\n{}",
+                st["step"],
+                summarize(std::slice::from_ref(st))
+            );
+        }
+        let med = |kind: &str| median(steps.iter().map(|st| cause_seconds(st, kind)).collect());
+        let step = median(steps.iter().map(|st| st["seconds"].as_f64().unwrap_or(0.0)).collect());
+        eprintln!(
+            "healthy server {k}: median step {:.1} ms, ideal_comm {:.1} ms, unexplained {:.1} ms",
+            step * 1e3,
+            med("ideal_comm") * 1e3,
+            med("unexplained") * 1e3
+        );
+        for kind in ["readiness_skew", "rail_imbalance", "in_flight_limit", "congestion", "unexplained"] {
+            assert!(med(kind) < med("ideal_comm"), "healthy server {k}: {kind} {:.1} ms ≥ ideal_comm {:.1} ms", med(kind) * 1e3, med("ideal_comm") * 1e3);
+        }
+        let tcp = &cause(&steps[steps.len() / 2], "in_flight_limit")["evidence"];
+        eprintln!("healthy server {k}: TCP in flight (not a cause): {tcp}");
+        assert!(med("unexplained") <= 0.2 * step, "healthy server {k}: unexplained {:.1} ms of a {:.1} ms step", med("unexplained") * 1e3, step * 1e3);
+
+        // Clamped: the in-flight cause, the send buffer named.
+        let steps: Vec<Value> = steps_between(&s, k, t1, t2, STEPS as usize).into_iter().filter(|st| st["step"].as_u64() != Some(0)).collect();
+        eprintln!("clamped server {k}:\n{}", summarize(&steps));
+        assert!(steps.len() >= STEPS as usize - 2, "clamped server {k}: steps\n{}", summarize(&steps));
+        let got = median(steps.iter().map(|st| cause_seconds(st, "in_flight_limit")).collect());
+        let ev = &cause(&steps[steps.len() / 2], "in_flight_limit")["evidence"];
+        eprintln!("clamped server {k}: in_flight_limit {:.1} ms vs measured excess {:.1} ms; evidence {ev}", got * 1e3, excess * 1e3);
+        assert_eq!(ev["limit"], Value::String("sndbuf".into()), "clamped server {k}: the binding limit: {ev}");
+        assert!(ev["in_flight_bytes"].as_f64().is_some_and(|b| b > 0.0 && b < 256.0 * 1024.0), "clamped server {k}: N·m is the clamped window: {ev}");
+        assert!(within(got, excess, 0.15), "clamped server {k}: in_flight_limit {:.1} ms vs the workload's excess {:.1} ms", got * 1e3, excess * 1e3);
+    }
+}
