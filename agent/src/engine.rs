@@ -101,6 +101,7 @@ struct Metrics {
     imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     markers: Counter,
     marker_errors: Counter,
+    rank_labels: crate::labels::RankLabels,
 }
 
 impl Metrics {
@@ -116,6 +117,7 @@ impl Metrics {
             imbalance: Family::default(),
             markers: Counter::default(),
             marker_errors: Counter::default(),
+            rank_labels: Default::default(),
         };
         r.register("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
         r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
@@ -147,8 +149,6 @@ const MARKER_KEEP_SECONDS: f64 = 900.0;
 const DROP_MARGIN_SECONDS: f64 = 1.0;
 /// Drop intervals kept (one per tick with new drops; a tick is one counter interval).
 const MAX_DROP_SPANS: usize = 100_000;
-/// Ranks with their own label value; the rest share `other`.
-const MAX_RANK_LABELS: u32 = 64;
 
 pub struct Engine {
     cfg: StepsConfig,
@@ -489,7 +489,7 @@ impl Engine {
         }
         // Per-rank metrics only for ranks on this host (another host's agent exports theirs).
         for r in a.ranks.iter().filter(|r| r.host == self.host) {
-            let rank = if r.rank < MAX_RANK_LABELS { r.rank.to_string() } else { "other".into() };
+            let rank = m.rank_labels.label(r.rank);
             m.rank_wait.get_or_create(&RankLabel { rank: rank.clone() }).inc_by(r.wait_seconds);
             m.rank_late.get_or_create(&RankLabel { rank }).inc_by(r.late_seconds);
         }

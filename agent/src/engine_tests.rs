@@ -75,3 +75,53 @@ fn rail_ratios_are_not_exported_before_the_first_step() {
     assert!(text.lines().any(|l| l == "stepwise_rail_bytes_ratio{rail=\"0\"} 0.5"), "{text}");
     assert!(!text.contains("stepwise_rail_bytes_share"), "the old name is gone");
 }
+
+/// A 1 024-rank job on 128 hosts × 8 ranks, rank 777 (host 97) late: each host's agent
+/// exports only its own 8 ranks, under their global numbers, so no host exceeds 16 per-rank
+/// series, and the dashboards' straggler query (`topk(1, stepwise_rank_late_seconds_total)`
+/// over all hosts) names rank 777.
+#[test]
+fn a_1024_rank_job_keeps_global_ranks_and_bounded_series_on_every_host() {
+    let ranks: Vec<crate::attribution::RankTime> = (0..1024u32)
+        .map(|r| crate::attribution::RankTime {
+            rank: r,
+            host: format!("node-{}", r / 8),
+            late_seconds: if r == 777 { 0.030 } else { 0.001 * f64::from(r % 3) },
+            wait_seconds: 0.01,
+            inside_seconds: 0.02,
+        })
+        .collect();
+    let step = crate::attribution::Attribution {
+        step: 1,
+        begin: 0.0,
+        end: 0.5,
+        seconds: 0.5,
+        causes: Vec::new(),
+        ranks,
+        collectives: 1,
+        incomplete: false,
+        notes: Vec::new(),
+    };
+    let mut top: (f64, String) = (0.0, String::new());
+    for h in 0..128u32 {
+        let mut registry = Registry::default();
+        let mut e = Engine::new(StepsConfig::default(), format!("node-{h}"), &mut registry).expect("engine");
+        e.record(&step, &[]);
+        let text = exposition(&registry);
+        let late: Vec<(String, f64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("stepwise_rank_late_seconds_total{rank=\""))
+            .filter_map(|l| l.split_once("\"} ").and_then(|(r, v)| Some((r.to_string(), v.parse::<f64>().ok()?))))
+            .collect();
+        let per_rank = text.lines().filter(|l| l.starts_with("stepwise_rank_")).count();
+        assert_eq!(per_rank, 16, "host {h}: 8 ranks x (wait, late)");
+        let want: Vec<String> = (h * 8..h * 8 + 8).map(|r| r.to_string()).collect();
+        assert_eq!(late.iter().map(|(r, _)| r.clone()).collect::<BTreeSet<_>>(), want.into_iter().collect(), "host {h}: its own global ranks");
+        for (r, v) in late {
+            if v > top.0 {
+                top = (v, r);
+            }
+        }
+    }
+    assert_eq!(top.1, "777", "the straggler query names the late rank");
+}

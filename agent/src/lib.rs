@@ -12,6 +12,7 @@ pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hang;
+pub mod labels;
 pub mod model;
 pub mod report;
 pub mod sources;

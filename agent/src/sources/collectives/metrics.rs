@@ -1,5 +1,5 @@
 //! Metrics of the collective probes. Cardinality is bounded: library and op come from fixed
-//! tables (user ops are capped), ranks are capped at [`MAX_RANK_LABELS`], communicators are
+//! tables (user ops are capped), ranks are capped at [`crate::labels::MAX_RANK_LABELS`] distinct values, communicators are
 //! never labels.
 
 use std::sync::atomic::AtomicU64;
@@ -12,8 +12,6 @@ use prometheus_client::{
 
 use super::decode::Call;
 
-/// Local ranks beyond this share the label value `other`.
-pub const MAX_RANK_LABELS: u32 = 64;
 const MAX_USER_OPS: usize = 32;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +85,7 @@ pub struct CollectiveMetrics {
     pub comms: Gauge,
     pub processes: Gauge,
     rank_info: Family<RankInfoLabels, Gauge>,
+    rank_labels: crate::labels::RankLabels,
     user_ops: std::sync::Mutex<Vec<String>>,
 }
 
@@ -107,6 +106,7 @@ impl CollectiveMetrics {
             comms: Gauge::default(),
             processes: Gauge::default(),
             rank_info: Family::default(),
+            rank_labels: Default::default(),
             user_ops: Default::default(),
         };
         r.register("stepwise_collective_calls", "Collective library calls seen, by library and operation", m.calls.clone());
@@ -165,7 +165,7 @@ impl CollectiveMetrics {
             self.aborted.get_or_create(&LibLabels { library: c.library.as_str() }).inc();
         }
         if let Some(r) = c.rank {
-            let rank = if r < MAX_RANK_LABELS { r.to_string() } else { "other".into() };
+            let rank = self.rank_labels.label(r);
             self.rank_seconds.get_or_create(&RankLabels { rank }).inc_by(secs);
         }
     }
