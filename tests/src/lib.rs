@@ -6,4 +6,5 @@ pub mod harness;
 pub mod netns;
 pub mod scenario;
 pub mod scenarios;
+pub mod torch;
 pub mod workloads;

@@ -28,13 +28,7 @@ use stepwise_tests::{
     scenarios::{self, rail_addr, RankSpec, Servers},
     workloads,
 };
-
-/// The rule every test runs with: 2 s floor, 5 × the median, cleared after 2 s.
-const HANG: &str = "[hang]\nfloor = \"2s\"\nk = 5\nclear_after = \"2s\"\n";
-
-fn now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64()
-}
+use support::hang::{inside_ranks, latency, line_fields, missing, now, open_of, pid_of, rank_of, signal, suspected_with, wait_line, HANG};
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -58,68 +52,6 @@ fn setup(name: &str) -> Setup {
 fn spawn_mpi(s: &Setup, name: &str, mpirun: &[&str], args: &[&str]) -> Proc {
     let mut cmd = workloads::mpi_steps_with(s.ns.name(), 4, mpirun, args);
     Proc::spawn(name, &mut cmd, s.dir.path().join(format!("{name}.log"))).expect("mpirun starts")
-}
-
-/// The `key=value` fields of the first line of `text` starting with `prefix`.
-fn line_fields(text: &str, prefix: &str) -> Option<BTreeMap<String, String>> {
-    let l = text.lines().find(|l| l.starts_with(prefix))?;
-    Some(l.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
-}
-
-fn wait_line(p: &mut Proc, prefix: &str, t: Duration) -> BTreeMap<String, String> {
-    wait_for(t, prefix, || {
-        let text = p.log_text();
-        if let Some(f) = line_fields(&text, prefix) {
-            return Some(Ok(f));
-        }
-        (!p.alive()).then_some(Err(text))
-    })
-    .unwrap_or_else(|e| panic!("{e}:\n{}", p.log_text()))
-    .unwrap_or_else(|log| panic!("the job ended before printing {prefix:?}:\n{log}"))
-}
-
-fn pid_of(f: &BTreeMap<String, String>) -> u32 {
-    f["pid"].parse().expect("pid")
-}
-
-fn signal(pid: u32, sig: &str) {
-    let st = std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().expect("kill");
-    assert!(st.success(), "kill -{sig} {pid}");
-}
-
-fn open_of(a: &Agent) -> Value {
-    let r = a.get("/api/v1/open").expect("/api/v1/open");
-    assert_eq!(r.status, 200, "{}", r.body);
-    serde_json::from_str(&r.body).expect("json")
-}
-
-fn rank_of(v: &Value) -> Option<u64> {
-    v["rank"].as_u64()
-}
-
-/// The first suspected hang whose missing ranks include `rank`.
-fn suspected_with(v: &Value, rank: u64) -> Option<Value> {
-    v["hangs"]
-        .as_array()?
-        .iter()
-        .find(|h| h["suspected"] == true && h["missing"].as_array().is_some_and(|m| m.iter().any(|x| rank_of(x) == Some(rank))))
-        .cloned()
-}
-
-fn missing(h: &Value, rank: u64) -> Value {
-    h["missing"].as_array().and_then(|m| m.iter().find(|x| rank_of(x) == Some(rank)).cloned()).expect("missing rank")
-}
-
-fn inside_ranks(h: &Value) -> Vec<u64> {
-    let mut v: Vec<u64> = h["inside"].as_array().map(|a| a.iter().filter_map(rank_of).collect()).unwrap_or_default();
-    v.sort_unstable();
-    v
-}
-
-/// Seconds from the oldest open call's entry to `seen`.
-fn latency(h: &Value, seen: f64) -> f64 {
-    let since = h["inside"].as_array().expect("inside").iter().filter_map(|i| i["since"].as_f64()).fold(f64::INFINITY, f64::min);
-    seen - since
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod hang;
 pub mod straggler;
 
 use std::{
