@@ -889,7 +889,7 @@ fn sighup_reloads_log_and_slow_step_threshold_and_keeps_the_running_config_on_er
     run_steps(&agent, 3);
     assert_eq!(slow(&agent), 3.0, "the new 50 ms threshold applies");
     let log = agent.proc.log_text();
-    assert!(log.contains("configuration reloaded (log and [steps] applied)"), "the info-level reload line shows, so the new filter is live:\n{log}");
+    assert!(log.contains("configuration reloaded (log, [steps] and [hang] applied)"), "the info-level reload line shows, so the new filter is live:\n{log}");
     // A key that needs a restart: named, not applied.
     std::fs::write(&agent.config, base("info", "200ms", "50ms")).expect("rewrite config");
     agent.hup();
