@@ -310,6 +310,28 @@ const DASHBOARDS = [
         ],
         { unit: 'percentunit', min: 0, max: 1 },
       ),
+      timeseries(
+        'TCP: N·m/T vs rate',
+        "Little's law per interface for the TCP connections (gloo, MPI's tcp btl, NCCL's socket transport): bytes in flight over smoothed RTT (N·m/T, integrated every sweep), against the bytes the interface counter sent (the two agree within a few per cent when the connections carry the interface's traffic; N·m/T far below the link's rate while busy is an in-flight limit).",
+        [
+          target('A', `sum by (instance, netdev) (rate(stepwise_tcp_little_bytes_total{${SEL}}[${RI}]))`, '{{instance}} {{netdev}} N·m/T'),
+          target('B', `sum by (instance, netdev) (rate(stepwise_netdev_transmit_bytes_total{${SEL}}[${RI}])) and on(instance, netdev) stepwise_tcp_connections{${SEL}}`, '{{instance}} {{netdev}} counter tx'),
+        ],
+        { unit: 'Bps', min: 0 },
+      ),
+      timeseries(
+        'TCP: in flight N and round trip T',
+        'Mean bytes in flight (N·m) per interface and, right axis, the mean smoothed RTT (T) of the connections that carried data; the share of busy time the send buffer or the receive window held them is the in-flight limit of attribution.',
+        [
+          target('A', `sum by (instance, netdev) (rate(stepwise_tcp_in_flight_byte_seconds_total{${SEL}}[${RI}]))`, '{{instance}} {{netdev}} in flight'),
+          target(
+            'B',
+            `sum by (instance, netdev) (rate(stepwise_tcp_rtt_seconds_sum{${SEL}}[${RI}])) / sum by (instance, netdev) (rate(stepwise_tcp_rtt_seconds_count{${SEL}}[${RI}]))`,
+            '{{instance}} {{netdev}} RTT',
+          ),
+        ],
+        { unit: 'bytes', min: 0, overrides: [rightAxis('B', 's')] },
+      ),
     ],
   },
   {
