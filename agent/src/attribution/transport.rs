@@ -221,4 +221,69 @@ mod tests {
         assert!(TcpInFlight::measure(&[&win(0.0, 0.5, 0.4, 100.0)], 0.5, 25e6).is_none());
         assert!(TcpInFlight::measure(&[&win(0.02, 0.5, 0.4, 0.0)], 0.5, 25e6).is_none());
     }
+
+    /// A 2-rank all-reduce seen by one host: rank 0 here, rank 1 elsewhere, one NIC at 25 MB/s
+    /// carrying 1 MB; the transfer from 0 to `t`.
+    fn attribute_tcp(t: f64, tcp: TcpSample) -> crate::attribution::Attribution {
+        use std::collections::BTreeMap;
+
+        use crate::{
+            attribution::{attribute, Params, StepData},
+            timeline::{windows::NicInfo, Step, StepSource},
+        };
+        let arr = |rank, host: &str| Arrival { rank, host: host.into(), pid: rank, enter: 0.0, exit: t, aborted: false };
+        let c = Collective {
+            comm: "c".into(),
+            seq: 0,
+            op: "all_reduce".into(),
+            library: "nccl".into(),
+            bytes: Some(1_000_000),
+            nranks: Some(2),
+            arrivals: vec![arr(0, "a")],
+        };
+        let w = NicWindow {
+            nic: NicInfo { name: "eth0".into(), host: Some("a".into()), rail: None, rate_bytes_per_second: Some(25e6) },
+            tx_bytes: 1e6,
+            tcp,
+            ..Default::default()
+        };
+        let s = Step { id: 1, begin: 0.0, end: t, source: StepSource::Markers, ranks: BTreeMap::new() };
+        let cs = [&c];
+        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default())
+    }
+
+    #[test]
+    fn attribution_charges_the_measured_round_trip_per_round_and_a_send_buffer_limit_as_in_flight() {
+        use crate::attribution::CauseKind;
+        // Healthy: 1 MB at 25 MB/s = 40 ms, two rounds of a 20 ms round trip = 40 ms; the
+        // transfer took 82 ms. Paced by the congestion window: no in-flight cause.
+        let healthy = TcpSample {
+            rtt_seconds: 0.025,
+            min_rtt_seconds: 0.020,
+            busy_seconds: 0.06,
+            in_flight_byte_seconds: 0.06 * 500_000.0,
+            bytes_acked: 1e6,
+            mss_bytes: 1448.0,
+            ..Default::default()
+        };
+        let a = attribute_tcp(0.082, healthy.clone());
+        assert!((a.cause(CauseKind::IdealComm) - 0.080).abs() < 1e-9, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::Unexplained) - 0.002).abs() < 1e-9, "{:?}", a.causes);
+        assert_eq!(a.cause(CauseKind::InFlightLimit), 0.0);
+        let ideal = a.causes.iter().find(|c| c.kind == CauseKind::IdealComm).expect("ideal");
+        assert_eq!(ideal.evidence["latency_measured"], serde_json::json!(true));
+        // Clamped: 50 kB in flight over a 25 ms RTT while busy (2 MB/s), the send buffer held
+        // it 60 % of the 0.5 busy seconds: 1 MB needs 0.5 s instead of 0.04 s.
+        let clamped = TcpSample { busy_seconds: 0.5, sndbuf_limited_seconds: 0.3, in_flight_byte_seconds: 0.5 * 50_000.0, ..healthy };
+        let a = attribute_tcp(0.56, clamped);
+        assert!((a.cause(CauseKind::InFlightLimit) - 0.46).abs() < 1e-9, "{:?}", a.causes);
+        let inf = a.causes.iter().find(|c| c.kind == CauseKind::InFlightLimit).expect("in flight");
+        assert_eq!(inf.evidence["limit"], serde_json::json!("sndbuf"));
+        assert!(inf.fix.contains("send buffer") && inf.fix.contains("SO_SNDBUF"), "{}", inf.fix);
+        // Without TCP data: one α per round, not measured.
+        let a = attribute_tcp(0.082, TcpSample::default());
+        let ideal = a.causes.iter().find(|c| c.kind == CauseKind::IdealComm).expect("ideal");
+        assert_eq!(ideal.evidence["latency_measured"], serde_json::json!(false));
+        assert!((a.cause(CauseKind::IdealComm) - (0.04 + 2.0 * crate::attribution::Params::default().alpha)).abs() < 1e-9, "{:?}", a.causes);
+    }
 }
