@@ -446,7 +446,9 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
                     None => BTreeMap::new(),
                 },
                 CauseKind::Congestion => cong_ev.to_evidence(),
-                CauseKind::InFlightLimit => inflight_ev.as_ref().map(|e| e.to_evidence()).or_else(|| tcp_ev.as_ref().map(|t| t.to_evidence())).unwrap_or_default(),
+                CauseKind::InFlightLimit => {
+                    inflight_ev.as_ref().map(|e| e.to_evidence()).or_else(|| tcp_ev.as_ref().map(|t| t.to_evidence())).unwrap_or_default()
+                }
                 CauseKind::Unexplained => ev(&[("note", "time the models do not explain; large values are themselves a finding".into())]),
             };
             if k == CauseKind::RailImbalance && secs > 0.0 {
