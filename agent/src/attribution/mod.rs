@@ -362,8 +362,8 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
 
         // §1.1: the cut bound of our bytes balanced over every rail; §1.3: one latency per
-        // round, the path's measured one-way latency where the transport measured it.
-        let (lat, measured) = transport::round_latency(&wins, p.alpha);
+        // round, the path's round trip where the transport measured it.
+        let (lat, measured) = transport::round_latency(&wins, &transport::Requests { net: d.net, t0: c_last, t1: c_exit, rate }, p.alpha);
         latency_ev = Some((lat, measured || latency_ev.is_some_and(|l| l.1)));
         let ideal = frac * (traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + transport::rounds(c) * lat);
         s[CauseKind::IdealComm as usize] += ideal;

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use super::NetSample;
 use crate::timeline::{Collective, NicWindow};
 
 /// Synchronous rounds of a collective on its communicator (§1.3–§1.4: a ring AllReduce is
@@ -46,11 +47,32 @@ fn smoothed_rtt(wins: &[&NicWindow]) -> Option<f64> {
 /// transport's chunk acknowledgement): the round trip. (A transport that completes a send
 /// as soon as the socket took it — gloo's pairs — spends one way per round; the model then
 /// puts the other half in ideal communication and `unexplained` shows it as negative.)
-pub fn round_latency(wins: &[&NicWindow], alpha: f64) -> (f64, bool) {
-    match one_way_latency(wins).map(|l| 2.0 * l) {
+///
+/// The round trip is the TCP connections' (see [`one_way_latency`]) or, without them, the
+/// sampled NCCL/IB requests' ([`request_round_trip`]).
+pub fn round_latency(wins: &[&NicWindow], req: &Requests<'_>, alpha: f64) -> (f64, bool) {
+    match one_way_latency(wins).map(|l| 2.0 * l).or_else(|| request_round_trip(req)) {
         Some(l) if l > alpha => (l, true),
         _ => (alpha, false),
     }
+}
+
+/// The sampled transport requests of a transfer [t0, t1] on a path of `rate`.
+pub struct Requests<'a> {
+    pub net: &'a [NetSample],
+    pub t0: f64,
+    pub t1: f64,
+    pub rate: f64,
+}
+
+/// The NCCL/IB request round trip: the shortest post → completion of the sampled send
+/// requests overlapping the transfer, less their own serialisation at the path's rate (an RC
+/// send completes when the peer's acknowledgement is back). At least four requests, as for
+/// the in-flight evidence.
+pub fn request_round_trip(r: &Requests<'_>) -> Option<f64> {
+    let reqs = r.net.iter().filter(|q| q.send && q.completed > r.t0 && q.posted < r.t1);
+    let (n, min) = reqs.fold((0usize, f64::INFINITY), |(n, m), q| (n + 1, m.min(q.completed - q.posted - q.bytes / r.rate.max(1.0))));
+    (n >= 4 && min.is_finite() && min > 0.0).then_some(min)
 }
 
 /// In-flight evidence of a TCP transfer.
@@ -184,18 +206,28 @@ mod tests {
         c.op = "broadcast".into();
         assert_eq!(rounds(&c), 1.0);
         let (a, b) = (win(0.020, 0.0, 0.0, 0.0), win(0.022, 0.0, 0.0, 0.0));
-        let (l, measured) = round_latency(&[&a, &b], 1e-6);
+        let none = Requests { net: &[], t0: 0.0, t1: 1.0, rate: 1e9 };
+        let (l, measured) = round_latency(&[&a, &b], &none, 1e-6);
         assert!((l - 0.021).abs() < 1e-12 && measured, "{l}");
         // The path's smallest RTT where the kernel gave one: the queue a transfer builds is not
         // latency.
         let mut q = win(0.030, 0.0, 0.0, 0.0);
         q.tcp.min_rtt_seconds = 0.020;
-        assert!((round_latency(&[&q], 1e-6).0 - 0.020).abs() < 1e-12);
+        assert!((round_latency(&[&q], &none, 1e-6).0 - 0.020).abs() < 1e-12);
         // An RDMA window measures nothing: α.
         let r = NicWindow::default();
-        assert_eq!(round_latency(&[&r], 1e-6), (1e-6, false));
+        assert_eq!(round_latency(&[&r], &none, 1e-6), (1e-6, false));
+        // No TCP but sampled NCCL/IB sends: the shortest completion less its serialisation
+        // (16 KiB at 1 GB/s = 16.384 µs): 2 ms; three requests are too few.
+        let sends: Vec<NetSample> = (0..5)
+            .map(|i| NetSample { bytes: 16384.0, posted: 0.1 * i as f64, completed: 0.1 * i as f64 + 0.002_016_384 + 0.001 * i as f64, send: true })
+            .collect();
+        let ib = Requests { net: &sends, t0: 0.0, t1: 1.0, rate: 1e9 };
+        let (l, measured) = round_latency(&[&r], &ib, 1e-6);
+        assert!((l - 0.002).abs() < 1e-9 && measured, "{l}");
+        assert_eq!(round_latency(&[&r], &Requests { net: &sends[..3], ..ib }, 1e-6), (1e-6, false));
         // A loopback-fast RTT below α: α.
-        assert_eq!(round_latency(&[&win(1e-7, 0.0, 0.0, 0.0)], 1e-6), (1e-6, false));
+        assert_eq!(round_latency(&[&win(1e-7, 0.0, 0.0, 0.0)], &none, 1e-6), (1e-6, false));
     }
 
     #[test]
