@@ -9,7 +9,9 @@
 //!   rank 2, and every rank's calls carry their rank;
 //! - hang (issue 15): rank 2 sleeps forever before step 5's all_reduce; `/api/v1/open` and
 //!   `agent diagnose --hang` name it (not arrived, sleeping, last call #4) within 2 × the
-//!   threshold of the `[hang]` rule `e2e_hang.rs` runs with.
+//!   threshold of the `[hang]` rule `e2e_hang.rs` runs with;
+//! - rank 1 SIGSTOPs itself before step 4's all_reduce: named `T (stopped)`; after SIGCONT
+//!   the job completes and step 4 is readiness skew on rank 1, about as long as the stop.
 //!
 //! Each test has its own namespace, agent and ports; every wait polls with a deadline.
 //! `--nocapture` shows the measured skews and the detection latency.
@@ -26,7 +28,7 @@ use stepwise_tests::{
     torch::{self, GlooJob},
     workloads,
 };
-use support::hang::{inside_ranks, latency, missing, now, open_of, pid_of, suspected_with, wait_line, HANG};
+use support::hang::{inside_ranks, latency, missing, now, open_of, pid_of, signal, suspected_with, wait_line, HANG};
 
 const LATE_MS: f64 = 30.0;
 const STEPS: u64 = 15;
@@ -144,6 +146,25 @@ fn diagnose_hang(a: &Agent, json: bool) -> (Option<i32>, String) {
     (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Waits for the suspicion naming `rank` (the others inside all_reduce #`seq`), prints and
+/// checks its latency (within 2 × the threshold): the hang and the time it was seen.
+fn wait_suspected(a: &Agent, rank: u64, seq: u64, how: &str) -> (Value, f64) {
+    let t_stop = now();
+    let (h, seen) = wait_for(Duration::from_secs(60), "hang suspected", || suspected_with(&open_of(a), rank).map(|h| (h, now())))
+        .unwrap_or_else(|e| panic!("{e}: {}", open_of(a)));
+    let threshold = h["threshold_seconds"].as_f64().expect("threshold");
+    let lat = latency(&h, seen);
+    println!(
+        "gloo {how}: suspected {lat:.2} s after the others entered all_reduce #{seq} ({:.2} s after rank {rank} stopped), threshold {threshold:.2} s",
+        seen - t_stop
+    );
+    assert!(lat <= 2.0 * threshold, "suspected after {lat:.2} s, more than 2 × the {threshold:.2} s threshold");
+    assert_eq!((h["seq"].as_u64(), h["op"].as_str(), h["library"].as_str()), (Some(seq), Some("all_reduce"), Some("gloo")), "{h}");
+    let others: Vec<u64> = (0..4).filter(|r| *r != rank).collect();
+    assert_eq!(inside_ranks(&h), others, "{h}");
+    (h, seen)
+}
+
 #[test]
 fn gloo_rank_sleeping_before_all_reduce_is_named_hung() {
     let s = setup("hang");
@@ -151,18 +172,7 @@ fn gloo_rank_sleeping_before_all_reduce_is_named_hung() {
     let stopping = wait_line(&mut job.ranks[2].1, "stopping rank=2 step=5", JOB_TIMEOUT);
     let pid = pid_of(&stopping);
     assert_eq!(pid, job.ranks[2].1.pid(), "the rank is the process started (ip netns exec and env exec)");
-    let t_stop = now();
-    let (h, seen) = wait_for(Duration::from_secs(60), "hang suspected with rank 2 missing", || suspected_with(&open_of(&s.agent), 2).map(|h| (h, now())))
-        .unwrap_or_else(|e| panic!("{e}: {}", open_of(&s.agent)));
-    let threshold = h["threshold_seconds"].as_f64().expect("threshold");
-    let lat = latency(&h, seen);
-    println!(
-        "gloo hang: suspected {lat:.2} s after the others entered all_reduce #5 ({:.2} s after rank 2 began to sleep), threshold {threshold:.2} s",
-        seen - t_stop
-    );
-    assert!(lat <= 2.0 * threshold, "suspected after {lat:.2} s, more than 2 × the {threshold:.2} s threshold");
-    assert_eq!((h["seq"].as_u64(), h["op"].as_str(), h["library"].as_str()), (Some(5), Some("all_reduce"), Some("gloo")), "{h}");
-    assert_eq!(inside_ranks(&h), vec![0, 1, 3], "{h}");
+    let (h, _) = wait_suspected(&s.agent, 2, 5, "sleep");
     let m = missing(&h, 2);
     println!("gloo hang: rank 2 as reported: {m}");
     assert_eq!((m["why"].as_str(), m["pid"].as_u64(), m["last_done_seq"].as_u64()), (Some("not_arrived"), Some(pid as u64), Some(4)), "{m}");
@@ -184,4 +194,26 @@ fn gloo_rank_sleeping_before_all_reduce_is_named_hung() {
     let rep: Value = serde_json::from_str(&json).expect("diagnose --hang --json");
     assert_eq!(rep["suspected"], 1, "{rep}");
     // The sleeping rank never returns: the job ends when the test drops it (SIGKILL per rank).
+}
+
+#[test]
+fn gloo_sigstopped_rank_is_named_stopped_then_its_step_is_readiness_skew() {
+    let s = setup("sigstop");
+    let args = ["--steps", "10", "--bytes", "65536", "--compute-ms", "20", "--stop-rank", "1", "--stop-step", "4", "--stop-mode", "sigstop"];
+    let mut job = start_job(&s, "sigstop", &args);
+    let pid = pid_of(&wait_line(&mut job.ranks[1].1, "stopping rank=1 step=4", JOB_TIMEOUT));
+    let (h, seen) = wait_suspected(&s.agent, 1, 4, "sigstop");
+    let m = missing(&h, 1);
+    assert_eq!((m["why"].as_str(), m["pid"].as_u64(), m["last_done_seq"].as_u64()), (Some("not_arrived"), Some(pid as u64), Some(3)), "{m}");
+    assert_eq!(m["state"]["state"], "T (stopped)", "{m}");
+    signal(pid, "CONT");
+    let stopped = now() - (seen - latency(&h, seen));
+    let out = job.wait(JOB_TIMEOUT).expect("the job completes after SIGCONT");
+    assert_eq!(workloads::parse_steps(&out).len(), 40, "{out}");
+    let step = attributed_steps(&s.agent, &[4]).remove(&4).expect("step 4");
+    let skew = scenarios::cause(&step, "readiness_skew");
+    let got = skew["seconds"].as_f64().unwrap_or(0.0);
+    println!("gloo sigstop: step 4 readiness_skew {got:.2} s on rank {} for a {stopped:.2} s stop", skew["rank"]);
+    assert_eq!((scenarios::top_problem(&step).0.as_str(), &skew["rank"]), ("readiness_skew", &Value::from(1)), "{step}");
+    assert!(got >= 0.8 * stopped, "readiness skew {got:.2} s for a {stopped:.2} s stop");
 }
