@@ -14,6 +14,8 @@
 //!   phase → none;
 //! - in-flight: window 1 vs 16 over a modelled round trip → `in_flight_limit` (all-reduce at
 //!   window 1 − at 16) with N ≈ 1, m = the chunk, N·m/T = the workload's rate; none at 16;
+//!   `/metrics` alone gives the same N, m, T (the `stepwise_net_request_*` sums), and the
+//!   requests' bytes match the rail's transmitted bytes;
 //! - healthy: hierarchical, nothing injected → compute and ideal communication only (what is
 //!   unexplained is exactly what the workload itself lost beyond the ideal: the intra-server
 //!   phases and CPU contention from unrelated work).
@@ -665,6 +667,68 @@ const IF_STEPS: u64 = 8;
 const IF_CHUNK: u64 = 16 * 1024;
 const IF_RTT_US: u64 = 2000;
 
+/// The exported in-flight sums of one agent (`stepwise_net_request_*`, send side) and its rail's
+/// transmitted bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct NetSums {
+    occupancy: f64,
+    sampled: f64,
+    bytes: f64,
+    count: f64,
+    rail_tx: f64,
+}
+
+impl NetSums {
+    fn scrape(s: &Servers, k: usize) -> NetSums {
+        let m = s.get(&s.agents[k].addr, "/metrics").map(|r| r.body).unwrap_or_default();
+        let v = |name: &str, l: &[(&str, &str)]| stepwise_tests::harness::sample(&m, name, l).unwrap_or(0.0);
+        let send = [("direction", "send")];
+        NetSums {
+            occupancy: v("stepwise_net_request_occupancy_seconds_total", &send),
+            sampled: v("stepwise_net_sampled_seconds_total", &[]),
+            bytes: v("stepwise_net_request_bytes_total", &send),
+            count: v("stepwise_net_request_seconds_count", &send),
+            rail_tx: v("stepwise_netdev_transmit_bytes_total", &[("netdev", &rail_dev(0))]),
+        }
+    }
+    fn minus(self, b: &NetSums) -> NetSums {
+        NetSums {
+            occupancy: self.occupancy - b.occupancy,
+            sampled: self.sampled - b.sampled,
+            bytes: self.bytes - b.bytes,
+            count: self.count - b.count,
+            rail_tx: self.rail_tx - b.rail_tx,
+        }
+    }
+}
+
+/// Little's law from `/metrics` alone, over each job: m = the chunk, T ≥ the round trip, the
+/// requests' bytes are what the rail carried, and window 16 keeps many times the requests of
+/// window 1 in flight.
+fn check_exported_in_flight(exported: &BTreeMap<u32, Vec<NetSums>>) {
+    for k in 0..2 {
+        let (w1, w16) = (exported[&1][k], exported[&16][k]);
+        for (w, d) in [(1, w1), (16, w16)] {
+            let (n, m, t) = (d.occupancy / d.sampled, d.bytes / d.count, d.occupancy / d.count);
+            eprintln!(
+                "exported in flight, window {w} server {k}: N {n:.2}, m {m:.0} B, T {:.2} ms, N·m/T {:.2} MB/s over {:.2} s sampled; requests {:.2} MB vs rail tx {:.2} MB",
+                t * 1e3,
+                n * m / t / 1e6,
+                d.sampled,
+                d.bytes / 1e6,
+                d.rail_tx / 1e6
+            );
+            assert!(d.count > 0.0 && d.sampled > 0.0, "window {w} server {k}: sampled requests exported: {d:?}");
+            assert!(within(m, IF_CHUNK as f64, 0.01), "window {w} server {k}: m = the {IF_CHUNK}-byte chunk: {d:?}");
+            assert!(t >= IF_RTT_US as f64 * 1e-6, "window {w} server {k}: T ≥ the {IF_RTT_US} µs round trip: {d:?}");
+            assert!(within(d.bytes, d.rail_tx, 0.15), "window {w} server {k}: the requests' bytes are the rail's (Little's law, N·m/T × time): {d:?}");
+        }
+        let (n1, n16) = (w1.occupancy / w1.sampled, w16.occupancy / w16.sampled);
+        assert!(n1 <= 1.05, "window 1 server {k}: at most one request in flight on average, N = {n1:.2}");
+        assert!(n16 > 4.0 * n1, "window 16 server {k}: N {n16:.2} should be many times window 1's {n1:.2}");
+    }
+}
+
 #[test]
 fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
     let _g = serial();
@@ -700,11 +764,14 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
     }
     let a = args(&[("--steps", IF_STEPS.to_string()), ("--bytes", IF_BYTES.to_string()), ("--compute-us", "50000".into())]);
     let mut runs = BTreeMap::new();
+    let mut exported = BTreeMap::new();
     for window in [1u32, 16] {
         let env = [("NCCL_ABI_RTT_US", IF_RTT_US.to_string()), ("NCCL_ABI_WINDOW", window.to_string()), ("NCCL_ABI_CHUNK", IF_CHUNK.to_string())];
+        let before: Vec<NetSums> = (0..2).map(|k| NetSums::scrape(&s, k)).collect();
         let t0 = now();
         let o = two_rank_job(&s, dir.path(), &format!("w{window}"), &env, &a).wait(Duration::from_secs(60)).expect("job");
         let t1 = now();
+        exported.insert(window, (0..2).map(|k| NetSums::scrape(&s, k).minus(&before[k])).collect::<Vec<_>>());
         let per: Vec<Vec<Value>> = (0..2).map(|k| steps_between(&s, k, t0, t1, IF_STEPS as usize - 1)).collect();
         if verbose() {
             for (k, st) in per.iter().enumerate() {
@@ -717,6 +784,7 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
         }
         runs.insert(window, (o, per));
     }
+    check_exported_in_flight(&exported);
     let ar = |o: &JobOutput| median(o.lines.iter().filter(|l| l.step >= 1).map(|l| l.allreduce_us * 1e-6).collect());
     let (a1, a16) = (ar(&runs[&1].0), ar(&runs[&16].0));
     let excess = a1 - a16;

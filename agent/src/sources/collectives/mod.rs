@@ -13,6 +13,7 @@ pub mod exits;
 pub mod history;
 pub mod k8s;
 mod metrics;
+mod net_metrics;
 pub mod procs;
 pub mod progress;
 pub mod targets;
@@ -145,6 +146,7 @@ pub struct Collectives {
     exe_cache: HashMap<FileKey, SymbolTable>,
     history: SharedHistory,
     metrics: CollectiveMetrics,
+    net_metrics: net_metrics::NetMetrics,
     next_probe_id: u32,
     last_drops: u64,
     self_pid: u32,
@@ -207,6 +209,7 @@ impl Collectives {
             exe_cache: HashMap::new(),
             history,
             metrics: CollectiveMetrics::register(registry),
+            net_metrics: net_metrics::NetMetrics::register(registry),
             next_probe_id: 1,
             last_drops: 0,
             self_pid: std::process::id(),
@@ -284,6 +287,8 @@ impl Collectives {
         let mut last_scan = Instant::now();
         let mut window_start: Option<Instant> = None;
         let mut last_window = Instant::now();
+        // Time of the open sampled window already added to stepwise_net_sampled_seconds_total.
+        let mut sampled_until = Instant::now();
         let mut buf: Vec<ProbeEvent> = Vec::with_capacity(4096);
         while !stop() {
             if last_scan.elapsed() >= self.cfg.rescan {
@@ -304,11 +309,14 @@ impl Collectives {
                     last_window = Instant::now();
                     self.attach_sampled();
                     window_start = Some(Instant::now());
+                    sampled_until = Instant::now();
                 }
                 Some(t) if t.elapsed() >= self.cfg.sample_window => {
+                    self.count_sampled(&mut sampled_until);
                     self.detach_sampled();
                     window_start = None;
                 }
+                Some(_) => self.count_sampled(&mut sampled_until),
                 _ => {}
             }
             let drained = self.next_batch(&mut buf, Duration::from_millis(20));
@@ -443,6 +451,7 @@ impl Collectives {
                 }
                 Ok(Decoded::Net(n)) => {
                     self.metrics.net_requests.inc();
+                    self.net_metrics.observe(&n);
                     hist.push_net(n);
                 }
                 Ok(Decoded::Nothing) => {}
@@ -733,6 +742,17 @@ impl Collectives {
         for l in links {
             self.probes.detach(l);
         }
+    }
+
+    /// Adds the time since `until` to the sampled seconds while sampled probes are attached (a
+    /// window is skipped while the last one's links are still being torn down; counted as it
+    /// goes, so a long window is visible before it closes).
+    fn count_sampled(&mut self, until: &mut Instant) {
+        let now = Instant::now();
+        if self.attached.values().any(|a| !a.sampled_links.is_empty()) {
+            self.net_metrics.window(now.duration_since(*until).as_secs_f64());
+        }
+        *until = now;
     }
 
     /// A JSON summary for `/api/v1/status`.
