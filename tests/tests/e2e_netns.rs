@@ -706,8 +706,7 @@ impl NetSums {
 /// requests' bytes are what the rail carried, and window 16 keeps many times the requests of
 /// window 1 in flight.
 fn check_exported_in_flight(exported: &BTreeMap<u32, Vec<NetSums>>) {
-    for k in 0..2 {
-        let (w1, w16) = (exported[&1][k], exported[&16][k]);
+    for (k, (&w1, &w16)) in exported[&1].iter().zip(&exported[&16]).enumerate() {
         for (w, d) in [(1, w1), (16, w16)] {
             let (n, m, t) = (d.occupancy / d.sampled, d.bytes / d.count, d.occupancy / d.count);
             eprintln!(
