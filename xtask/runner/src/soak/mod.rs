@@ -316,9 +316,14 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
             v.sort_unstable();
             v.get(v.len() / 2).copied().unwrap_or(0)
         };
-        let (q2, q4) = (median(&rows[n / 4..(n / 2).max(n / 4 + 1)]), median(&rows[3 * n / 4..]));
-        if q4 > q2 + FD_SLACK {
-            problems.push(format!("open descriptors grow: median {q2} in the second quarter, {q4} in the last (allowed +{FD_SLACK})"));
+        // The baseline is the higher of the first two quarters' medians: a steady leak raises
+        // the second over the first, so this is as strict as the second quarter alone, while a
+        // dip in it (a 10-minute CI run sat at 348 from 160 to 270 s between 360s, ending at
+        // 362) is not taken for growth.
+        let (q1, q2, q4) = (median(&rows[1..(n / 4).max(2)]), median(&rows[n / 4..(n / 2).max(n / 4 + 1)]), median(&rows[3 * n / 4..]));
+        let base = q1.max(q2);
+        if q4 > base + FD_SLACK {
+            problems.push(format!("open descriptors grow: median {q1} / {q2} in the first two quarters, {q4} in the last (allowed +{FD_SLACK})"));
         }
         if fd_second > fd_first + FD_TRANSIENT {
             problems.push(format!("open descriptors peak at {fd_second} in the second half, {fd_first} in the first (allowed +{FD_TRANSIENT})"));
@@ -345,7 +350,7 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
         let jobs_done = jobs.load(Ordering::Relaxed);
         let jobs_failed = failed.load(Ordering::Relaxed);
         println!(
-            "soak summary: {:.1} min, peak RSS {rss_max:.1} MiB (VmHWM {hwm:.1} MiB, bound {MAX_RSS_MIB}), mean CPU {cpu_mean:.1} %, fds {fd_min}..{fd_second} (median {q2} -> {q4}, first half peak {fd_first}), db ≤ {} KiB (max_bytes {} KiB), wal ≤ {} KiB, {jobs_done} jobs ({jobs_failed} failed), {} storms, {} steps attributed, {} probe drops",
+            "soak summary: {:.1} min, peak RSS {rss_max:.1} MiB (VmHWM {hwm:.1} MiB, bound {MAX_RSS_MIB}), mean CPU {cpu_mean:.1} %, fds {fd_min}..{fd_second} (median {q1} / {q2} -> {q4}, first half peak {fd_first}), db ≤ {} KiB (max_bytes {} KiB), wal ≤ {} KiB, {jobs_done} jobs ({jobs_failed} failed), {} storms, {} steps attributed, {} probe drops",
             t1.t / 60.0,
             db_max / 1024,
             STORE_MAX_BYTES / 1024,
