@@ -397,3 +397,20 @@ pub fn diagnose(s: &Servers, args: &[&str]) -> Result<(i32, String, String)> {
     let out = c.output().with_context(|| format!("cannot run {c:?}"))?;
     Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
 }
+
+/// Median of a non-empty sample (the mean of the middle two for an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of nothing");
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// `got` within `tol` (a fraction) of `want`.
+pub fn within(got: f64, want: f64, tol: f64) -> bool {
+    (got - want).abs() <= tol * want.abs()
+}

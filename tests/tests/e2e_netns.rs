@@ -38,7 +38,9 @@ use std::{
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{self, agent_config, cause, cause_seconds, rail_addr, rail_dev, start_job, summarize, top_problem, JobOutput, RankSpec, Servers, Shape},
+    scenarios::{
+        self, agent_config, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers, Shape,
+    },
     workloads,
 };
 
@@ -71,21 +73,6 @@ fn setup() -> tempfile::TempDir {
     scenarios::require_tools(&["ip", "tc", "nice", "env"]).expect("tools");
     workloads::build().expect("workloads build");
     tempfile::Builder::new().prefix("stepwise-e2e-netns-").tempdir().expect("tmp")
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    assert!(!v.is_empty(), "median of nothing");
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn within(got: f64, want: f64, tol: f64) -> bool {
-    (got - want).abs() <= tol * want.abs()
 }
 
 fn secs(step: &Value) -> f64 {

@@ -24,7 +24,7 @@ use std::{
 use serde_json::Value;
 use stepwise_tests::{
     harness::{sample, workspace_root, Proc},
-    scenarios::{self, agent_config, cause, cause_seconds, start_job, summarize, JobOutput, RankSpec, Servers},
+    scenarios::{self, agent_config, cause, cause_seconds, median, start_job, summarize, within, JobOutput, RankSpec, Servers},
     workloads,
 };
 
@@ -40,21 +40,6 @@ const SNDBUF: u32 = 16384;
 
 fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    assert!(!v.is_empty(), "median of nothing");
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn within(got: f64, want: f64, tol: f64) -> bool {
-    (got - want).abs() <= tol * want.abs()
 }
 
 /// The delay line between the two servers, killed on drop (it removes its TUN devices).
