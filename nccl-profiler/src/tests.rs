@@ -1,0 +1,165 @@
+//! The callbacks driven as NCCL drives them (profiler.cc / transport/profiler.cc), on a
+//! context with its own ring.
+
+use std::{mem::offset_of, ptr::null_mut};
+
+use super::*;
+use crate::{ring::Ring, wire::*};
+
+fn ring() -> &'static Ring {
+    Box::leak(Box::new(Ring::new(4096)))
+}
+
+#[test]
+fn descriptor_layouts_match_the_headers() {
+    assert_eq!(offset_of!(Descr<u64>, parent_obj), 8);
+    assert_eq!(offset_of!(Descr<u64>, rank), 16);
+    assert_eq!(offset_of!(Descr<u64>, u), 24);
+    assert_eq!(offset_of!(Descr<u8>, parent_obj), 8);
+    assert_eq!(offset_of!(Descr<u8>, u), 24);
+    assert_eq!(offset_of!(CollDescr, func), 8);
+    assert_eq!(offset_of!(CollDescr, count), 32);
+    assert_eq!(offset_of!(CollDescr, root), 40);
+    assert_eq!(offset_of!(CollDescr, datatype), 48);
+    assert_eq!(offset_of!(CollDescr, n_channels), 56);
+    assert_eq!(offset_of!(CollDescr, n_warps), 57);
+    assert_eq!(offset_of!(CollDescr, algo), 64);
+    assert_eq!(offset_of!(CollDescr, proto), 72);
+    assert_eq!(offset_of!(KernelChDescr, p_timer), 8);
+}
+
+fn coll_descr(seq: u64, n_channels: u8) -> Descr<u64> {
+    Descr {
+        type_: EV_COLL,
+        parent_obj: null_mut(),
+        rank: 1,
+        u: DescrUnion {
+            coll: CollDescr {
+                seq_number: seq,
+                func: c"AllReduce".as_ptr(),
+                send_buff: std::ptr::null(),
+                recv_buff: null_mut(),
+                count: 1 << 20,
+                root: 0,
+                datatype: c"ncclFloat32".as_ptr(),
+                n_channels,
+                n_warps: 16,
+                algo: c"RING".as_ptr(),
+                proto: c"SIMPLE".as_ptr(),
+            },
+        },
+    }
+}
+
+fn child(ty: u64, parent: *mut c_void, p_timer: u64) -> Descr<u64> {
+    Descr { type_: ty, parent_obj: parent, rank: 0, u: DescrUnion { kernel_ch: KernelChDescr { channel_id: 0, p_timer } } }
+}
+
+unsafe fn start(ctx: *mut c_void, d: &mut Descr<u64>) -> *mut c_void {
+    let mut h = null_mut();
+    // SAFETY: a context of this test and descriptors built as NCCL does.
+    assert_eq!(unsafe { (ncclProfiler_v5.start_event)(ctx, &mut h, d) }, 0);
+    h
+}
+
+#[test]
+fn a_collective_is_recorded_when_its_last_channel_stops() {
+    let r = ring();
+    let ctx = Context::new(0xfeed, 1, 4, choose_mask(22907, None), r).cast::<c_void>();
+    // SAFETY: the callbacks with this test's context, in NCCL's order.
+    unsafe {
+        let coll = start(ctx, &mut coll_descr(41, 2));
+        assert!(!coll.is_null());
+        (ncclProfiler_v5.stop_event)(coll); // enqueued
+        assert!(r.pop().is_none(), "the enqueue is not the end");
+        let op = start(ctx, &mut child(EV_PROXY_OP, coll, 0));
+        let step = start(ctx, &mut child(EV_PROXY_STEP, op, 0));
+        assert!(!op.is_null() && !step.is_null());
+        (ncclProfiler_v5.record_event_state)(step, 9, null_mut()); // SendWait
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        (ncclProfiler_v5.stop_event)(step);
+        (ncclProfiler_v5.stop_event)(op);
+        let now = crate::clock::realtime_ns();
+        let k0 = start(ctx, &mut child(EV_KERNEL_CH, coll, 5_000_200));
+        let k1 = start(ctx, &mut child(EV_KERNEL_CH, coll, 5_000_100));
+        let mut end = 9_000_000u64;
+        (ncclProfiler_v5.record_event_state)(k0, STATE_KERNEL_CH_STOP, (&mut end as *mut u64).cast());
+        (ncclProfiler_v5.stop_event)(k0);
+        assert!(r.pop().is_none(), "one of two channels stopped");
+        let mut end = 9_500_000u64;
+        (ncclProfiler_v5.record_event_state)(k1, STATE_KERNEL_CH_STOP, (&mut end as *mut u64).cast());
+        (ncclProfiler_v5.stop_event)(k1);
+        let rec = r.pop().expect("record after the last channel");
+        assert_eq!((rec.comm_hash, rec.seq, rec.rank, rec.nranks), (0xfeed, 41, 1, 4));
+        assert_eq!(rec.bytes, 4 << 20);
+        assert_eq!((name_of(&FUNC_OPS, rec.func), name_of(&ALGOS, rec.algo), name_of(&PROTOS, rec.proto)), ("all_reduce", "RING", "SIMPLE"));
+        assert_eq!((rec.gpu_start_ptimer, rec.gpu_end_ptimer), (5_000_100, 9_500_000));
+        assert_eq!((rec.n_channels, rec.kernel_stops, rec.flags), (2, 2, FLAG_COMPLETE));
+        assert!(rec.proxy_wait_ns[2] >= 3_000_000, "send_wait {}", rec.proxy_wait_ns[2]);
+        assert_eq!(rec.proxy_wait_ns[0], 0);
+        // Offset ≈ host − pTimer at the callbacks: the GPU start maps to about `now`.
+        let host = rec.gpu_start_host_ns().expect("mapped");
+        assert!((host - now as i128).abs() < 50_000_000, "{host} vs {now}");
+        assert!(r.pop().is_none(), "sent once");
+        (ncclProfiler_v5.finalize)(ctx);
+    }
+}
+
+#[test]
+fn evicted_and_kernel_less_collectives_still_go_out() {
+    let r = ring();
+    let ctx = Context::new(1, 0, 2, EV_COLL | EV_KERNEL_CH, r).cast::<c_void>();
+    // SAFETY: as above.
+    unsafe {
+        for seq in 0..=events::COLL_SLOTS as u64 {
+            let h = start(ctx, &mut coll_descr(seq, 1));
+            (ncclProfiler_v5.stop_event)(h);
+        }
+        let rec = r.pop().expect("the first slot was reused");
+        assert_eq!((rec.seq, rec.flags, rec.gpu_start_ptimer), (0, FLAG_EVICTED, 0));
+        (ncclProfiler_v5.finalize)(ctx);
+        // Finalize sends the ones still pending.
+        assert_eq!(std::iter::from_fn(|| r.pop()).count(), events::COLL_SLOTS);
+    }
+    let ctx = Context::new(2, 0, 2, EV_COLL, r).cast::<c_void>();
+    // SAFETY: as above.
+    unsafe {
+        let h = start(ctx, &mut coll_descr(7, 1));
+        (ncclProfiler_v5.stop_event)(h);
+        let rec = r.pop().expect("sent at enqueue without KernelCh events");
+        assert_eq!((rec.seq, rec.flags), (7, FLAG_NO_KERNEL));
+        assert!(rec.enqueue_ns > 0);
+        (ncclProfiler_v5.finalize)(ctx);
+    }
+}
+
+#[test]
+fn unknown_events_and_nulls_are_ignored() {
+    let r = ring();
+    let ctx = Context::new(3, 0, 2, EV_COLL | EV_KERNEL_CH, r).cast::<c_void>();
+    // SAFETY: as above, plus the null cases NCCL may produce.
+    unsafe {
+        // A KernelCh of a p2p task (parent null) gets no handle; stopping null is harmless.
+        assert!(start(ctx, &mut child(EV_KERNEL_CH, null_mut(), 5)).is_null());
+        assert_eq!((ncclProfiler_v5.stop_event)(null_mut()), 0);
+        assert_eq!((ncclProfiler_v5.record_event_state)(null_mut(), 22, null_mut()), 0);
+        assert!(start(ctx, &mut child(1 << 8, null_mut(), 0)).is_null()); // GroupApi
+        assert_eq!((ncclProfiler_v5.start_event)(ctx, null_mut(), null_mut()), 0);
+        let mut h = null_mut();
+        assert_eq!((ncclProfiler_v5.start_event)(null_mut(), &mut h, &mut coll_descr(0, 1)), 0);
+        assert!(h.is_null());
+        (ncclProfiler_v5.finalize)(ctx);
+    }
+    assert!(r.pop().is_none());
+}
+
+#[test]
+fn the_event_mask_follows_the_nccl_version_and_the_environment() {
+    let all = EV_COLL | EV_KERNEL_CH | EV_PROXY_OP | EV_PROXY_STEP;
+    assert_eq!(choose_mask(22907, None), all);
+    assert_eq!(choose_mask(23007, Some("auto")), all);
+    assert_eq!(choose_mask(23104, None), EV_COLL, "2.31.x: KernelCh costs too much");
+    assert_eq!(choose_mask(23200, None), all);
+    assert_eq!(choose_mask(23104, Some("coll,kernel")), EV_COLL | EV_KERNEL_CH);
+    assert_eq!(choose_mask(22907, Some("proxy")), EV_COLL | EV_PROXY_OP | EV_PROXY_STEP);
+}
