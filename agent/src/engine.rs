@@ -4,7 +4,7 @@
 //! [`Engine::tick`] after every sweep; HTTP handlers read it.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     sync::atomic::AtomicU64,
     time::Duration,
 };
@@ -18,10 +18,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     attribution::{self, Attribution, CauseKind, NetSample, Params, StepData},
+    pipeline,
     sources::{collectives::SharedHistory, nic},
-    timeline::{
-        join::CallView, join_calls, steps_from_markers, steps_from_period, windows::NicInfo, Collective, CounterLog, Marker, NicSample, NicWindow, Step,
-    },
+    timeline::{join::CallView, join_calls, windows::NicInfo, Collective, CounterLog, Marker, NicSample, NicWindow, StepSource},
 };
 
 /// `[steps]` configuration.
@@ -156,8 +155,8 @@ pub struct Engine {
     log: CounterLog,
     markers: VecDeque<Marker>,
     steps: VecDeque<Attribution>,
-    /// (job key, step id, begin) already attributed.
-    done: BTreeSet<(String, u64, i64)>,
+    /// (job key, step id, begin in µs for marker steps) already attributed → the step's end.
+    done: BTreeMap<(String, u64, i64), f64>,
     rates: HashMap<String, f64>,
     metrics: Metrics,
     recent: VecDeque<f64>,
@@ -224,7 +223,7 @@ impl Engine {
             log: CounterLog::new(4096),
             markers: VecDeque::new(),
             steps: VecDeque::new(),
-            done: BTreeSet::new(),
+            done: BTreeMap::new(),
             rates,
             metrics: Metrics::register(registry),
             admission: crate::timeline::admission::Admission::register(registry, Default::default()),
@@ -363,20 +362,11 @@ impl Engine {
         let CallsIn { views, net, drained_until, lost } = self.calls_in(lookback);
         let counters_until = self.counters_until.unwrap_or(f64::INFINITY);
         let colls = join_calls(&views);
-        let mut steps: Vec<(String, Step)> = Vec::new();
         let markers: Vec<Marker> = self.markers_since(lookback);
-        if !markers.is_empty() {
-            steps.extend(steps_from_markers(&markers).into_iter().map(|s| ("markers".to_string(), s)));
-        } else {
-            let mut by_comm: BTreeMap<&str, Vec<&Collective>> = BTreeMap::new();
-            for c in &colls {
-                by_comm.entry(c.comm.as_str()).or_default().push(c);
-            }
-            for (comm, mut cs) in by_comm {
-                cs.sort_by_key(|c| c.seq);
-                steps.extend(steps_from_period(&cs).into_iter().map(|s| (comm.to_string(), s)));
-            }
-        }
+        let (found, _) = pipeline::find_steps(&markers, &colls);
+        let mut net = net;
+        net.sort_by(|a, b| a.posted.total_cmp(&b.posted));
+        let nets = [net];
         // Events dropped since the last tick were lost in (last tick, now] — or up to a
         // second earlier when the probe thread drained late (a loaded host): every step
         // overlapping that span is incomplete, also one attributed ticks later, after its
@@ -398,22 +388,27 @@ impl Engine {
         while self.drop_spans.front().is_some_and(|s| s.1 < lookback - 60.0) {
             self.drop_spans.pop_front();
         }
-        for (job, step) in steps {
+        for f in &found {
+            let step = &f.step;
             // Never before its events are in: the probe consumer's watermark and the last
             // counter sweep must have passed the step's end (a loaded host drains late).
             let missing = missing_data(step.end, drained_until, counters_until);
             if step.end > horizon || (missing.is_some() && step.end > deadline) {
                 continue;
             }
-            let key = (job.clone(), step.id, (step.begin * 1e6) as i64);
-            if self.done.contains(&key) || step.end <= self.last_attributed - 60.0 {
+            // Period step ids are stable (they count the main communicator's periods); a
+            // marker step id can repeat across jobs, so its begin tells incarnations apart.
+            let begin_key = if step.source == StepSource::Markers { (step.begin * 1e6) as i64 } else { 0 };
+            let key = (f.job.clone(), step.id, begin_key);
+            if self.done.contains_key(&key) || step.end <= self.last_attributed - 60.0 {
                 continue;
             }
-            let mine: Vec<&Collective> = step.collectives(&colls);
-            let windows: Vec<Vec<NicWindow>> = mine.iter().map(|c| self.log.window(c.last_arrival(), c.last_exit())).collect();
+            let inputs = pipeline::step_inputs(&colls, f, Some(&self.log), &nets);
             let dropped = self.drop_spans.iter().any(|&(a, b)| a <= step.end && b >= step.begin);
-            let mut att =
-                attribution::attribute(&StepData { step: &step, collectives: &mine, windows: &windows, net: &net, dropped_events: dropped }, &self.cfg.params);
+            let mut att = attribution::attribute(
+                &StepData { step, collectives: &inputs.collectives, windows: &inputs.windows, net: &inputs.net, dropped_events: dropped },
+                &self.cfg.params,
+            );
             if lost.iter().any(|&(a, b)| a <= step.end && b >= step.begin) {
                 att.incomplete = true;
                 att.notes.push("incomplete data: probe events of processes that exited before the agent could inspect them were lost (a starved agent; see stepwise_probe_decode_errors_total{kind=\"process_gone\"})".to_string());
@@ -422,23 +417,25 @@ impl Engine {
                 att.incomplete = true;
                 att.notes.push(format!("incomplete data: closed {:.1} s after its end (steps.max_wait) before {what}", now - step.end));
             }
+            let windows = inputs.windows;
+            let mine = inputs.collectives;
             self.record(&att, &windows);
             let step_windows = self.log.window(step.begin, step.end);
             let mine: Vec<Collective> = mine.into_iter().cloned().collect();
             for sink in &self.sinks {
-                sink(&job, &att, &mine);
+                sink(&f.job, &att, &mine);
             }
-            self.pending_store.push((job.clone(), att.clone(), mine, step_windows));
+            self.pending_store.push((f.job.clone(), att.clone(), mine, step_windows));
             if self.steps.len() >= self.cfg.history.max(1) {
                 self.steps.pop_front();
             }
             self.steps.push_back(att);
-            self.done.insert(key);
+            self.done.insert(key, step.end);
             self.last_attributed = self.last_attributed.max(step.end);
         }
         // Forget keys far behind so the set stays bounded.
-        let cut = ((self.last_attributed - 900.0) * 1e6) as i64;
-        self.done.retain(|k| k.2 >= cut);
+        let cut = self.last_attributed - 900.0;
+        self.done.retain(|_, end| *end >= cut);
     }
 
     /// The probe thread's calls since `since`. Without collective probes (`[collectives]

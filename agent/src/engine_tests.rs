@@ -1,5 +1,7 @@
 //! The engine without its inputs: markers alone make steps.
 
+use std::collections::BTreeSet;
+
 use prometheus_client::registry::Registry;
 
 use super::*;

@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod hang;
 pub mod labels;
 pub mod model;
+pub mod pipeline;
 pub mod report;
 pub mod sources;
 pub mod store;

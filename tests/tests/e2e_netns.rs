@@ -408,20 +408,12 @@ fn steps_of_pid(s: &Servers, k: usize, pid: u32, steps: &[Value]) -> Vec<Value> 
     let exits: Vec<f64> =
         calls["calls"].as_array().expect("calls").iter().filter(|c| c["pid"].as_u64() == Some(pid as u64)).filter_map(|c| c["exit"].as_f64()).collect();
     let mine: Vec<Value> = steps.iter().filter(|st| st["end"].as_f64().is_some_and(|e| exits.iter().any(|x| (x - e).abs() < 1e-6))).cloned().collect();
-    // The engine sometimes attributes a period step a second time with times shifted by a
-    // fraction of a millisecond (its done-key includes the step's begin in µs): keep the
-    // latest attribution of each step id and say so.
+    // Each step once: the engine's done-key for a period step is its id, which counts the
+    // main communicator's periods and does not move as the history window does.
     let mut by_id: BTreeMap<u64, Value> = BTreeMap::new();
     for st in mine {
         if let Some(old) = by_id.insert(st["step"].as_u64().expect("id"), st.clone()) {
-            eprintln!(
-                "note: agent {k} attributed step {} twice ({:.4} → {:.4} s, begin {:.6} → {:.6})",
-                st["step"],
-                secs(&old),
-                secs(&st),
-                old["begin"].as_f64().unwrap_or(0.0),
-                st["begin"].as_f64().unwrap_or(0.0)
-            );
+            panic!("agent {k} attributed step {} twice:\n{old}\n{st}", st["step"]);
         }
     }
     by_id.into_values().collect()

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{concurrency, traffic},
-    timeline::{Collective, NicWindow, Step, StepSource},
+    timeline::{Collective, NicWindow, Step},
     units::{Bytes, BytesPerSecond},
 };
 
@@ -230,16 +230,8 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     let total = d.step.duration();
     // (first arrival, last arrival, last exit) once per collective.
     let times: Vec<(f64, f64, f64)> = d.collectives.iter().map(|c| (c.first_arrival(), c.last_arrival(), c.last_exit())).collect();
-    // A period step is one communicator's (timeline::steps_from_period: it ends at the last
-    // exit of that communicator's group). Its window can also hold other communicators'
-    // collectives — another job on the host — which have their own steps: only the
-    // communicator whose collective ends the step is attributed.
-    let own_comm: Option<&str> = if d.step.source == StepSource::Period {
-        d.collectives.iter().zip(&times).find(|(_, t)| (t.2 - t1).abs() < 1e-9).map(|(c, _)| c.comm.as_str())
-    } else {
-        None
-    };
-    let mut order: Vec<usize> = (0..d.collectives.len()).filter(|&i| own_comm.is_none_or(|o| d.collectives[i].comm == o)).collect();
+    // The step's collectives are its own job's (crate::pipeline picks them).
+    let mut order: Vec<usize> = (0..d.collectives.len()).collect();
     order.sort_by(|&a, &b| times[a].0.total_cmp(&times[b].0));
     let n_colls = order.len();
 
@@ -579,28 +571,6 @@ mod per_host_view_tests {
         let ev = &a.causes.iter().find(|c| c.kind == CauseKind::Congestion).expect("congestion").evidence;
         let other = ev.get("other_traffic_bytes").and_then(|v| v.as_f64()).expect("other traffic");
         assert!((other - 1e6).abs() < 0.02e6, "{other}");
-    }
-
-    #[test]
-    fn a_period_step_attributes_only_its_own_communicators_collectives() {
-        // Job 1's period step: 300 ms compute, then its collective (0.3–0.5 s). Job 2's
-        // collective ran during job 1's compute (0.05–0.25 s) on the same host.
-        let own = partial(2, &[0], 250_000, 0.3, 0.5);
-        let mut other = partial(2, &[0], 250_000, 0.05, 0.25);
-        other.comm = "job2".into();
-        let s = Step { id: 1, begin: 0.0, end: 0.5, source: StepSource::Period, ranks: BTreeMap::new() };
-        let cs = [&other, &own];
-        let wins = vec![vec![nic("uplink", 250_000.0, 1.25e6)], vec![nic("uplink", 250_000.0, 1.25e6)]];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
-        assert!((a.cause(CauseKind::Compute) - 0.3).abs() < 1e-9, "{:?}", a.causes);
-        assert!((a.cause(CauseKind::IdealComm) - 0.2).abs() < 1e-3, "{:?}", a.causes);
-        assert_eq!(a.collectives, 1);
-        assert!((sum(&a) - 0.5).abs() < 1e-12);
-        // Marker steps keep every collective in the window (a step may use several
-        // communicators).
-        let s = Step { source: StepSource::Markers, ..s };
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
-        assert_eq!(a.collectives, 2);
     }
 
     #[test]

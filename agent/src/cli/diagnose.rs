@@ -12,7 +12,7 @@
 //! Exit status: 0 with a report, 2 on usage errors, 3 when no step matches (the message
 //! says why), 1 when the data cannot be read at all.
 
-mod cluster;
+pub(crate) mod cluster;
 mod fetch;
 mod hang;
 

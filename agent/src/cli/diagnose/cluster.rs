@@ -1,15 +1,16 @@
-//! Cluster mode, after the fan-out: every peer's calls joined on `(CommId, seq)`, steps from
-//! markers (else from the period of the main communicator), per-collective NIC windows from
-//! every peer's counter samples, and `attribution::attribute` per selected step. Pure: the
-//! peers' answers in, step reports out.
+//! Cluster mode, after the fan-out: every peer's calls joined on `(CommId, seq)`, then the
+//! daemon's own pipeline (`crate::pipeline`: steps, their windows from every peer's counter
+//! samples, `attribution::attribute`) per selected step. Pure: the peers' answers in, step
+//! reports out.
 
 use std::collections::BTreeMap;
 
 use super::{Selection, MAX_STEPS};
 use crate::{
     attribution::{attribute, NetSample, Params, StepData},
+    pipeline::{self, Found},
     report::{nics_of, Skew, StepReport},
-    timeline::{join::CallView, join_calls, steps_from_markers, steps_from_period, Collective, CounterLog, Marker, NicInfo, NicSample, NicWindow, Step},
+    timeline::{join::CallView, join_calls, Collective, CounterLog, Marker, NicInfo, NicSample},
 };
 
 /// What one peer answered.
@@ -57,33 +58,18 @@ pub fn clock_free(colls: &[&Collective]) -> (Option<f64>, Option<u32>) {
     (total, late)
 }
 
-/// Steps from markers; without markers, from the period of the communicator with the most
-/// ranks (then the most collectives) — the job's world communicator, whose collectives
-/// every step issues. Returns the steps and how they were found.
-fn find_steps(markers: &[Marker], colls: &[Collective]) -> (Vec<Step>, String) {
-    let s = steps_from_markers(markers);
-    if !s.is_empty() {
-        return (s, "step markers".into());
-    }
-    let mut by_comm: BTreeMap<&str, Vec<&Collective>> = BTreeMap::new();
-    for c in colls {
-        by_comm.entry(c.comm.as_str()).or_default().push(c);
-    }
-    let main = by_comm.iter().max_by_key(|(_, v)| (v.iter().map(|c| c.arrivals.len()).max().unwrap_or(0), v.len())).map(|(k, _)| *k);
-    let Some(main) = main else { return (Vec::new(), "no collectives".into()) };
-    let mut v = by_comm.remove(main).unwrap_or_default();
-    v.sort_by_key(|c| c.seq);
-    (steps_from_period(&v), format!("the period of communicator {main}'s collectives (no step markers; step ids count from the start of the fetched range)"))
-}
-
-/// Per-NIC counter log of every peer, NICs named `host/netdev` and tagged with their host.
+/// Per-NIC counter log of every peer, NICs tagged with their host — and named `host/netdev`
+/// when the peers' NICs span hosts (one host's answer names them as its agent does).
 fn counter_log(peers: &[PeerData]) -> CounterLog {
     let most = peers.iter().flat_map(|p| p.nics.iter().map(|n| n.1.len())).max().unwrap_or(0);
+    let host_of = |p: &PeerData, info: &NicInfo| info.host.clone().unwrap_or_else(|| p.host.clone());
+    let hosts: std::collections::BTreeSet<String> = peers.iter().flat_map(|p| p.nics.iter().map(move |(i, _)| host_of(p, i))).collect();
     let mut log = CounterLog::new(most + 4);
     for p in peers {
         for (info, samples) in &p.nics {
-            let host = info.host.clone().unwrap_or_else(|| p.host.clone());
-            let tagged = NicInfo { name: format!("{host}/{}", info.name), host: Some(host), ..info.clone() };
+            let host = host_of(p, info);
+            let name = if hosts.len() > 1 { format!("{host}/{}", info.name) } else { info.name.clone() };
+            let tagged = NicInfo { name, host: Some(host), ..info.clone() };
             let mut s = samples.clone();
             s.sort_by(|a, b| a.time.total_cmp(&b.time));
             for x in s {
@@ -114,7 +100,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
             m
         }));
     }
-    let (all_steps, how) = find_steps(&markers, &colls);
+    let (all_steps, how) = pipeline::find_steps(&markers, &colls);
     if all_steps.is_empty() {
         return Err(format!(
             "{} collective(s) joined but no step markers and no periodic collectives{} (send markers, or let the job run: period detection needs at least 3 repetitions)",
@@ -124,21 +110,21 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
     }
     notes.push(format!("steps from {how}"));
     // A step that began before the fetched range may be missing its first collectives.
-    let in_range: Vec<Step> = all_steps.iter().filter(|s| s.begin >= since).cloned().collect();
+    let in_range: Vec<Found> = all_steps.iter().filter(|f| f.step.begin >= since).cloned().collect();
     if in_range.is_empty() {
         return Err(format!("time range empty: {} step(s) found, none began{}", all_steps.len(), sel.since_phrase()));
     }
-    let chosen = sel.pick(in_range, |s| s.id, |s| s.duration());
+    let chosen = sel.pick(in_range, |f| f.step.id, |f| f.step.duration());
     if chosen.is_empty() {
-        let ids: Vec<u64> = all_steps.iter().map(|s| s.id).collect();
+        let ids: Vec<u64> = all_steps.iter().map(|f| f.step.id).collect();
         return Err(format!("step {} is not among the {} step(s) found (ids {:?}…{:?})", sel.step.unwrap_or(0), ids.len(), ids.first(), ids.last()));
     }
     if chosen.len() >= MAX_STEPS {
         notes.push(format!("showing the first {MAX_STEPS} steps of the range; use --slowest K or --step N"));
     }
 
-    let log = counter_log(peers);
     let have_counters = peers.iter().any(|p| !p.nics.is_empty());
+    let log = have_counters.then(|| counter_log(peers));
     if !have_counters {
         notes.push("no NIC counters from any peer: transfer time is counted as ideal communication".into());
     }
@@ -146,8 +132,6 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
     if !unsynced.is_empty() {
         notes.push(format!("clock not synchronised on {} (adjtimex): trust the clock-free skew estimate over wall-clock skew", unsynced.join(", ")));
     }
-    // Requests sorted by post time, so each step looks only at its own (a request posted
-    // more than a second before the step began is not looked at).
     let nets: Vec<Vec<NetSample>> = peers
         .iter()
         .map(|p| {
@@ -157,27 +141,12 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         })
         .collect();
     let mut steps = Vec::new();
-    for s in &chosen {
-        // `join_calls` sorts by first arrival: the step's collectives (Step::collectives'
-        // rule) are one slice.
-        let lo = colls.partition_point(|c| c.first_arrival() < s.begin - 1e-6);
-        let hi = colls.partition_point(|c| c.first_arrival() < s.end).max(lo);
-        let cs: Vec<&Collective> = colls[lo..hi].iter().collect();
-        let windows: Vec<Vec<NicWindow>> = cs.iter().map(|c| if have_counters { log.window(c.last_arrival(), c.last_exit()) } else { Vec::new() }).collect();
-        // In-flight limits are per connection: use one host's sampled requests (the host
-        // with the most in the step) rather than summing outstanding requests over hosts.
-        let net: Vec<NetSample> = nets
-            .iter()
-            .map(|v| {
-                let (a, b) = (v.partition_point(|n| n.posted < s.begin - 1.0), v.partition_point(|n| n.posted < s.end));
-                v[a..b.max(a)].iter().filter(|n| n.completed > s.begin).cloned().collect::<Vec<_>>()
-            })
-            .max_by_key(|v| v.len())
-            .unwrap_or_default();
-        let a = attribute(&StepData { step: s, collectives: &cs, windows: &windows, net: &net, dropped_events: false }, params);
-        let (cf, late) = clock_free(&cs);
+    for f in &chosen {
+        let inp = pipeline::step_inputs(&colls, f, log.as_ref(), &nets);
+        let a = attribute(&StepData { step: &f.step, collectives: &inp.collectives, windows: &inp.windows, net: &inp.net, dropped_events: false }, params);
+        let (cf, late) = clock_free(&inp.collectives);
         let skew = Skew { wall_seconds: a.cause(crate::attribution::CauseKind::ReadinessSkew), clock_free_seconds: cf, clock_free_late_rank: late };
-        steps.push(StepReport { nics: nics_of(&a), skew, attribution: a, collectives: cs.iter().map(|c| (*c).clone()).collect() });
+        steps.push(StepReport { nics: nics_of(&a), skew, attribution: a, collectives: inp.collectives.iter().map(|c| (*c).clone()).collect() });
     }
     let clock_error_seconds = peers.iter().map(|p| p.clock_error_seconds).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
     Ok(Analysis { steps, notes, clock_error_seconds })

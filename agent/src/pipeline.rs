@@ -1,0 +1,196 @@
+//! The one way from observations to attributed steps, shared by the daemon
+//! ([`crate::engine::Engine`]) and cluster `agent diagnose` (`cli::diagnose::cluster`):
+//!
+//! 1. [`find_steps`]: joined collectives + markers → steps, each with the collectives it holds;
+//! 2. [`step_inputs`]: a step's collectives → their NIC counter windows and the sampled
+//!    network requests of the step;
+//! 3. [`crate::attribution::attribute`] → seconds per cause.
+//!
+//! What differs between the daemon and the cluster is data, not rules: the daemon passes one
+//! host's calls, counters and requests, the cluster every peer's.
+//!
+//! Steps come from markers when there are any (a marker step holds every collective whose first
+//! arrival lies inside it: a step may use several communicators). Without markers, steps come
+//! from the period of each *job*'s main communicator: communicators whose calls come from the
+//! same processes are one job (a rank's world, per-host and per-rail communicators), its main
+//! communicator is the one with the most ranks whose `(op, bytes)` sequence repeats, and a step
+//! holds its period group of that communicator — by sequence number, so a collective can never
+//! fall outside its own step — plus the job's other communicators' collectives that began
+//! inside it. Other jobs' collectives are never part of a step.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{
+    attribution::NetSample,
+    timeline::{steps::detect_period, steps_from_markers, Collective, CounterLog, Marker, NicWindow, Step, StepSource},
+};
+
+/// A step and the collectives it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Found {
+    /// The job the step belongs to: `markers`, or the main communicator of a period job.
+    pub job: String,
+    pub step: Step,
+    /// Indices into the collectives given to [`find_steps`], ascending.
+    pub members: Vec<usize>,
+}
+
+/// The steps of `colls` (joined, sorted by first arrival as `join_calls` returns them) and
+/// `markers`, and how they were found (for a note).
+pub fn find_steps(markers: &[Marker], colls: &[Collective]) -> (Vec<Found>, String) {
+    let steps = steps_from_markers(markers);
+    if !steps.is_empty() {
+        let found = steps
+            .into_iter()
+            .map(|step| {
+                let lo = colls.partition_point(|c| c.first_arrival() < step.begin - 1e-6);
+                let hi = colls.partition_point(|c| c.first_arrival() < step.end).max(lo);
+                Found { job: "markers".into(), members: (lo..hi).collect(), step }
+            })
+            .collect();
+        return (found, "step markers".into());
+    }
+    let mut found = Vec::new();
+    let mut mains = Vec::new();
+    for job in jobs(colls) {
+        if let Some((main, steps)) = period_steps(colls, &job) {
+            mains.push(main.to_string());
+            found.extend(steps);
+        }
+    }
+    if mains.is_empty() {
+        return (found, "no step markers and no periodic collectives".into());
+    }
+    let how = format!(
+        "the period of the main communicator of each job ({}; no step markers, step ids count periods of that communicator's sequence numbers)",
+        mains.join(", ")
+    );
+    (found, how)
+}
+
+/// Communicators grouped into jobs: two communicators are one job when a process (host, pid)
+/// called both. Each job lists its collectives' indices per communicator.
+fn jobs(colls: &[Collective]) -> Vec<BTreeMap<&str, Vec<usize>>> {
+    let mut by_comm: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, c) in colls.iter().enumerate() {
+        by_comm.entry(c.comm.as_str()).or_default().push(i);
+    }
+    let comms: Vec<&str> = by_comm.keys().copied().collect();
+    let index: BTreeMap<&str, usize> = comms.iter().enumerate().map(|(i, c)| (*c, i)).collect();
+    let mut parent: Vec<usize> = (0..comms.len()).collect();
+    fn root(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    let mut owner: BTreeMap<(&str, u32), usize> = BTreeMap::new();
+    for c in colls {
+        let ci = index[c.comm.as_str()];
+        for a in &c.arrivals {
+            let o = *owner.entry((a.host.as_str(), a.pid)).or_insert(ci);
+            let (x, y) = (root(&mut parent, o), root(&mut parent, ci));
+            if x != y {
+                parent[x.max(y)] = x.min(y);
+            }
+        }
+    }
+    let mut out: BTreeMap<usize, BTreeMap<&str, Vec<usize>>> = BTreeMap::new();
+    for (i, comm) in comms.iter().enumerate() {
+        let r = root(&mut parent, i);
+        out.entry(r).or_default().insert(comm, by_comm.remove(comm).unwrap_or_default());
+    }
+    out.into_values().collect()
+}
+
+/// Period steps of one job: the main communicator (most ranks, then most collectives, among
+/// those whose sequence repeats) and its steps.
+fn period_steps<'a>(colls: &[Collective], job: &BTreeMap<&'a str, Vec<usize>>) -> Option<(&'a str, Vec<Found>)> {
+    let ranks = |v: &[usize]| v.iter().map(|&i| colls[i].arrivals.len().max(colls[i].nranks.unwrap_or(0) as usize)).max().unwrap_or(0);
+    let mut candidates: Vec<(&str, &Vec<usize>)> = job.iter().map(|(k, v)| (*k, v)).collect();
+    candidates.sort_by_key(|(_, v)| std::cmp::Reverse((ranks(v), v.len())));
+    for (main, idx) in candidates {
+        let mut seq: Vec<usize> = idx.clone();
+        seq.sort_by_key(|&i| colls[i].seq);
+        let sig: Vec<(&str, Option<u64>)> = seq.iter().map(|&i| (colls[i].op.as_str(), colls[i].bytes)).collect();
+        let Some((warm, p)) = detect_period(&sig) else { continue };
+        let ph = phase(colls, &seq[warm..], p);
+        let start = warm + seq[warm..].iter().position(|&i| colls[i].seq % p as u64 == ph).unwrap_or(0);
+        let groups: Vec<&[usize]> = seq[start..].chunks(p).filter(|g| g.len() == p).collect();
+        let others: Vec<usize> = job.iter().filter(|(k, _)| **k != main).flat_map(|(_, v)| v.iter().copied()).collect();
+        let last_exit = |g: &[usize]| g.iter().map(|&i| colls[i].last_exit()).fold(f64::NEG_INFINITY, f64::max);
+        let mut steps = Vec::new();
+        for k in 1..groups.len() {
+            let (begin, end) = (last_exit(groups[k - 1]), last_exit(groups[k]));
+            if end <= begin {
+                continue;
+            }
+            let mut members: BTreeSet<usize> = groups[k].iter().copied().collect();
+            members.extend(others.iter().copied().filter(|&i| (begin - 1e-6..end).contains(&colls[i].first_arrival())));
+            // Step ids count periods of the main communicator's sequence numbers: stable
+            // however much history is looked at (a step found again later keeps its id).
+            let id = colls[groups[k][0]].seq / p as u64;
+            let step = Step { id, begin, end, source: StepSource::Period, ranks: BTreeMap::new() };
+            steps.push(Found { job: main.to_string(), step, members: members.into_iter().collect() });
+        }
+        if !steps.is_empty() {
+            return Some((main, steps));
+        }
+    }
+    None
+}
+
+/// Where a period of `p` collectives begins, as a sequence number modulo `p`: before the
+/// collective that follows the longest idle time (median over periods) — the step's compute.
+/// A property of the job, not of how much history is looked at, so step boundaries and ids
+/// stay put as the history window moves.
+fn phase(colls: &[Collective], seq: &[usize], p: usize) -> u64 {
+    if p <= 1 {
+        return 0;
+    }
+    let mut gaps: Vec<Vec<f64>> = vec![Vec::new(); p];
+    for w in seq.windows(2) {
+        let (a, b) = (&colls[w[0]], &colls[w[1]]);
+        gaps[(b.seq % p as u64) as usize].push(b.first_arrival() - a.last_exit());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NEG_INFINITY)
+    };
+    (0..p).max_by(|&x, &y| median(&mut gaps[x].clone()).total_cmp(&median(&mut gaps[y].clone()))).unwrap_or(0) as u64
+}
+
+/// What attribution needs of one step beyond the step itself.
+pub struct StepInputs<'a> {
+    pub collectives: Vec<&'a Collective>,
+    /// Per collective (same order), the NICs' deltas over its transfer interval; empty
+    /// without counters.
+    pub windows: Vec<Vec<NicWindow>>,
+    /// The step's sampled network requests, of one host.
+    pub net: Vec<NetSample>,
+}
+
+/// A step's collectives, their counter windows (`log`, when any counters were sampled) and
+/// the sampled requests of the step. `nets` holds each host's requests sorted by post time;
+/// in-flight limits are per connection, so one host's requests are used — the host with the
+/// most in the step — rather than outstanding requests summed over hosts. A request posted
+/// more than a second before the step began is not looked at.
+pub fn step_inputs<'a>(colls: &'a [Collective], f: &Found, log: Option<&CounterLog>, nets: &[Vec<NetSample>]) -> StepInputs<'a> {
+    let collectives: Vec<&Collective> = f.members.iter().map(|&i| &colls[i]).collect();
+    let windows = collectives.iter().map(|c| log.map(|l| l.window(c.last_arrival(), c.last_exit())).unwrap_or_default()).collect();
+    let (b, e) = (f.step.begin, f.step.end);
+    let net = nets
+        .iter()
+        .map(|v| {
+            let (lo, hi) = (v.partition_point(|n| n.posted < b - 1.0), v.partition_point(|n| n.posted < e));
+            v[lo..hi.max(lo)].iter().filter(|n| n.completed > b).cloned().collect::<Vec<_>>()
+        })
+        .max_by_key(|v| v.len())
+        .unwrap_or_default();
+    StepInputs { collectives, windows, net }
+}
+
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;

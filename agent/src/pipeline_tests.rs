@@ -1,0 +1,250 @@
+//! Steps found by the one pipeline: jobs apart, every collective inside its own step, stable
+//! ids; and the daemon and cluster `diagnose` giving the same answer for the same inputs.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::{
+    attribution::{attribute, Attribution, CauseKind, Params, StepData},
+    timeline::{join::Arrival, Phase},
+};
+
+/// A collective of `comm` whose rank r (pid `pid0 + r`, host "h") entered at `enter[r]` and
+/// every rank left at `exit`.
+fn coll(comm: &str, seq: u64, op: &str, pid0: u32, enter: &[f64], exit: f64) -> Collective {
+    Collective {
+        comm: comm.into(),
+        seq,
+        op: op.into(),
+        library: "nccl".into(),
+        bytes: Some(1 << 20),
+        nranks: Some(enter.len() as u32),
+        arrivals: enter
+            .iter()
+            .enumerate()
+            .map(|(r, &t)| Arrival { rank: r as u32, host: "h".into(), pid: pid0 + r as u32, enter: t, exit, aborted: false })
+            .collect(),
+    }
+}
+
+fn sorted(mut v: Vec<Collective>) -> Vec<Collective> {
+    v.sort_by(|a, b| a.first_arrival().total_cmp(&b.first_arrival()));
+    v
+}
+
+fn attribute_all(colls: &[Collective], found: &[Found]) -> Vec<Attribution> {
+    found
+        .iter()
+        .map(|f| {
+            let i = step_inputs(colls, f, None, &[]);
+            attribute(&StepData { step: &f.step, collectives: &i.collectives, windows: &i.windows, net: &i.net, dropped_events: false }, &Params::default())
+        })
+        .collect()
+}
+
+#[test]
+fn another_jobs_collectives_are_never_part_of_a_period_step() {
+    // Job 1 (pids 100-101): 300 ms compute, then an all-reduce (0.3-0.5 s of each 0.5 s
+    // period). Job 2 (pids 200-201) runs its all-reduces during job 1's compute.
+    let mut v = Vec::new();
+    for k in 0..6u64 {
+        let t = k as f64 * 0.5;
+        v.push(coll("job1", k, "all_reduce", 100, &[t + 0.3, t + 0.3], t + 0.5));
+        v.push(coll("job2", k, "all_gather", 200, &[t + 0.05, t + 0.05], t + 0.25));
+    }
+    let colls = sorted(v);
+    let (found, _) = find_steps(&[], &colls);
+    let job1: Vec<&Found> = found.iter().filter(|f| f.job == "job1").collect();
+    let job2: Vec<&Found> = found.iter().filter(|f| f.job == "job2").collect();
+    assert_eq!((job1.len(), job2.len()), (5, 5), "{found:#?}");
+    for f in &found {
+        assert_eq!(f.members.len(), 1, "{f:#?}");
+        assert_eq!(colls[f.members[0]].comm, f.job);
+    }
+    let a = attribute_all(&colls, &job1.into_iter().cloned().collect::<Vec<_>>());
+    for a in &a {
+        assert!((a.cause(CauseKind::Compute) - 0.3).abs() < 1e-9, "{:?}", a.causes);
+        assert!((a.cause(CauseKind::IdealComm) - 0.2).abs() < 1e-9, "{:?}", a.causes);
+    }
+}
+
+#[test]
+fn a_multi_communicator_step_holds_every_communicator_of_its_job() {
+    // Hierarchical all-reduce: reduce-scatter on the 4-rank host communicator, all-reduce on
+    // a 2-rank rail communicator (ranks 0 and 2 of this host's processes), all-gather on the
+    // host communicator — the same processes, so one job.
+    let mut v = Vec::new();
+    for k in 0..8u64 {
+        let t = k as f64;
+        v.push(coll("host", 2 * k, "reduce_scatter", 100, &[t + 0.5; 4], t + 0.6));
+        let mut rail = coll("rail", k, "all_reduce", 100, &[t + 0.6, t + 0.6], t + 0.8);
+        rail.arrivals[1].pid = 102;
+        v.push(rail);
+        v.push(coll("host", 2 * k + 1, "all_gather", 100, &[t + 0.8; 4], t + 0.9));
+    }
+    let colls = sorted(v);
+    let (found, how) = find_steps(&[], &colls);
+    assert_eq!(found.len(), 7, "{found:#?}");
+    assert!(how.contains("host"), "{how}");
+    for f in &found {
+        let ops: Vec<&str> = f.members.iter().map(|&i| colls[i].op.as_str()).collect();
+        assert_eq!(ops, ["reduce_scatter", "all_reduce", "all_gather"], "step {}", f.step.id);
+    }
+    // Nothing of the rail all-reduce is compute: 0.5 s compute, 0.4 s communication.
+    for a in attribute_all(&colls, &found) {
+        assert!((a.cause(CauseKind::Compute) - 0.6).abs() < 1e-9, "{:?}", a.causes);
+        assert_eq!(a.collectives, 3);
+    }
+}
+
+#[test]
+fn a_collective_entered_before_the_previous_one_ended_everywhere_stays_in_its_step() {
+    // Rank 0 leaves each all-reduce 30 ms before rank 1 (host-timed asynchronous calls return
+    // unevenly) and enters the next one at once: its first arrival lies before the previous
+    // group's last exit, where a time filter would drop it from its own step.
+    let mut v = Vec::new();
+    for k in 0..6u64 {
+        let t = k as f64 * 0.1;
+        let mut c = coll("w", k, "all_reduce", 100, &[t, t + 0.05], t + 0.08);
+        c.arrivals[0].exit = t + 0.05;
+        if k > 0 {
+            c.arrivals[0].enter = t - 0.01;
+        }
+        v.push(c);
+    }
+    let colls = sorted(v);
+    let (found, _) = find_steps(&[], &colls);
+    assert_eq!(found.len(), 5);
+    for f in &found {
+        assert_eq!(f.members.len(), 1, "step {} lost its collective", f.step.id);
+        assert_eq!(colls[f.members[0]].seq, f.step.id, "period 1: the id is the seq");
+    }
+}
+
+#[test]
+fn period_step_ids_do_not_move_with_the_history_looked_at() {
+    let mut v = Vec::new();
+    for k in 0..20u64 {
+        let t = k as f64;
+        v.push(coll("w", 2 * k, "all_reduce", 100, &[t + 0.5, t + 0.55], t + 0.6));
+        v.push(coll("w", 2 * k + 1, "broadcast", 100, &[t + 0.7, t + 0.7], t + 0.8));
+    }
+    let colls = sorted(v);
+    let ids = |cs: &[Collective]| -> BTreeMap<u64, (f64, f64)> { find_steps(&[], cs).0.into_iter().map(|f| (f.step.id, (f.step.begin, f.step.end))).collect() };
+    let all = ids(&colls);
+    let later = ids(&colls[7..]);
+    assert!(later.len() >= 15, "{later:?}");
+    for (id, span) in &later {
+        assert_eq!(all.get(id), Some(span), "step {id} changed when older history was cut");
+    }
+}
+
+#[test]
+fn marker_steps_hold_every_collective_that_began_inside_them() {
+    let colls = sorted(vec![coll("a", 0, "all_reduce", 100, &[1.2, 1.3], 1.4), coll("b", 0, "all_gather", 300, &[1.5, 1.5], 1.6)]);
+    let m = |rank, phase, time| Marker { rank, step: 7, phase, time: Some(time), host: None };
+    let (found, how) = find_steps(&[m(0, Phase::Begin, 1.0), m(0, Phase::End, 2.0)], &colls);
+    assert_eq!(how, "step markers");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].members, vec![0, 1]);
+}
+
+/// The same recorded host, through the daemon's engine and through cluster `diagnose`: the
+/// two answers are identical step for step.
+#[test]
+fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
+    use std::sync::{Arc, Mutex};
+
+    use prometheus_client::registry::Registry;
+
+    use crate::{
+        cli::diagnose::{cluster::PeerData, Selection},
+        engine::{Engine, StepsConfig},
+        sources::collectives::{
+            decode::{Call, CommId},
+            history::{ClockMap, History},
+            targets::Family,
+        },
+        timeline::{NicInfo, NicSample},
+    };
+    // Deterministic pseudo-random straggler delays, compute times and NIC bytes.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    for case in 0..4 {
+        let mut h = History::new("h".into(), 1 << 16);
+        h.clock = ClockMap { offset_ns: 0, error_seconds: 0.0, synchronized: true };
+        let h = Arc::new(Mutex::new(h));
+        let mut e = Engine::new(StepsConfig::default(), "h".into(), &mut Registry::default()).expect("engine");
+        e.set_calls(h.clone());
+        let mut t = 1000.0;
+        let mut samples: Vec<NicSample> = Vec::new();
+        let info = NicInfo { name: "eth0".into(), host: None, rail: Some(0), rate_bytes_per_second: Some(1.25e9) };
+        let (mut tx, mut rx) = (0.0, 0.0);
+        for k in 0..12u64 {
+            let compute = 0.05 + 0.05 * rnd();
+            for rank in 0..4u32 {
+                let late = if rank == (k % 4) as u32 && case % 2 == 0 { 0.03 * rnd() } else { 0.002 * rnd() };
+                let (enter, exit) = (t + compute + late, t + compute + 0.035 + 0.001 * rank as f64);
+                let call = Call {
+                    pid: 100 + rank,
+                    tid: 100 + rank,
+                    library: Family::Nccl,
+                    op: "all_reduce".into(),
+                    bytes: Some(8 << 20),
+                    comm: Some(CommId(0xfeed)),
+                    comm_global: true,
+                    rank: Some(rank),
+                    nranks: Some(8),
+                    seq: Some(k),
+                    enter_ns: (enter * 1e9) as u64,
+                    exit_ns: (exit * 1e9) as u64,
+                    ret: Some(0),
+                    aborted: false,
+                    grouped: false,
+                };
+                h.lock().expect("history").push_call(call);
+            }
+            // Counters every 10 ms; the NIC carries the cross-host share during transfers.
+            let end = t + compute + 0.04;
+            while samples.last().map_or(t, |s| s.time) < end {
+                let time = samples.last().map_or(t, |s| s.time) + 0.01;
+                let busy = time > t + compute + 0.03;
+                tx += if busy { 3e6 + 1e6 * rnd() } else { 1e3 };
+                rx += if busy { 3e6 } else { 1e3 };
+                let s = NicSample { time, tx_bytes: tx, rx_bytes: rx, ..Default::default() };
+                e.push_samples(time, vec![(info.clone(), s.clone())]);
+                samples.push(s);
+            }
+            t = end;
+        }
+        h.lock().expect("history").drained_until = t + 100.0;
+        e.tick(t + 50.0, 0);
+        let daemon: Vec<Attribution> = e.steps().cloned().collect();
+        assert!(daemon.len() >= 9, "case {case}: {} steps", daemon.len());
+
+        let views = h.lock().expect("history").calls_since(0.0, 1 << 20).iter().map(|c| c.view()).collect();
+        let peer = PeerData {
+            peer: "127.0.0.1:9477".into(),
+            host: "h".into(),
+            clock_synchronized: true,
+            calls: views,
+            nics: vec![(NicInfo { host: Some("h".into()), ..info.clone() }, samples.clone())],
+            ..Default::default()
+        };
+        let sel = Selection { step: None, slowest: None, since: None, since_label: None };
+        let cluster = crate::cli::diagnose::cluster::analyze(&[peer], &sel, &Params::default()).expect("analysis");
+        let cluster: BTreeMap<u64, Attribution> = cluster.steps.into_iter().map(|s| (s.attribution.step, s.attribution)).collect();
+        for d in &daemon {
+            let mut d = d.clone();
+            let Some(c) = cluster.get(&d.step) else { panic!("case {case}: step {} not in the cluster's answer", d.step) };
+            // The daemon adds host-level notes (none here) only; everything else is equal.
+            d.notes.retain(|n| c.notes.contains(n));
+            assert_eq!(&d, c, "case {case} step {}", d.step);
+        }
+    }
+}
