@@ -47,7 +47,7 @@ pub struct StepsConfig {
     /// Nominal rate per NIC (`eth1 = "1Gbit/s"`), overriding sysfs `rate`/`speed` — for
     /// shaped links whose real bottleneck is a qdisc. Default empty.
     pub nic_rates: BTreeMap<String, String>,
-    /// Attribution parameters (α, tick length, retransmit penalty).
+    /// Attribution parameters (α, transmit-wait tick length, idle-NIC threshold).
     pub params: Params,
 }
 

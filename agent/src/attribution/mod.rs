@@ -15,18 +15,19 @@
 //!   sum to the step time; a negative remainder (the ideal was slower than reality) is
 //!   reported in `unexplained` as model error, never hidden.
 
+mod congestion;
 mod evidence;
+mod ideal;
+mod in_flight;
+mod rails;
+mod skew;
 mod transport;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    model::{concurrency, traffic},
-    timeline::{Collective, NicWindow, Step},
-    units::{Bytes, BytesPerSecond},
-};
+use crate::timeline::{Collective, NicWindow, Step};
 
 pub use evidence::{fix_for, NetSample};
 
@@ -134,9 +135,6 @@ pub struct Params {
     /// and not documented for ConnectX [unverified]; 4 ns is assumed (the same assumption as
     /// the fixture scenario writer). Set `[steps.params] xmit_wait_tick_seconds` per fleet.
     pub xmit_wait_tick_seconds: f64,
-    /// Seconds charged per retransmission when nothing better is known (TCP's minimum RTO
-    /// is 200 ms; RDMA's ack timeout is set per QP, 4.096 µs × 2^timeout).
-    pub retransmit_penalty_seconds: f64,
     /// NICs carrying less than this many bytes in a window are ignored (idle management
     /// traffic).
     pub min_nic_bytes: f64,
@@ -144,7 +142,7 @@ pub struct Params {
 
 impl Default for Params {
     fn default() -> Self {
-        Params { alpha: 0.833e-6, xmit_wait_tick_seconds: 4e-9, retransmit_penalty_seconds: 0.2, min_nic_bytes: 64.0 * 1024.0 }
+        Params { alpha: 0.833e-6, xmit_wait_tick_seconds: 4e-9, min_nic_bytes: 64.0 * 1024.0 }
     }
 }
 
@@ -162,292 +160,159 @@ pub struct StepData<'a> {
     pub dropped_events: bool,
 }
 
-/// Per-rank accumulators: a dense vector for the usual ranks 0..N, a map beyond.
-#[derive(Default)]
-struct RankAcc {
-    dense: Vec<Option<RankTime>>,
-    sparse: BTreeMap<u32, RankTime>,
-}
-
-impl RankAcc {
-    const DENSE: u32 = 4096;
-    fn get(&mut self, rank: u32, host: &str) -> &mut RankTime {
-        let new = || RankTime { rank, host: host.to_string(), ..Default::default() };
-        if rank < Self::DENSE {
-            let i = rank as usize;
-            if self.dense.len() <= i {
-                self.dense.resize(i + 1, None);
-            }
-            self.dense[i].get_or_insert_with(new)
-        } else {
-            self.sparse.entry(rank).or_insert_with(new)
-        }
-    }
-    fn into_vec(self) -> Vec<RankTime> {
-        self.dense.into_iter().flatten().chain(self.sparse.into_values()).collect()
-    }
-}
-
-/// Union bookkeeping: length of [a, b] not yet covered, then cover it.
-#[derive(Default)]
-struct Cover {
-    spans: Vec<(f64, f64)>,
-}
-
-impl Cover {
-    fn take(&mut self, a: f64, b: f64) -> f64 {
-        if b <= a {
-            return 0.0;
-        }
-        let mut free = b - a;
-        for &(x, y) in &self.spans {
-            let o = (b.min(y) - a.max(x)).max(0.0);
-            free -= o;
-        }
-        // Merge (spans stay disjoint).
-        let (mut na, mut nb) = (a, b);
-        self.spans.retain(|&(x, y)| {
-            if y < na || x > nb {
-                true
-            } else {
-                na = na.min(x);
-                nb = nb.max(y);
-                false
-            }
-        });
-        self.spans.push((na, nb));
-        free.max(0.0)
-    }
-}
-
 fn ev(pairs: &[(&str, serde_json::Value)]) -> BTreeMap<String, serde_json::Value> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// Per-step accumulators of the causes' parts.
+struct Acc<'a> {
+    s: [f64; CauseKind::ALL.len()],
+    cover: skew::Cover,
+    ranks: skew::RankAcc,
+    notes: Vec<String>,
+    incomplete: bool,
+    rails: rails::Tally<'a>,
+    cong: congestion::Congestion,
+    in_flight: in_flight::Charge,
+    latency: Option<(f64, bool)>,
+    payload: f64,
+    intra_host: usize,
+}
+
+impl<'a> Acc<'a> {
+    /// Adds collective `i` of the step: its skew, then its transfer split into ideal and the
+    /// excess causes, each bounded by what is left.
+    fn collective(&mut self, d: &StepData<'a>, i: usize, p: &Params) {
+        let c = d.collectives[i];
+        if !c.complete() {
+            self.incomplete = true;
+        }
+        let span = skew::add(&mut self.cover, &mut self.ranks, c, d.step.begin, d.step.end);
+        self.s[CauseKind::ReadinessSkew as usize] += span.skew;
+        self.payload += c.bytes.unwrap_or(0) as f64;
+        let transfer = span.transfer;
+        let r = match rails::select(c, d.windows.get(i), p) {
+            Ok(r) if transfer > 0.0 => r,
+            Err(rails::NoRails::RateUnknown) if transfer > 0.0 => {
+                self.notes.push(format!("{} seq {}: NIC rate unknown; transfer counted as ideal", c.op, c.seq));
+                self.s[CauseKind::IdealComm as usize] += transfer;
+                return;
+            }
+            _ => {
+                // No NIC carried this collective's bytes (one host, or no NIC moved anything):
+                // its measured transfer is the ideal we can state.
+                self.intra_host += (transfer > 0.0) as usize;
+                self.s[CauseKind::IdealComm as usize] += transfer;
+                return;
+            }
+        };
+        let (rate, frac) = (r.rate, span.frac);
+        let (sum_tx, max_tx) = self.rails.add(&r.wins);
+        let n = r.wins.len().max(1) as f64;
+        let mut hosts: Vec<&str> = Vec::new();
+        for h in r.wins.iter().filter_map(|w| w.nic.host.as_deref()) {
+            if !hosts.contains(&h) {
+                hosts.push(h);
+            }
+        }
+        let cg = congestion::Congestion::from_windows(&r.wins, rate, congestion::expected_cross_host_bytes(c, &hosts), p);
+        // Other traffic that queued ahead of ours is congestion: it is not part of the ideal
+        // time of *our* bytes (counting it in both would leave congestion no room).
+        let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_bytes.min(sum_tx) } else { 0.0 };
+        let ours = sum_tx - other;
+        let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
+        let (c_last, c_exit) = (c.last_arrival(), c.last_exit());
+        let (lat, measured) = transport::round_latency(&r.wins, &transport::Requests { net: d.net, t0: c_last, t1: c_exit, rate }, p.alpha);
+        self.latency = Some((lat, measured || self.latency.is_some_and(|l| l.1)));
+        let ideal = frac * ideal::seconds(c, ours / n, rate, lat);
+        self.s[CauseKind::IdealComm as usize] += ideal;
+        let mut left = transfer - ideal;
+        let cong = (frac * cg.seconds).min(left.max(0.0));
+        left -= cong;
+        self.cong.merge(&if frac < 1.0 { cg.scaled(frac) } else { cg });
+        self.s[CauseKind::Congestion as usize] += cong;
+        let rail = (frac * rails::imbalance_seconds(max_ours, ours, n, rate)).max(0.0).min(left.max(0.0));
+        left -= rail;
+        self.s[CauseKind::RailImbalance as usize] += rail;
+        let t = in_flight::Transfer {
+            net: d.net,
+            wins: &r.wins,
+            t0: c_last,
+            t1: c_exit,
+            span: span.full,
+            rate,
+            bytes: max_ours.max(c.bytes.unwrap_or(0) as f64),
+            frac,
+        };
+        let extra = self.in_flight.add(&t, left);
+        left -= extra;
+        self.s[CauseKind::InFlightLimit as usize] += extra;
+        self.s[CauseKind::Unexplained as usize] += left;
+    }
 }
 
 /// Attributes one step.
 pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     let (t0, t1) = (d.step.begin, d.step.end);
     let total = d.step.duration();
-    // (first arrival, last arrival, last exit) once per collective.
-    let times: Vec<(f64, f64, f64)> = d.collectives.iter().map(|c| (c.first_arrival(), c.last_arrival(), c.last_exit())).collect();
-    // The step's collectives are its own job's (crate::pipeline picks them).
     let mut order: Vec<usize> = (0..d.collectives.len()).collect();
-    order.sort_by(|&a, &b| times[a].0.total_cmp(&times[b].0));
-    let n_colls = order.len();
-
-    let mut cover = Cover::default();
-    let mut s = [0.0f64; CauseKind::ALL.len()];
-    let mut ranks = RankAcc::default();
-    let mut notes = Vec::new();
-    let mut incomplete = d.dropped_events;
+    let first: Vec<f64> = d.collectives.iter().map(|c| c.first_arrival()).collect();
+    order.sort_by(|&a, &b| first[a].total_cmp(&first[b]));
+    let mut acc = Acc {
+        s: [0.0; CauseKind::ALL.len()],
+        cover: Default::default(),
+        ranks: Default::default(),
+        notes: Vec::new(),
+        incomplete: d.dropped_events,
+        rails: Default::default(),
+        cong: Default::default(),
+        in_flight: Default::default(),
+        latency: None,
+        payload: 0.0,
+        intra_host: 0,
+    };
     if d.dropped_events {
-        notes.push("incomplete data: probe events were dropped during this step (the event ring was full; see stepwise_probe_drops_total)".to_string());
+        acc.notes.push("incomplete data: probe events were dropped during this step (the event ring was full; see stepwise_probe_drops_total)".to_string());
     }
-    // Per-NIC transmit bytes, accumulated without allocating per collective: windows list
-    // NICs in the same order for every collective, so the previous position is tried first.
-    let mut nic_acc: Vec<(&str, f64, Option<f64>)> = Vec::new();
-    let mut wins: Vec<&NicWindow> = Vec::new();
-    let mut hosts: Vec<&str> = Vec::new();
-    let mut cong_ev = evidence::Congestion::default();
-    let mut inflight_ev: Option<evidence::InFlight> = None;
-    let mut tcp_ev: Option<transport::TcpInFlight> = None;
-    let mut latency_ev: Option<(f64, bool)> = None;
-    let mut bytes_total = 0.0;
-    let mut intra_host = 0usize;
-
     for &i in &order {
-        let c = d.collectives[i];
-        if !c.complete() {
-            incomplete = true;
-        }
-        let (c_first, c_last, c_exit) = times[i];
-        let (first, last) = (c_first.clamp(t0, t1), c_last.clamp(t0, t1));
-        let exit = c_exit.clamp(t0, t1);
-        let skew = cover.take(first, last);
-        let transfer = cover.take(last, exit.max(last));
-        // Share of this transfer not already covered by an earlier, overlapping collective
-        // (another communicator of the step, or another job's collective in the window):
-        // its ideal and excess are charged only for that share, so overlapping time is not
-        // counted twice (which showed as a large negative `unexplained`).
-        let full = exit.max(last) - last;
-        let frac = if full > 0.0 { (transfer / full).clamp(0.0, 1.0) } else { 1.0 };
-        s[CauseKind::ReadinessSkew as usize] += skew;
-        for a in &c.arrivals {
-            let r = ranks.get(a.rank, &a.host);
-            r.late_seconds += (a.enter - c_first).max(0.0);
-            r.wait_seconds += (c_last - a.enter).max(0.0);
-            r.inside_seconds += (a.exit - a.enter).max(0.0);
-        }
-        bytes_total += c.bytes.unwrap_or(0) as f64;
-
-        // Transfer: ideal + excess split.
-        wins.clear();
-        // Every rank of the communicator on one host (all seen, one host name): its bytes
-        // moved through shared memory, NVLink or loopback, never a NIC — whatever the host's
-        // NICs carried meanwhile (another job's traffic, a paused port) is not this step's.
-        let one_host = c.complete() && c.arrivals.iter().all(|a| a.host == c.arrivals[0].host);
-        if let Some(w) = d.windows.get(i).filter(|_| !one_host) {
-            wins.extend(w.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes));
-        }
-        if wins.is_empty() || transfer <= 0.0 {
-            // No NIC carried this collective's bytes (one host, or no NIC moved anything):
-            // its measured transfer is the ideal we can state.
-            intra_host += (transfer > 0.0) as usize;
-            s[CauseKind::IdealComm as usize] += transfer;
-            continue;
-        }
-        let (mut rate_sum, mut rate_n) = (0.0, 0usize);
-        for w in &wins {
-            if let Some(r) = w.nic.rate_bytes_per_second.filter(|r| *r > 0.0) {
-                rate_sum += r;
-                rate_n += 1;
-            }
-        }
-        let rate = (rate_n > 0).then(|| rate_sum / rate_n as f64);
-        let Some(rate) = rate else {
-            notes.push(format!("{} seq {}: NIC rate unknown; transfer counted as ideal", c.op, c.seq));
-            s[CauseKind::IdealComm as usize] += transfer;
-            continue;
-        };
-        // The rails (§1.10 "balanced over every rail"): the NICs that carried the bytes plus
-        // the idle NICs of the same hosts with the same nominal rate (and a rail index when
-        // the carrying NICs have one). An idle rail is exactly what a flat ring leaves
-        // behind; a management NIC of another rate is not a rail.
-        let carrying = wins.len();
-        if let Some(all) = d.windows.get(i) {
-            let railed = wins.iter().any(|w| w.nic.rail.is_some());
-            for w in all.iter().filter(|w| w.tx_bytes + w.rx_bytes < p.min_nic_bytes) {
-                let same_host = wins[..carrying].iter().any(|x| x.nic.host == w.nic.host);
-                let same_rate = w.nic.rate_bytes_per_second.is_some_and(|r| (r - rate).abs() <= 0.01 * rate);
-                if same_host && same_rate && (!railed || w.nic.rail.is_some()) {
-                    wins.push(w);
-                }
-            }
-        }
-        let (mut sum_tx, mut max_tx) = (0.0, 0.0f64);
-        for (j, w) in wins.iter().enumerate() {
-            let name = w.nic.name.as_str();
-            let pos = if nic_acc.get(j).is_some_and(|e| e.0 == name) { Some(j) } else { nic_acc.iter().position(|e| e.0 == name) };
-            match pos {
-                Some(k) => nic_acc[k].1 += w.tx_bytes,
-                None => nic_acc.push((name, w.tx_bytes, w.nic.rate_bytes_per_second)),
-            }
-            sum_tx += w.tx_bytes;
-            max_tx = max_tx.max(w.tx_bytes);
-        }
-        let n = wins.len().max(1) as f64;
-
-        // Congestion (§4): time paused, waiting to transmit, or queued behind others.
-        let own = c.bytes.unwrap_or(0) as f64;
-        hosts.clear();
-        for h in wins.iter().filter_map(|w| w.nic.host.as_deref()) {
-            if !hosts.contains(&h) {
-                hosts.push(h);
-            }
-        }
-        let expected = evidence::expected_cross_host_bytes(c, &hosts);
-        let cg = evidence::Congestion::from_windows(&wins, rate, expected, p);
-        // Other traffic that queued ahead of ours is congestion: it is not part of the
-        // ideal time of *our* bytes (counting it in both would leave congestion no room).
-        let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_bytes.min(sum_tx) } else { 0.0 };
-        let ours = sum_tx - other;
-        let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
-
-        // §1.1: the cut bound of our bytes balanced over every rail; §1.3: one latency per
-        // round, the path's round trip where the transport measured it.
-        let (lat, measured) = transport::round_latency(&wins, &transport::Requests { net: d.net, t0: c_last, t1: c_exit, rate }, p.alpha);
-        latency_ev = Some((lat, measured || latency_ev.is_some_and(|l| l.1)));
-        let ideal = frac * (traffic::cut_time(Bytes(ours / n), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) + transport::rounds(c) * lat);
-        s[CauseKind::IdealComm as usize] += ideal;
-        let mut left = transfer - ideal;
-        let cong = (frac * cg.seconds).min(left.max(0.0));
-        left -= cong;
-        cong_ev.merge(&if frac < 1.0 { cg.scaled(frac) } else { cg });
-        s[CauseKind::Congestion as usize] += cong;
-
-        // Rail imbalance (§1.10): busiest NIC at nominal rate vs balanced.
-        let rail = traffic::cut_time(Bytes(max_ours), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - ours / n / rate;
-        let rail = (frac * rail).max(0.0).min(left.max(0.0));
-        left -= rail;
-        s[CauseKind::RailImbalance as usize] += rail;
-
-        // In-flight limit (§2): V/B_inflight − V/B_path from sampled transport requests.
-        if let Some(inf) = evidence::InFlight::measure(d.net, c_last, c_exit, rate) {
-            let v = max_ours.max(own);
-            let extra = (frac * (v / inf.bound_bytes_per_second - v / rate)).max(0.0).min(left.max(0.0));
-            left -= extra;
-            s[CauseKind::InFlightLimit as usize] += extra;
-            inflight_ev = Some(inflight_ev.map_or(inf.clone(), |e: evidence::InFlight| e.merge(&inf)));
-        } else if let Some(t) = transport::TcpInFlight::measure(&wins, full, rate) {
-            // TCP (§2.2 per connection, N·m/T = bytes in flight / RTT): only a send buffer or
-            // receive window that held the transfer below the path's rate.
-            if t.binding() {
-                // The payload the connections delivered (the NIC's bytes also hold headers).
-                let v = if t.acked_bytes > 0.0 { t.acked_bytes } else { max_ours.max(own) };
-                let extra = (frac * (v / t.bound_bytes_per_second - v / rate)).max(0.0).min(left.max(0.0));
-                left -= extra;
-                s[CauseKind::InFlightLimit as usize] += extra;
-            }
-            tcp_ev = Some(t);
-        }
-        s[CauseKind::Unexplained as usize] += left;
+        acc.collective(d, i, p);
     }
-    let comm_span: f64 = cover.spans.iter().map(|(a, b)| b - a).sum();
-    s[CauseKind::Compute as usize] = total - comm_span;
-    if intra_host > 0 {
-        notes.push(format!("{intra_host} collective(s) moved no bytes over a NIC (same host): their transfer time is counted as ideal communication"));
+    let comm_span: f64 = acc.cover.spans.iter().map(|(a, b)| b - a).sum();
+    acc.s[CauseKind::Compute as usize] = total - comm_span;
+    if acc.intra_host > 0 {
+        acc.notes
+            .push(format!("{} collective(s) moved no bytes over a NIC (same host): their transfer time is counted as ideal communication", acc.intra_host));
     }
+    let ranks = std::mem::take(&mut acc.ranks).into_vec();
+    let causes = causes(&acc, &ranks, order.len(), total);
+    Attribution { step: d.step.id, begin: t0, end: t1, seconds: total, causes, ranks, collectives: order.len(), incomplete: acc.incomplete, notes: acc.notes }
+}
 
-    // Late rank: the one whose summed lateness is largest.
-    let ranks = ranks.into_vec();
-    let late = ranks.iter().max_by(|a, b| a.late_seconds.total_cmp(&b.late_seconds)).filter(|r| r.late_seconds > 0.0).cloned();
-    let nic_tx: BTreeMap<String, (f64, Option<f64>)> = nic_acc.iter().map(|(n, b, r)| (n.to_string(), (*b, *r))).collect();
-    let nics_ev: Vec<serde_json::Value> = nic_tx.iter().map(|(n, (b, r))| serde_json::json!({"nic": n, "tx_bytes": b, "rate_bytes_per_second": r})).collect();
-    let busiest = nic_tx.iter().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(n, (b, _))| (n.clone(), *b));
-    let sum_nic: f64 = nic_tx.values().map(|v| v.0).sum();
-
+/// The seven causes with their evidence and fixes, largest first.
+fn causes(acc: &Acc<'_>, ranks: &[RankTime], n_colls: usize, total: f64) -> Vec<Cause> {
+    let (late, skew_ev) = skew::late_rank(ranks);
+    let nic_tx = acc.rails.per_nic();
+    let (nics_ev, rail_ev) = rails::evidence(&nic_tx, acc.s[CauseKind::RailImbalance as usize]);
     let mut causes: Vec<Cause> = CauseKind::ALL
         .iter()
         .map(|&k| {
-            let secs = s[k as usize];
-            let mut evidence = match k {
+            let secs = acc.s[k as usize];
+            let evidence = match k {
                 CauseKind::Compute => ev(&[("outside_collectives_seconds", secs.into())]),
                 CauseKind::IdealComm => {
-                    let mut e = ev(&[("collectives", n_colls.into()), ("payload_bytes", bytes_total.into()), ("nics", nics_ev.clone().into())]);
-                    if let Some((lat, measured)) = latency_ev {
+                    let mut e = ev(&[("collectives", n_colls.into()), ("payload_bytes", acc.payload.into()), ("nics", nics_ev.clone().into())]);
+                    if let Some((lat, measured)) = acc.latency {
                         e.insert("round_latency_seconds".into(), lat.into());
                         e.insert("latency_measured".into(), measured.into());
                     }
                     e
                 }
-                CauseKind::ReadinessSkew => match &late {
-                    Some(r) => ev(&[
-                        ("late_rank", r.rank.into()),
-                        ("late_host", r.host.clone().into()),
-                        ("late_rank_seconds", r.late_seconds.into()),
-                        ("ranks", ranks.len().into()),
-                    ]),
-                    None => ev(&[("ranks", ranks.len().into())]),
-                },
-                CauseKind::RailImbalance => match &busiest {
-                    Some((n, b)) => ev(&[
-                        ("busiest_nic", n.clone().into()),
-                        ("busiest_share", (if sum_nic > 0.0 { b / sum_nic } else { 0.0 }).into()),
-                        ("nics", nics_ev.clone().into()),
-                    ]),
-                    None => BTreeMap::new(),
-                },
-                CauseKind::Congestion => cong_ev.to_evidence(),
-                CauseKind::InFlightLimit => {
-                    inflight_ev.as_ref().map(|e| e.to_evidence()).or_else(|| tcp_ev.as_ref().map(|t| t.to_evidence())).unwrap_or_default()
-                }
+                CauseKind::ReadinessSkew => skew_ev.clone(),
+                CauseKind::RailImbalance => rail_ev.clone(),
+                CauseKind::Congestion => acc.cong.to_evidence(),
+                CauseKind::InFlightLimit => acc.in_flight.evidence(),
                 CauseKind::Unexplained => ev(&[("note", "time the models do not explain; large values are themselves a finding".into())]),
             };
-            if k == CauseKind::RailImbalance && secs > 0.0 {
-                if let Some(h) = evidence::balanced_alternative(&nic_tx) {
-                    evidence.insert("balanced_transfer_seconds".into(), h.into());
-                }
-            }
             Cause {
                 kind: k,
                 seconds: secs,
@@ -460,8 +325,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         })
         .collect();
     causes.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    let _ = concurrency::inflight; // model used by evidence::InFlight
-    Attribution { step: d.step.id, begin: t0, end: t1, seconds: total, causes, ranks, collectives: n_colls, incomplete, notes }
+    causes
 }
 
 #[cfg(test)]
@@ -489,7 +353,10 @@ mod per_host_view_tests {
             library: "nccl".into(),
             bytes: Some(bytes),
             nranks: Some(nranks),
-            arrivals: seen.iter().map(|&rank| Arrival { rank, host: "a".into(), pid: rank, enter: t0, exit: t1, aborted: false }).collect(),
+            arrivals: seen
+                .iter()
+                .map(|&rank| Arrival { rank, host: "a".into(), pid: rank, enter: t0, exit: t1, aborted: false, clock: Default::default() })
+                .collect(),
         }
     }
 
@@ -601,11 +468,11 @@ mod per_host_view_tests {
     fn expected_bytes_from_a_partial_view_place_unseen_ranks_elsewhere() {
         // 8-rank ring, this host has ranks 0–3: only edge 3→4 leaves it, 2·7/8·M bytes.
         let c = partial(8, &[0, 1, 2, 3], 1000, 0.0, 1.0);
-        assert_eq!(evidence::expected_cross_host_bytes(&c, &["a"]), Some(1750.0));
+        assert_eq!(congestion::expected_cross_host_bytes(&c, &["a"]), Some(1750.0));
         // No arrival on these hosts, or a rank outside 0..p: unknown.
-        assert_eq!(evidence::expected_cross_host_bytes(&c, &["b"]), None);
+        assert_eq!(congestion::expected_cross_host_bytes(&c, &["b"]), None);
         let mut odd = c.clone();
         odd.arrivals[0].rank = u32::MAX;
-        assert_eq!(evidence::expected_cross_host_bytes(&odd, &["a"]), None);
+        assert_eq!(congestion::expected_cross_host_bytes(&odd, &["a"]), None);
     }
 }

@@ -17,7 +17,10 @@ fn coll(seq: u64, arrivals: &[(u32, &str, f64, f64)], bytes: u64) -> Collective 
         library: "nccl".into(),
         bytes: Some(bytes),
         nranks: Some(arrivals.len() as u32),
-        arrivals: arrivals.iter().map(|&(rank, host, enter, exit)| Arrival { rank, host: host.into(), pid: rank, enter, exit, aborted: false }).collect(),
+        arrivals: arrivals
+            .iter()
+            .map(|&(rank, host, enter, exit)| Arrival { rank, host: host.into(), pid: rank, enter, exit, aborted: false, clock: Default::default() })
+            .collect(),
     }
 }
 

@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn rounds_follow_the_ring_and_round_latency_is_the_measured_rtt_never_below_alpha() {
-        let arr = |rank| Arrival { rank, host: "a".into(), pid: rank, enter: 0.0, exit: 1.0, aborted: false };
+        let arr = |rank| Arrival { rank, host: "a".into(), pid: rank, enter: 0.0, exit: 1.0, aborted: false, clock: Default::default() };
         let mut c =
             Collective { comm: "c".into(), seq: 0, op: "all_reduce".into(), library: "nccl".into(), bytes: Some(1), nranks: Some(4), arrivals: vec![arr(0)] };
         assert_eq!(rounds(&c), 6.0);
@@ -263,7 +263,7 @@ mod tests {
             attribution::{attribute, Params, StepData},
             timeline::{windows::NicInfo, Step, StepSource},
         };
-        let arr = |rank, host: &str| Arrival { rank, host: host.into(), pid: rank, enter: 0.0, exit: t, aborted: false };
+        let arr = |rank, host: &str| Arrival { rank, host: host.into(), pid: rank, enter: 0.0, exit: t, aborted: false, clock: Default::default() };
         let c = Collective {
             comm: "c".into(),
             seq: 0,

@@ -1,0 +1,135 @@
+//! In-flight limits (docs/models.md §2): a transfer held below the path's rate because too few
+//! requests (RDMA) or too few bytes (TCP) were outstanding — `V/(N·m/T) − V/B`.
+//!
+//! Inputs: the sampled `ncclIb*` requests of the step (N: time-averaged outstanding, m: mean
+//! payload, T: mean occupancy), else the TCP connections' in-flight samples of the NICs'
+//! windows (bytes in flight / RTT, and what limited them); the path's rate. Evidence: N, m,
+//! T, the window bound and the path rate (TCP: the limit that held and its share of time).
+
+use std::collections::BTreeMap;
+
+use super::{transport, NetSample};
+use crate::{
+    model::concurrency,
+    timeline::NicWindow,
+    units::{Bytes, BytesPerSecond, Seconds},
+};
+
+/// In-flight evidence from sampled transport requests overlapping a transfer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InFlight {
+    pub requests: usize,
+    pub mean_outstanding: f64,
+    pub mean_payload_bytes: f64,
+    pub mean_occupancy_seconds: f64,
+    pub bound_bytes_per_second: f64,
+    pub path_bytes_per_second: f64,
+}
+
+impl InFlight {
+    /// §2.2 `B_eff ≤ N·m/T` with N the time-averaged outstanding requests, m the mean payload
+    /// and T the mean slot occupancy (post → completion seen), measured over [t0, t1].
+    pub fn measure(net: &[NetSample], t0: f64, t1: f64, path: f64) -> Option<InFlight> {
+        let span = t1 - t0;
+        if span <= 0.0 || net.is_empty() {
+            return None;
+        }
+        let reqs: Vec<&NetSample> = net.iter().filter(|r| r.send && r.completed > t0 && r.posted < t1).collect();
+        if reqs.len() < 4 {
+            return None;
+        }
+        let busy: f64 = reqs.iter().map(|r| r.completed.min(t1) - r.posted.max(t0)).sum();
+        let n = busy / span;
+        let m = reqs.iter().map(|r| r.bytes).sum::<f64>() / reqs.len() as f64;
+        let t = reqs.iter().map(|r| r.completed - r.posted).sum::<f64>() / reqs.len() as f64;
+        if n <= 0.0 || m <= 0.0 || t <= 0.0 {
+            return None;
+        }
+        let slots = n.round().max(1.0) as u64;
+        let model = concurrency::inflight(Bytes(m), Seconds(t), BytesPerSecond(path), Some(slots), None).ok()?;
+        Some(InFlight {
+            requests: reqs.len(),
+            mean_outstanding: n,
+            mean_payload_bytes: m,
+            mean_occupancy_seconds: t,
+            bound_bytes_per_second: model.window_bound.map(|b| b.0).unwrap_or(path),
+            path_bytes_per_second: path,
+        })
+    }
+
+    pub fn merge(&self, o: &InFlight) -> InFlight {
+        let w = (self.requests + o.requests).max(1) as f64;
+        let avg = |a: f64, b: f64| (a * self.requests as f64 + b * o.requests as f64) / w;
+        InFlight {
+            requests: self.requests + o.requests,
+            mean_outstanding: avg(self.mean_outstanding, o.mean_outstanding),
+            mean_payload_bytes: avg(self.mean_payload_bytes, o.mean_payload_bytes),
+            mean_occupancy_seconds: avg(self.mean_occupancy_seconds, o.mean_occupancy_seconds),
+            bound_bytes_per_second: avg(self.bound_bytes_per_second, o.bound_bytes_per_second),
+            path_bytes_per_second: self.path_bytes_per_second.max(o.path_bytes_per_second),
+        }
+    }
+
+    pub fn to_evidence(&self) -> BTreeMap<String, serde_json::Value> {
+        [
+            ("requests_sampled", serde_json::json!(self.requests)),
+            ("in_flight_requests", serde_json::json!(self.mean_outstanding)),
+            ("request_bytes", serde_json::json!(self.mean_payload_bytes)),
+            ("slot_occupancy_seconds", serde_json::json!(self.mean_occupancy_seconds)),
+            ("window_bound_bytes_per_second", serde_json::json!(self.bound_bytes_per_second)),
+            ("path_bytes_per_second", serde_json::json!(self.path_bytes_per_second)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// Evidence of the in-flight cause: sampled RDMA requests, else TCP connections.
+#[derive(Default)]
+pub(super) struct Charge {
+    rdma: Option<InFlight>,
+    tcp: Option<transport::TcpInFlight>,
+}
+
+/// What the in-flight limit cost one transfer.
+pub(super) struct Transfer<'a> {
+    pub net: &'a [NetSample],
+    pub wins: &'a [&'a NicWindow],
+    /// [last arrival, last exit] of the collective.
+    pub t0: f64,
+    pub t1: f64,
+    /// The transfer's length inside the step.
+    pub span: f64,
+    pub rate: f64,
+    /// Bytes the busiest rank moved (the payload when larger).
+    pub bytes: f64,
+    /// Share of the transfer not covered by an earlier collective.
+    pub frac: f64,
+}
+
+impl Charge {
+    /// Seconds the transfer lost to an in-flight limit, at most `left`.
+    pub fn add(&mut self, t: &Transfer<'_>, left: f64) -> f64 {
+        if let Some(inf) = InFlight::measure(t.net, t.t0, t.t1, t.rate) {
+            let extra = (t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate)).max(0.0).min(left.max(0.0));
+            self.rdma = Some(self.rdma.as_ref().map_or(inf.clone(), |e| e.merge(&inf)));
+            return extra;
+        }
+        let Some(tcp) = transport::TcpInFlight::measure(t.wins, t.span, t.rate) else { return 0.0 };
+        // TCP (§2.2 per connection, N·m/T = bytes in flight / RTT): only a send buffer or
+        // receive window that held the transfer below the path's rate.
+        let mut extra = 0.0;
+        if tcp.binding() {
+            // The payload the connections delivered (the NIC's bytes also hold headers).
+            let v = if tcp.acked_bytes > 0.0 { tcp.acked_bytes } else { t.bytes };
+            extra = (t.frac * (v / tcp.bound_bytes_per_second - v / t.rate)).max(0.0).min(left.max(0.0));
+        }
+        self.tcp = Some(tcp);
+        extra
+    }
+
+    pub fn evidence(&self) -> BTreeMap<String, serde_json::Value> {
+        self.rdma.as_ref().map(|e| e.to_evidence()).or_else(|| self.tcp.as_ref().map(|t| t.to_evidence())).unwrap_or_default()
+    }
+}

@@ -1,0 +1,127 @@
+//! Rail imbalance (docs/models.md §1.10): the step's bytes balanced over every rail would take
+//! `ours / n / rate`; the busiest NIC at nominal rate takes `max / rate`. The difference is
+//! time lost to bytes piled on a few NICs.
+//!
+//! Which NICs are rails of a collective: those that carried at least `min_nic_bytes` in its
+//! transfer window, plus the idle NICs of the same hosts with the same nominal rate (and a
+//! rail index when the carrying NICs have one) — an idle rail is exactly what a flat ring
+//! leaves behind; a management NIC of another rate is not a rail. A collective whose every
+//! rank is on one host moved its bytes through shared memory, NVLink or loopback: no NIC is
+//! its rail, and it gets no network cause. Evidence: every rail's bytes and rate, the busiest
+//! NIC and its share, the balanced transfer time.
+
+use std::collections::BTreeMap;
+
+use super::Params;
+use crate::timeline::{Collective, NicWindow};
+
+/// The rails of one collective's transfer and their nominal rate.
+pub(super) struct Rails<'a> {
+    pub wins: Vec<&'a NicWindow>,
+    /// Mean nominal rate of the carrying NICs, bytes/s.
+    pub rate: f64,
+}
+
+/// Why a collective has no rails.
+pub(super) enum NoRails {
+    /// One host, or no NIC carried anything: the transfer is ideal communication.
+    NoNic,
+    /// NICs carried it but none has a known rate.
+    RateUnknown,
+}
+
+/// The rails of collective `c` from its windows (`all`: every NIC of the hosts seen).
+pub(super) fn select<'a>(c: &Collective, all: Option<&'a Vec<NicWindow>>, p: &Params) -> Result<Rails<'a>, NoRails> {
+    // Every rank of the communicator on one host (all seen, one host name): whatever the
+    // host's NICs carried meanwhile (another job's traffic, a paused port) is not this step's.
+    let one_host = c.complete() && c.arrivals.iter().all(|a| a.host == c.arrivals[0].host);
+    let Some(all) = all.filter(|_| !one_host) else { return Err(NoRails::NoNic) };
+    let mut wins: Vec<&NicWindow> = all.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes).collect();
+    if wins.is_empty() {
+        return Err(NoRails::NoNic);
+    }
+    let rates: Vec<f64> = wins.iter().filter_map(|w| w.nic.rate_bytes_per_second.filter(|r| *r > 0.0)).collect();
+    if rates.is_empty() {
+        return Err(NoRails::RateUnknown);
+    }
+    let rate = rates.iter().sum::<f64>() / rates.len() as f64;
+    let carrying = wins.len();
+    let railed = wins.iter().any(|w| w.nic.rail.is_some());
+    for w in all.iter().filter(|w| w.tx_bytes + w.rx_bytes < p.min_nic_bytes) {
+        let same_host = wins[..carrying].iter().any(|x| x.nic.host == w.nic.host);
+        let same_rate = w.nic.rate_bytes_per_second.is_some_and(|r| (r - rate).abs() <= 0.01 * rate);
+        if same_host && same_rate && (!railed || w.nic.rail.is_some()) {
+            wins.push(w);
+        }
+    }
+    Ok(Rails { wins, rate })
+}
+
+/// Per-NIC transmit bytes over the step. Windows list NICs in the same order for every
+/// collective, so the previous position is tried first (no allocation per collective).
+#[derive(Default)]
+pub(super) struct Tally<'a> {
+    nics: Vec<(&'a str, f64, Option<f64>)>,
+}
+
+impl<'a> Tally<'a> {
+    /// Adds the rails' bytes; returns (sum, max) of this collective's transmit bytes.
+    pub fn add(&mut self, wins: &[&'a NicWindow]) -> (f64, f64) {
+        let (mut sum, mut max) = (0.0, 0.0f64);
+        for (j, w) in wins.iter().enumerate() {
+            let name = w.nic.name.as_str();
+            let pos = if self.nics.get(j).is_some_and(|e| e.0 == name) { Some(j) } else { self.nics.iter().position(|e| e.0 == name) };
+            match pos {
+                Some(k) => self.nics[k].1 += w.tx_bytes,
+                None => self.nics.push((name, w.tx_bytes, w.nic.rate_bytes_per_second)),
+            }
+            sum += w.tx_bytes;
+            max = max.max(w.tx_bytes);
+        }
+        (sum, max)
+    }
+
+    /// NIC name → (transmit bytes, rate).
+    pub fn per_nic(&self) -> BTreeMap<String, (f64, Option<f64>)> {
+        self.nics.iter().map(|(n, b, r)| (n.to_string(), (*b, *r))).collect()
+    }
+}
+
+/// Seconds the busiest rail's `max_ours` bytes take beyond `ours` balanced over `n` rails.
+pub(super) fn imbalance_seconds(max_ours: f64, ours: f64, n: f64, rate: f64) -> f64 {
+    use crate::{
+        model::traffic,
+        units::{Bytes, BytesPerSecond},
+    };
+    traffic::cut_time(Bytes(max_ours), BytesPerSecond(rate)).map(|x| x.0).unwrap_or(0.0) - ours / n / rate
+}
+
+/// The rail evidence: every NIC's bytes, the busiest and its share, the balanced time.
+pub(super) fn evidence(nic_tx: &BTreeMap<String, (f64, Option<f64>)>, seconds: f64) -> (Vec<serde_json::Value>, BTreeMap<String, serde_json::Value>) {
+    let nics: Vec<serde_json::Value> = nic_tx.iter().map(|(n, (b, r))| serde_json::json!({"nic": n, "tx_bytes": b, "rate_bytes_per_second": r})).collect();
+    let busiest = nic_tx.iter().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(n, (b, _))| (n.clone(), *b));
+    let sum: f64 = nic_tx.values().map(|v| v.0).sum();
+    let mut e = match &busiest {
+        Some((n, b)) => {
+            super::ev(&[("busiest_nic", n.clone().into()), ("busiest_share", (if sum > 0.0 { b / sum } else { 0.0 }).into()), ("nics", nics.clone().into())])
+        }
+        None => BTreeMap::new(),
+    };
+    if seconds > 0.0 {
+        if let Some(h) = balanced_alternative(nic_tx) {
+            e.insert("balanced_transfer_seconds".into(), h.into());
+        }
+    }
+    (nics, e)
+}
+
+/// The transfer time if the same bytes were spread over every NIC (§1.10 balanced pairing).
+pub fn balanced_alternative(nic_tx: &BTreeMap<String, (f64, Option<f64>)>) -> Option<f64> {
+    let n = nic_tx.len();
+    let rate = nic_tx.values().filter_map(|v| v.1).fold(f64::INFINITY, f64::min);
+    if n == 0 || !rate.is_finite() || rate <= 0.0 {
+        return None;
+    }
+    let total: f64 = nic_tx.values().map(|v| v.0).sum();
+    Some(total / n as f64 / rate)
+}

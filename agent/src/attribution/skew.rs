@@ -1,0 +1,117 @@
+//! Readiness skew (docs/models.md §3.2): a collective starts when its last participant is
+//! ready, so [first arrival, last arrival] of each collective is time the step waited for a
+//! late rank. Overlapping collectives are counted once (the union of their intervals).
+//!
+//! Inputs: each collective's arrivals (when each rank's data was ready) and exits. Evidence:
+//! the late rank (largest summed lateness over the step), its host and seconds, the ranks
+//! seen. Per rank: seconds late after the first rank, seconds waiting for the last, seconds
+//! inside collectives.
+
+use std::collections::BTreeMap;
+
+use super::RankTime;
+use crate::timeline::Collective;
+
+/// Per-rank accumulators: a dense vector for the usual ranks 0..N, a map beyond.
+#[derive(Default)]
+pub(super) struct RankAcc {
+    dense: Vec<Option<RankTime>>,
+    sparse: BTreeMap<u32, RankTime>,
+}
+
+impl RankAcc {
+    const DENSE: u32 = 4096;
+    pub fn get(&mut self, rank: u32, host: &str) -> &mut RankTime {
+        let new = || RankTime { rank, host: host.to_string(), ..Default::default() };
+        if rank < Self::DENSE {
+            let i = rank as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, None);
+            }
+            self.dense[i].get_or_insert_with(new)
+        } else {
+            self.sparse.entry(rank).or_insert_with(new)
+        }
+    }
+    pub fn into_vec(self) -> Vec<RankTime> {
+        self.dense.into_iter().flatten().chain(self.sparse.into_values()).collect()
+    }
+}
+
+/// Union bookkeeping: length of [a, b] not yet covered, then cover it.
+#[derive(Default)]
+pub(super) struct Cover {
+    pub spans: Vec<(f64, f64)>,
+}
+
+impl Cover {
+    pub fn take(&mut self, a: f64, b: f64) -> f64 {
+        if b <= a {
+            return 0.0;
+        }
+        let mut free = b - a;
+        for &(x, y) in &self.spans {
+            let o = (b.min(y) - a.max(x)).max(0.0);
+            free -= o;
+        }
+        // Merge (spans stay disjoint).
+        let (mut na, mut nb) = (a, b);
+        self.spans.retain(|&(x, y)| {
+            if y < na || x > nb {
+                true
+            } else {
+                na = na.min(x);
+                nb = nb.max(y);
+                false
+            }
+        });
+        self.spans.push((na, nb));
+        free.max(0.0)
+    }
+}
+
+/// One collective's place in the step: its skew and transfer not yet covered by an earlier
+/// collective, and the share of its transfer that is new.
+pub(super) struct Span {
+    pub skew: f64,
+    pub transfer: f64,
+    /// The transfer inside the step, covered or not.
+    pub full: f64,
+    pub frac: f64,
+}
+
+/// Adds collective `c` to the step's cover and its ranks' lateness; the step is [t0, t1].
+pub(super) fn add(cover: &mut Cover, ranks: &mut RankAcc, c: &Collective, t0: f64, t1: f64) -> Span {
+    let (c_first, c_last, c_exit) = (c.first_arrival(), c.last_arrival(), c.last_exit());
+    let (first, last) = (c_first.clamp(t0, t1), c_last.clamp(t0, t1));
+    let exit = c_exit.clamp(t0, t1);
+    let skew = cover.take(first, last);
+    let transfer = cover.take(last, exit.max(last));
+    // Share of this transfer not already covered by an earlier, overlapping collective
+    // (another communicator of the step): its ideal and excess are charged only for that
+    // share, so overlapping time is not counted twice.
+    let full = exit.max(last) - last;
+    let frac = if full > 0.0 { (transfer / full).clamp(0.0, 1.0) } else { 1.0 };
+    for a in &c.arrivals {
+        let r = ranks.get(a.rank, &a.host);
+        r.late_seconds += (a.enter - c_first).max(0.0);
+        r.wait_seconds += (c_last - a.enter).max(0.0);
+        r.inside_seconds += (a.exit - a.enter).max(0.0);
+    }
+    Span { skew, transfer, full, frac }
+}
+
+/// The late rank (largest summed lateness) and the skew cause's evidence.
+pub(super) fn late_rank(ranks: &[RankTime]) -> (Option<RankTime>, BTreeMap<String, serde_json::Value>) {
+    let late = ranks.iter().max_by(|a, b| a.late_seconds.total_cmp(&b.late_seconds)).filter(|r| r.late_seconds > 0.0).cloned();
+    let ev = match &late {
+        Some(r) => super::ev(&[
+            ("late_rank", r.rank.into()),
+            ("late_host", r.host.clone().into()),
+            ("late_rank_seconds", r.late_seconds.into()),
+            ("ranks", ranks.len().into()),
+        ]),
+        None => super::ev(&[("ranks", ranks.len().into())]),
+    };
+    (late, ev)
+}
