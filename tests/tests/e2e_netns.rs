@@ -573,7 +573,6 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
                     for st in steps.iter() {
                         let ev = &cause(st, "congestion")["evidence"];
                         assert!(ev["max_queue_backlog_bytes"].as_f64().is_some_and(|b| b > 0.0), "{what}: qdisc backlog in the evidence: {ev}");
-                        assert!(ev["drops"].as_f64().is_some(), "{what}: drops in the evidence: {ev}");
                         assert_eq!(ev["nic"], "rail0", "{ev}");
                     }
                     // The other job's burst on this server's uplink, from `ip -s link` (wire
