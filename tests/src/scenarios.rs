@@ -285,7 +285,8 @@ pub fn start_job(name: &str, dir: &Path, ranks: &[RankSpec], args: &[String]) ->
         let mut c = Command::new("ip");
         // Above the default priority: the scenarios time a job on a 2-core machine that
         // other work shares (nice execs, so the rank keeps this pid).
-        c.args(["netns", "exec", &r.ns, "nice", "-n", JOB_NICE, "env", "STEPS_COMPUTE=sleep"]);
+        // CUDA_LAUNCH_BLOCKING=1 — blocking: host-timed until the profiler-plugin path covers this scenario
+        c.args(["netns", "exec", &r.ns, "nice", "-n", JOB_NICE, "env", "STEPS_COMPUTE=sleep", "CUDA_LAUNCH_BLOCKING=1"]);
         for (k, v) in &r.env {
             c.arg(format!("{k}={v}"));
         }

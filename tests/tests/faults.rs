@@ -78,7 +78,8 @@ fn nccl_job(ns: &Netns, dir: &Path, tag: &str, n: u32, sock: &Path, args: &[&str
     (0..n)
         .map(|r| {
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns.name(), "env", "STEPS_COMPUTE=sleep", "NCCL_ABI_IFACE_ADDR=127.0.0.1"]).arg(&bin);
+            // CUDA_LAUNCH_BLOCKING=1 — blocking: host-timed until the profiler-plugin path covers this scenario
+            c.args(["netns", "exec", ns.name(), "env", "STEPS_COMPUTE=sleep", "NCCL_ABI_IFACE_ADDR=127.0.0.1", "CUDA_LAUNCH_BLOCKING=1"]).arg(&bin);
             c.args(["--rank", &r.to_string(), "--nranks", &n.to_string(), "--id-file"]).arg(&id).arg("--marker-socket").arg(sock).args(args);
             Proc::spawn(&format!("{tag}-r{r}"), &mut c, dir.join(format!("{tag}-r{r}.log"))).expect("spawn rank")
         })

@@ -125,6 +125,7 @@ fn brief(c: &Value) -> String {
 fn spawn_ranks(ns: &Netns, dir: &Path, tag: &str, prog: &Path, n: u32, env: &[(&str, String)], args: impl Fn(u32) -> Vec<String>) -> Vec<Proc> {
     let mut env = env.to_vec();
     env.push(("NCCL_ABI_IFACE_ADDR", "127.0.0.1".into()));
+    env.push(("CUDA_LAUNCH_BLOCKING", "1".into())); // blocking: host-timed until the profiler-plugin path covers this scenario
     (0..n)
         .map(|r| Proc::spawn(&format!("{tag} rank {r}"), &mut in_netns(ns, &env, prog, &args(r)), dir.join(format!("{tag}-r{r}.log"))).expect("spawn rank"))
         .collect()

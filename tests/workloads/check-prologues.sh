@@ -20,7 +20,8 @@ bad() { echo "FAIL: $*"; fail=1; }
 
 api=(GetVersion GetUniqueId CommInitRank CommInitRankConfig CommSplit CommDestroy CommAbort
      CommCount CommUserRank CommGetAsyncError GetErrorString AllReduce ReduceScatter AllGather
-     Broadcast Reduce Send Recv GroupStart GroupEnd)
+     Broadcast Reduce Send Recv GroupStart GroupEnd
+     AbiEnqueueCompute AbiStreamSynchronize AbiGpuTimer)
 declare -A ib=(
   [_Z11ncclIbIsendPvS_miS_S_PS_]="ncclIbIsend(void*, void*, unsigned long, int, void*, void*, void**)"
   [_Z11ncclIbIrecvPviPS_PmPiS0_S0_S0_]="ncclIbIrecv(void*, int, void**, unsigned long*, int*, void**, void**, void**)"

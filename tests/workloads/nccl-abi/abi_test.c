@@ -26,6 +26,12 @@ static int g_rank, g_fail;
     }                                                       \
   } while (0)
 #define OK(call) CHECK((call) == ncclSuccess, "%s", #call)
+/* A call, then waiting for the stream (calls only enqueue unless CUDA_LAUNCH_BLOCKING=1). */
+#define OKS(call)                                                   \
+  do {                                                              \
+    OK(call);                                                       \
+    CHECK(ncclAbiStreamSynchronize(NULL) == ncclSuccess, "sync after %s", #call); \
+  } while (0)
 
 /* Input of rank r at element i: small integers, exact in every type including fp16/bf16. */
 static double in_val(int r, size_t i) { return (double)((r + 1) * ((i % 5) + 1) % 7); }
@@ -95,7 +101,7 @@ static void test_allreduce(ncclComm_t comm, int n, ncclDataType_t dt, ncclRedOp_
   char* s = calloc(count + 1, es);
   char* r = inplace ? s : calloc(count + 1, es);
   for (size_t i = 0; i < count; i++) put(s, dt, i, in_val(g_rank, i));
-  OK(ncclAllReduce(s, r, count, dt, op, comm, NULL));
+  OKS(ncclAllReduce(s, r, count, dt, op, comm, NULL));
   size_t bad = 0;
   for (size_t i = 0; i < count; i++) {
     double e = expect(op, n, i);
@@ -117,14 +123,14 @@ static void test_others(ncclComm_t comm, int n) {
   float* s = malloc(sizeof(float) * c * (size_t)n);
   float* r = malloc(sizeof(float) * c * (size_t)n);
   for (size_t i = 0; i < c * (size_t)n; i++) s[i] = (float)in_val(g_rank, i);
-  OK(ncclReduceScatter(s, r, c, ncclFloat32, ncclSum, comm, NULL));
+  OKS(ncclReduceScatter(s, r, c, ncclFloat32, ncclSum, comm, NULL));
   for (size_t i = 0; i < c; i++)
     if (r[i] != (float)expect(ncclSum, n, (size_t)g_rank * c + i)) {
       CHECK(0, "reducescatter [%zu]", i);
       break;
     }
   for (size_t i = 0; i < c; i++) s[i] = (float)(g_rank * 100000 + (int)i);
-  OK(ncclAllGather(s, r, c, ncclFloat32, comm, NULL));
+  OKS(ncclAllGather(s, r, c, ncclFloat32, comm, NULL));
   for (size_t i = 0; i < c * (size_t)n; i++)
     if (r[i] != (float)((int)(i / c) * 100000 + (int)(i % c))) {
       CHECK(0, "allgather [%zu]=%g", i, r[i]);
@@ -134,7 +140,7 @@ static void test_others(ncclComm_t comm, int n) {
   size_t bc = (3u << 20) / 4 + 3; /* several 1 MiB broadcast pieces */
   float* b = malloc(sizeof(float) * bc);
   for (size_t i = 0; i < bc; i++) b[i] = g_rank == root ? (float)(i % 1000) : -1.0f;
-  OK(ncclBroadcast(b, b, bc, ncclFloat32, root, comm, NULL));
+  OKS(ncclBroadcast(b, b, bc, ncclFloat32, root, comm, NULL));
   for (size_t i = 0; i < bc; i++)
     if (b[i] != (float)(i % 1000)) {
       CHECK(0, "broadcast [%zu]=%g", i, b[i]);
@@ -143,7 +149,7 @@ static void test_others(ncclComm_t comm, int n) {
   free(b);
   root = 1 % n;
   for (size_t i = 0; i < c; i++) s[i] = (float)in_val(g_rank, i);
-  OK(ncclReduce(s, r, c, ncclFloat32, ncclMax, root, comm, NULL));
+  OKS(ncclReduce(s, r, c, ncclFloat32, ncclMax, root, comm, NULL));
   for (size_t i = 0; g_rank == root && i < c; i++)
     if (r[i] != (float)expect(ncclMax, n, i)) {
       CHECK(0, "reduce [%zu]", i);
@@ -157,7 +163,7 @@ static void test_others(ncclComm_t comm, int n) {
   OK(ncclRecv(in, 3, ncclInt64, prev, comm, NULL));
   OK(ncclSend(&out[2], 1, ncclInt64, g_rank, comm, NULL));
   OK(ncclRecv(&self, 1, ncclInt64, g_rank, comm, NULL));
-  OK(ncclGroupEnd());
+  OKS(ncclGroupEnd());
   CHECK(in[0] == prev && in[1] == prev * 2 && in[2] == 7 && self == 7, "group send/recv");
   free(s);
   free(r);
@@ -174,7 +180,7 @@ static void test_split(ncclComm_t comm, int n) {
   CHECK(sn == members, "split count %d want %d", sn, members);
   CHECK(sr == members - 1 - g_rank / 2, "split rank %d", sr);
   int32_t v = g_rank, sum = 0;
-  OK(ncclAllReduce(&v, &sum, 1, ncclInt32, ncclSum, sub, NULL));
+  OKS(ncclAllReduce(&v, &sum, 1, ncclInt32, ncclSum, sub, NULL));
   int want = 0;
   for (int r = color; r < n; r += 2) want += r;
   CHECK(sum == want, "split allreduce %d want %d", sum, want);
@@ -207,6 +213,7 @@ static void test_abort_from_thread(ncclComm_t comm) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   ncclResult_t rc = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, sub, NULL);
+  if (rc == ncclSuccess) rc = ncclAbiStreamSynchronize(NULL); /* the async failure */
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   CHECK(rc == ncclRemoteError && ms < 2000, "aborted allreduce returned %d after %.0f ms", rc,

@@ -37,8 +37,8 @@ ncclResult_t ring_reduce_scatter(struct ncclComm* comm, const struct group* g, c
     seg_split(count, n, mod(p - s - 1, n), &soff, &scnt);
     seg_split(count, n, mod(p - s - 2, n), &roff, &rcnt);
     struct xfer x[2] = {
-        {g->ranks[mod(p + 1, n)], 1, buf + soff * es, scnt * es},
-        {g->ranks[mod(p - 1, n)], 0, tmp, rcnt * es},
+        {g->ranks[mod(p + 1, n)], 1, buf + soff * es, scnt * es, NULL},
+        {g->ranks[mod(p - 1, n)], 0, tmp, rcnt * es, NULL},
     };
     rc = comm_run(comm, x, 2);
     if (rc == ncclSuccess) reduce_into(buf + roff * es, tmp, rcnt, dt, op);
@@ -57,8 +57,8 @@ ncclResult_t ring_all_gather(struct ncclComm* comm, const struct group* g, char*
     seg_split(count, n, mod(p - s, n), &soff, &scnt);
     seg_split(count, n, mod(p - s - 1, n), &roff, &rcnt);
     struct xfer x[2] = {
-        {g->ranks[mod(p + 1, n)], 1, buf + soff * es, scnt * es},
-        {g->ranks[mod(p - 1, n)], 0, buf + roff * es, rcnt * es},
+        {g->ranks[mod(p + 1, n)], 1, buf + soff * es, scnt * es, NULL},
+        {g->ranks[mod(p - 1, n)], 0, buf + roff * es, rcnt * es, NULL},
     };
     rc = comm_run(comm, x, 2);
   }
@@ -138,11 +138,11 @@ ncclResult_t algo_reduce(struct ncclComm* comm, char* buf, size_t count, ncclDat
       for (int r = 0; r < n; r++) {
         if (r == root) continue;
         seg_split(count, n, r, &off, &cnt);
-        x[k++] = (struct xfer){r, 0, buf + off * es, cnt * es};
+        x[k++] = (struct xfer){r, 0, buf + off * es, cnt * es, NULL};
       }
     } else {
       seg_split(count, n, comm->rank, &off, &cnt);
-      x[k++] = (struct xfer){root, 1, buf + off * es, cnt * es};
+      x[k++] = (struct xfer){root, 1, buf + off * es, cnt * es, NULL};
     }
     rc = comm_run(comm, x, k);
   }
@@ -169,11 +169,11 @@ ncclResult_t algo_broadcast(struct ncclComm* comm, char* buf, size_t bytes, int 
     long ps = t - d, pr = t - d + 1;
     if (d < n - 1 && ps >= 0 && ps < npieces) {
       size_t o = (size_t)ps * piece;
-      x[k++] = (struct xfer){next, 1, buf + o, bytes - o < piece ? bytes - o : piece};
+      x[k++] = (struct xfer){next, 1, buf + o, bytes - o < piece ? bytes - o : piece, NULL};
     }
     if (d > 0 && pr >= 0 && pr < npieces) {
       size_t o = (size_t)pr * piece;
-      x[k++] = (struct xfer){prev, 0, buf + o, bytes - o < piece ? bytes - o : piece};
+      x[k++] = (struct xfer){prev, 0, buf + o, bytes - o < piece ? bytes - o : piece, NULL};
     }
     rc = comm_run(comm, x, k);
   }

@@ -1,8 +1,11 @@
 /*
- * Public NCCL API. Calls block until the operation is complete on this rank (there is no
- * stream to enqueue on), except between ncclGroupStart and ncclGroupEnd, where they are
- * queued and run at the outermost ncclGroupEnd: grouped Send/Recv run concurrently, so
- * the usual exchange patterns do not deadlock.
+ * Public NCCL API. Collectives and Send/Recv are checked, queued (group.c) and launched
+ * onto their simulated stream (stream.c), where a worker thread runs them in order; the
+ * call returns once the operation is queued, as real NCCL returns once its kernel is
+ * launched. With CUDA_LAUNCH_BLOCKING=1 it returns once the operation is complete on this
+ * rank. Between ncclGroupStart and ncclGroupEnd calls are queued and launched at the
+ * outermost ncclGroupEnd: grouped Send/Recv run concurrently, so the usual exchange
+ * patterns do not deadlock.
  */
 #include <arpa/inet.h>
 #include <stdlib.h>
@@ -14,7 +17,9 @@
 
 static void comm_free(struct ncclComm* comm) {
   if (comm == NULL) return;
+  comm_drain(comm);
   proxy_stop(comm);
+  prof_comm_finalize(comm);
   for (int p = 0; p < comm->nranks; p++) {
     if (comm->send) conn_free(comm->send[p]);
     if (comm->recv) conn_free(comm->recv[p]);
@@ -25,6 +30,7 @@ static void comm_free(struct ncclComm* comm) {
   free(comm->host_of);
   free(comm->peers);
   pthread_mutex_destroy(&comm->mu);
+  pthread_mutex_destroy(&comm->exec_mu);
   pthread_cond_destroy(&comm->cv);
   free(comm);
 }
@@ -37,18 +43,26 @@ static struct ncclComm* comm_alloc(int nranks, int rank) {
   c->listen_fd = -1;
   c->algo_hier = abi_env()->algo_hier;
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->exec_mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   return c;
 }
 
-/* Connects the mesh and starts the proxy; takes ownership of peers. */
-static ncclResult_t comm_finish(struct ncclComm* c, struct peer_info* peers, int strict) {
+static const char* config_name(const ncclConfig_t* config) {
+  return config != NULL && config->size >= sizeof *config ? config->commName : NULL;
+}
+
+/* Connects the mesh, starts the proxy and the profiler plugin's context; takes ownership
+ * of peers. */
+static ncclResult_t comm_finish(struct ncclComm* c, struct peer_info* peers, int strict,
+                                const char* name) {
   c->peers = peers;
   ncclResult_t rc = comm_setup_hosts(c, peers, strict);
   if (rc == ncclSuccess) rc = comm_connect(c, peers);
   if (c->listen_fd >= 0) close(c->listen_fd);
   c->listen_fd = -1;
   if (rc == ncclSuccess) rc = proxy_start(c);
+  if (rc == ncclSuccess) prof_comm_init(c, name);
   if (rc == ncclSuccess)
     abi_log("comm %p rank %d/%d magic %016llx hosts %d local %d algo %s", (void*)c, c->rank,
             c->nranks, (unsigned long long)c->magic, c->nhosts, c->local_size,
@@ -73,7 +87,7 @@ static ncclResult_t init_common(ncclComm_t* out, int nranks, const ncclUniqueId*
   ncclResult_t rc = c->listen_fd < 0 ? ncclSystemError : ncclSuccess;
   if (rc == ncclSuccess) rc = bootstrap_exchange(id, nranks, rank, &mine, all, &c->magic);
   if (rc == ncclSuccess) bootstrap_peer_addrs(nranks, all);
-  if (rc == ncclSuccess) rc = comm_finish(c, all, 1);
+  if (rc == ncclSuccess) rc = comm_finish(c, all, 1, config_name(config));
   else free(all);
   if (rc != ncclSuccess) {
     comm_free(c);
@@ -145,11 +159,17 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key,
   struct group world = {.n = n, .pos = comm->rank, .ranks = malloc(sizeof(int) * (size_t)n)};
   ncclResult_t rc = world.ranks ? ncclSuccess : ncclSystemError;
   for (int r = 0; world.ranks && r < n; r++) world.ranks[r] = r;
+  /* The exchange uses the parent's data path: after its queued operations, alone. */
+  comm_drain(comm);
+  pthread_mutex_lock(&comm->exec_mu);
+  comm->cur_task = NULL;
+  comm->cur_mask = 0;
   if (rc == ncclSuccess && !comm_enter(comm)) rc = ncclRemoteError;
   if (rc == ncclSuccess) {
     rc = ring_all_gather(comm, &world, (char*)all, (size_t)n * sizeof *all, ncclUint8);
     comm_leave(comm);
   }
+  pthread_mutex_unlock(&comm->exec_mu);
   free(world.ranks);
   if (rc != ncclSuccess || color == NCCL_SPLIT_NOCOLOR) {
     free(all);
@@ -179,7 +199,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key,
   c->magic = comm->magic * 1099511628211ull + (uint64_t)color + 1;
   free(order);
   free(all);
-  if (rc == ncclSuccess) rc = comm_finish(c, peers, 0);
+  if (rc == ncclSuccess) rc = comm_finish(c, peers, 0, config_name(config));
   else free(peers);
   if (rc != ncclSuccess) {
     comm_free(c);
@@ -199,7 +219,7 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
 NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   abi_trace(__func__);
   if (comm == NULL) return ncclSuccess;
-  comm_abort_wait(comm);
+  comm_abort_wait(comm); /* queued operations then fail at once */
   comm_free(comm);
   return ncclSuccess;
 }
@@ -265,11 +285,6 @@ static ncclResult_t run_entered(enum op_kind kind, const void* sbuf, void* rbuf,
                                struct ncclComm* comm) {
   size_t es = abi_type_size(dt), n = (size_t)comm->nranks, me = (size_t)comm->rank;
   ncclResult_t rc = ncclSuccess;
-  if (kind == K_SEND || kind == K_RECV) {
-    if (root == comm->rank) return ncclInvalidUsage; /* self send/recv only inside a group */
-    struct xfer x = {root, kind == K_SEND, kind == K_SEND ? (char*)sbuf : rbuf, count * es};
-    return comm_run(comm, &x, 1);
-  }
   maybe_delay(comm);
   switch (kind) {
     case K_ALLREDUCE:
@@ -317,79 +332,128 @@ static ncclResult_t run_entered(enum op_kind kind, const void* sbuf, void* rbuf,
   }
 }
 
-ncclResult_t run_now(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
-                     ncclDataType_t dt, ncclRedOp_t op, int root, struct ncclComm* comm) {
-  if (!comm_enter(comm)) return ncclRemoteError;
-  ncclResult_t rc = run_entered(kind, sbuf, rbuf, count, dt, op, root, comm);
+const char* op_name(enum op_kind kind) {
+  static const char* const names[] = {"AllReduce", "ReduceScatter", "AllGather", "Broadcast",
+                                      "Reduce", "Send", "Recv"};
+  return names[kind];
+}
+
+/* A batch of Send/Recv on one comm: the transfers to other ranks run concurrently, each
+ * send to oneself is copied into the next receive from oneself (checked at launch). */
+static ncclResult_t run_p2p(struct gop* ops, int n) {
+  struct ncclComm* comm = ops[0].comm;
+  struct xfer* x = calloc((size_t)n, sizeof *x);
+  if (x == NULL) return ncclSystemError;
+  int k = 0, next_self_recv = 0;
+  for (int i = 0; i < n; i++) {
+    struct gop* o = &ops[i];
+    size_t bytes = o->count * abi_type_size(o->dt);
+    if (o->root != comm->rank) {
+      x[k++] = (struct xfer){o->root, o->kind == K_SEND,
+                             o->kind == K_SEND ? (char*)o->sbuf : o->rbuf, bytes, o->task};
+      continue;
+    }
+    if (o->kind != K_SEND) continue;
+    while (ops[next_self_recv].kind != K_RECV || ops[next_self_recv].root != comm->rank)
+      next_self_recv++;
+    struct gop* r = &ops[next_self_recv++];
+    size_t rbytes = r->count * abi_type_size(r->dt);
+    memcpy(r->rbuf, o->sbuf, rbytes < bytes ? rbytes : bytes);
+  }
+  ncclResult_t rc = comm_run(comm, x, k);
+  free(x);
+  return rc;
+}
+
+/* On a stream worker: one collective (n = 1) or one batch of Send/Recv. The simulated
+ * kernel begins here (after the stream's earlier work) and ends when the operation is
+ * complete on this rank; a failure is sticky on the comm (ncclCommGetAsyncError, next
+ * call) and is reported by the stream's synchronize. */
+ncclResult_t exec_ops(struct gop* ops, int n) {
+  struct ncclComm* comm = ops[0].comm;
+  struct kch* k[64] = {0};
+  int nk = n < 64 ? n : 64;
+  pthread_mutex_lock(&comm->exec_mu);
+  if (!comm_enter(comm)) {
+    pthread_mutex_unlock(&comm->exec_mu);
+    return comm->error != ncclSuccess ? comm->error : ncclRemoteError;
+  }
+  ncclResult_t rc = comm->error;
+  if (rc == ncclSuccess) {
+    comm->cur_task = ops[0].task;
+    comm->cur_mask = ops[0].mask;
+    for (int i = 0; i < nk; i++) k[i] = prof_kernel_begin(comm, ops[i].task, ops[i].mask);
+    struct gop* o = &ops[0];
+    rc = (o->kind == K_SEND || o->kind == K_RECV)
+             ? run_p2p(ops, n)
+             : run_entered(o->kind, o->sbuf, o->rbuf, o->count, o->dt, o->op, o->root, comm);
+    for (int i = 0; i < nk; i++) prof_kernel_end(comm, k[i]);
+    comm->cur_task = NULL;
+    if (rc != ncclSuccess && comm->error == ncclSuccess) comm->error = rc;
+  }
   comm_leave(comm);
+  pthread_mutex_unlock(&comm->exec_mu);
   return rc;
 }
 
 static ncclResult_t dispatch(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
-                             ncclDataType_t dt, ncclRedOp_t op, int root, ncclComm_t comm) {
+                             ncclDataType_t dt, ncclRedOp_t op, int root, ncclComm_t comm,
+                             cudaStream_t stream) {
   ncclResult_t rc = check_args(comm, dt, op, root);
   if (rc != ncclSuccess) return rc;
   if (count > 0 && (kind == K_SEND ? sbuf == NULL : rbuf == NULL)) return ncclInvalidArgument;
   if (count > 0 && kind != K_RECV && (kind != K_BROADCAST || comm->rank == root) &&
       sbuf == NULL)
     return ncclInvalidArgument;
-  static const char* const names[] = {"AllReduce", "ReduceScatter", "AllGather", "Broadcast",
-                                      "Reduce", "Send", "Recv"};
-  abi_coll_log(names[kind], comm->op_count++, sbuf, rbuf, count, dt, op, root, comm,
+  abi_coll_log(op_name(kind), comm->op_count++, sbuf, rbuf, count, dt, op, root, comm,
                comm->nranks);
-  if (group_active()) return group_enqueue(kind, sbuf, rbuf, count, dt, op, root, comm);
-  return run_now(kind, sbuf, rbuf, count, dt, op, root, comm);
+  struct gop o = {.kind = kind, .sbuf = sbuf, .rbuf = rbuf, .count = count, .dt = dt,
+                  .op = op, .root = root, .comm = comm, .stream = stream};
+  return group_call(&o);
 }
 
 NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count,
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm);
+  return dispatch(K_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff,
          size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
          cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm);
+  return dispatch(K_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount,
          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm);
+  return dispatch(K_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count,
          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm);
+  return dispatch(K_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count,
          ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
          cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm);
+  return dispatch(K_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype,
          int peer, ncclComm_t comm, cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm);
+  return dispatch(K_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype,
          int peer, ncclComm_t comm, cudaStream_t stream) {
   abi_trace(__func__);
-  (void)stream;
-  return dispatch(K_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm);
+  return dispatch(K_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclGroupStart, void) {

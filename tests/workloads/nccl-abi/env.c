@@ -25,6 +25,18 @@ static long env_long(const char* name, long def, long min) {
   return v;
 }
 
+static int64_t env_i64(const char* name, int64_t def) {
+  const char* s = getenv(name);
+  if (s == NULL || *s == '\0') return def;
+  char* end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (*end != '\0') {
+    abi_warn("ignoring %s=%s (want an integer), using %lld", name, s, (long long)def);
+    return def;
+  }
+  return v;
+}
+
 static void env_load(void) {
   struct abi_env* e = &g_env;
   e->debug = (int)env_long("NCCL_ABI_DEBUG", 0, 0);
@@ -53,6 +65,11 @@ static void env_load(void) {
   e->rtt_us = env_long("NCCL_ABI_RTT_US", 0, 0);
   e->timeout_ms = env_long("NCCL_ABI_TIMEOUT_MS", 10000, 1);
   e->init_timeout_ms = env_long("NCCL_ABI_INIT_TIMEOUT_MS", 120000, 1);
+  const char* lb = getenv("CUDA_LAUNCH_BLOCKING");
+  e->launch_blocking = lb != NULL && strcmp(lb, "1") == 0;
+  e->gpu_offset_ns = env_i64("NCCL_ABI_GPU_TIMER_OFFSET_NS", 3700000000123ll);
+  e->nchannels = (int)env_long("NCCL_ABI_NCHANNELS", 2, 1);
+  if (e->nchannels > 32) e->nchannels = 32;
   const char* lvl = getenv("NCCL_DEBUG");
   const char* sub = getenv("NCCL_DEBUG_SUBSYS");
   g_coll_log = lvl && (strcasecmp(lvl, "INFO") == 0 || strcasecmp(lvl, "TRACE") == 0) && sub &&

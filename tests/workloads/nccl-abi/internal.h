@@ -33,11 +33,15 @@ struct abi_env {
   long timeout_ms;      /* NCCL_ABI_TIMEOUT_MS */
   long init_timeout_ms; /* NCCL_ABI_INIT_TIMEOUT_MS */
   int debug;            /* NCCL_ABI_DEBUG=1 */
+  int launch_blocking;  /* CUDA_LAUNCH_BLOCKING=1: every call waits for its op */
+  int64_t gpu_offset_ns; /* NCCL_ABI_GPU_TIMER_OFFSET_NS: GPU timer = CLOCK_MONOTONIC + this */
+  int nchannels;        /* NCCL_ABI_NCHANNELS: channels reported to the profiler */
 };
 HIDDEN const struct abi_env* abi_env(void);
 HIDDEN void abi_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 HIDDEN void abi_warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 HIDDEN uint64_t abi_now_ns(void);
+HIDDEN uint64_t abi_gpu_timer_ns(void); /* the simulated GPU global timer */
 /* Called first by every API function: logs it at NCCL_ABI_DEBUG=2, and being a call it
  * keeps even trivial entry points non-leaf, so that they start with push %rbp. */
 HIDDEN void abi_trace(const char* fn);
@@ -82,11 +86,21 @@ struct xfer {         /* one point-to-point transfer handed to the proxy thread 
   int is_send;
   char* buf;
   size_t bytes;
+  void* task;         /* profiler P2p event of a Send/Recv (NULL: the operation's task) */
 };
 
 struct comm_op {      /* a batch of transfers run concurrently by the proxy */
   struct xfer* x;
   int n;
+  void* task;           /* profiler Coll/P2p event of the operation, NULL = none */
+  int mask;             /* its activation mask */
+};
+
+struct kch;           /* a collective's KernelCh events (profiler.c) */
+struct knote {        /* kernel begin/end, reported to the proxy thread */
+  struct kch* k;
+  int end;
+  struct knote* next;
 };
 
 struct ncclComm {
@@ -113,21 +127,50 @@ struct ncclComm {
   ncclResult_t pending_rc;
   int pending_done;
   int stop;
+  struct knote *notes, *notes_tail; /* under mu, drained by the proxy thread */
+  /* asynchronous operations */
+  pthread_mutex_t exec_mu; /* one stream operation at a time runs on this comm */
+  int inflight;          /* stream operations submitted, not finished (under mu) */
+  void* cur_task;        /* profiler task of the running operation (under exec_mu) */
+  int cur_mask;
+  uint64_t seq[7];       /* collectives launched per function, as NCCL's seqNumber */
+  /* profiler plugin */
+  void* prof_ctx;
+  int prof_ref;          /* this comm holds a reference on the loaded plugin */
 };
 
 /* ---- operations (api.c, group.c) ---- */
 enum op_kind { K_ALLREDUCE, K_REDUCESCATTER, K_ALLGATHER, K_BROADCAST, K_REDUCE, K_SEND, K_RECV };
-/* For K_SEND/K_RECV, root is the peer. */
-HIDDEN ncclResult_t run_now(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
-                            ncclDataType_t dt, ncclRedOp_t op, int root, struct ncclComm* comm);
+struct gop {          /* one call, queued until the outermost group end */
+  enum op_kind kind;
+  const void* sbuf;
+  void* rbuf;
+  size_t count;
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  int root;           /* for K_SEND/K_RECV: the peer */
+  struct ncclComm* comm;
+  cudaStream_t stream;
+  int mask;           /* profiler activation mask at the call */
+  void* api;          /* its CollApi/P2pApi event */
+  void* task;         /* its Coll/P2p event (started at launch) */
+};
+HIDDEN const char* op_name(enum op_kind kind);
+/* Runs a collective (1 op) or a batch of Send/Recv on one comm, on a stream worker. */
+HIDDEN ncclResult_t exec_ops(struct gop* ops, int n);
 HIDDEN void group_start(void);
-HIDDEN int group_active(void);
-HIDDEN ncclResult_t group_enqueue(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,
-                                  ncclDataType_t dt, ncclRedOp_t op, int root,
-                                  struct ncclComm* comm);
+HIDDEN ncclResult_t group_call(const struct gop* o);
 HIDDEN ncclResult_t group_end(void);
 
+/* ---- simulated streams (stream.c) ---- */
+struct sop;           /* a stream operation */
+/* Queues a collective / p2p batch (ops copied) on stream; with CUDA_LAUNCH_BLOCKING=1
+ * waits for it and returns its result. */
+HIDDEN ncclResult_t stream_submit_ops(cudaStream_t stream, const struct gop* ops, int n);
+HIDDEN void comm_drain(struct ncclComm* comm); /* waits until comm->inflight == 0 */
+
 HIDDEN ncclResult_t proxy_start(struct ncclComm* comm);
+HIDDEN void proxy_note(struct ncclComm* comm, struct kch* k, int end);
 HIDDEN void proxy_stop(struct ncclComm* comm);
 HIDDEN ncclResult_t comm_run(struct ncclComm* comm, struct xfer* x, int n);
 /* Bracket every operation, so that ncclCommAbort from another thread can fail it and wait
@@ -167,5 +210,29 @@ HIDDEN ncclResult_t algo_reduce(struct ncclComm* comm, char* buf, size_t count,
                                 ncclDataType_t dt, ncclRedOp_t op, int root);
 HIDDEN ncclResult_t algo_broadcast(struct ncclComm* comm, char* buf, size_t bytes, int root);
 HIDDEN void seg_split(size_t count, int n, int i, size_t* off, size_t* cnt);
+
+/* ---- profiler plugin (profiler.c, profiler_load.c) ---- */
+#include "profiler.h"
+HIDDEN void prof_comm_init(struct ncclComm* comm, const char* comm_name);
+HIDDEN void prof_comm_finalize(struct ncclComm* comm);
+HIDDEN int prof_loaded(void);
+HIDDEN int prof_mask(void);
+HIDDEN void* prof_start(void* ctx, ncclProfilerEventDescr_v6_t* d);
+HIDDEN void prof_stop(void* handle);
+HIDDEN void prof_record(void* handle, ncclProfilerEventState_t state,
+                        ncclProfilerEventStateArgs_v6_t* args);
+/* Kernel and proxy events (profiler.c). */
+HIDDEN struct kch* prof_kernel_begin(struct ncclComm* comm, void* task, int mask);
+HIDDEN void prof_kernel_end(struct ncclComm* comm, struct kch* k);
+HIDDEN void prof_kernel_note(struct ncclComm* comm, struct knote* n); /* proxy thread */
+struct xprof {        /* ProxyOp / ProxyStep events of one transfer (proxy thread) */
+  void* op;
+  void** steps;       /* [window] */
+};
+HIDDEN void prof_xfer_start(struct ncclComm* comm, const struct comm_op* op,
+                            const struct xfer* x, size_t nchunks, struct xprof* p);
+HIDDEN void prof_step(struct ncclComm* comm, const struct comm_op* op, struct xprof* p,
+                      size_t step, size_t window, int state, size_t size);
+HIDDEN void prof_xfer_stop(struct xprof* p);
 
 #endif

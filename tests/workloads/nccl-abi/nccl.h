@@ -7,7 +7,8 @@
  * declared here, and the Stepwise agent decodes calls into this library exactly
  * as it decodes real NCCL (see docs/platform-facts.md §3).
  *
- * There is no CUDA: buffers are host memory and the stream argument is ignored.
+ * There is no CUDA: buffers are host memory and a stream is simulated by a worker thread
+ * per distinct cudaStream_t value (see README.md, "Asynchronous execution").
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -154,6 +155,16 @@ NCCL_ABI_DECLARE(ncclResult_t, ncclRecv,
                   ncclComm_t comm, cudaStream_t stream));
 NCCL_ABI_DECLARE(ncclResult_t, ncclGroupStart, (void));
 NCCL_ABI_DECLARE(ncclResult_t, ncclGroupEnd, (void));
+
+/*
+ * Test-library extensions, NOT NCCL API (real NCCL has no such symbols; a program that uses
+ * them runs only on this library). They stand in for the CUDA runtime calls a training loop
+ * makes around NCCL: a compute kernel occupying a stream, cudaStreamSynchronize, and the GPU
+ * global timer. `stream` is the same opaque key the collectives take (NULL = default).
+ */
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiEnqueueCompute, (cudaStream_t stream, double ms));
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiStreamSynchronize, (cudaStream_t stream));
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiGpuTimer, (uint64_t* ns));
 
 #undef NCCL_ABI_DECLARE
 

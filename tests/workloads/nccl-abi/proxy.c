@@ -1,8 +1,10 @@
 /*
  * The per-communicator proxy thread (NCCL's "progress" thread): it turns each transfer
- * handed over by the calling thread into chunks, keeps at most NCCL_ABI_WINDOW of them
+ * handed over by the stream worker into chunks, keeps at most NCCL_ABI_WINDOW of them
  * outstanding per transfer through ncclIbIsend/ncclIbIrecv, and polls ncclIbTest until
- * each completes. The calling thread sleeps meanwhile.
+ * each completes. The stream worker sleeps meanwhile. Between transfers it also reports
+ * the kernel begin/end notes of the stream worker to the profiler plugin (KernelCh), and
+ * it emits the ProxyOp/ProxyStep events of its transfers.
  */
 #include <errno.h>
 #include <poll.h>
@@ -21,13 +23,57 @@ struct xstate {
   size_t nchunks, posted, completed;
   int after;     /* index of the previous transfer on the same connection, or -1 */
   void** ring;   /* outstanding requests, [window] */
+  struct xprof prof;
 };
 
-static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
+enum { PS_START = -1, PS_STOP = -2 };
+
+/* Posts one chunk; the ProxyStep states are those of NCCL's net.cc: a send step is posted
+ * (SendGPUWait), its data is ready at once in host memory (SendPeerWait), then isend
+ * (SendWait, transSize); a receive step waits in RecvWait once irecv is posted. */
+static ncclResult_t post_chunk(struct ncclComm* comm, const struct comm_op* op, struct xstate* s,
+                               size_t window, size_t chunk, void** req) {
+  size_t off = s->posted * chunk;
+  size_t len = s->x->bytes - off < chunk ? s->x->bytes - off : chunk;
+  void* buf = s->x->buf + off;
+  int tag = (int)s->posted;
+  prof_step(comm, op, &s->prof, s->posted, window, PS_START, 0);
+  int r;
+  if (s->x->is_send) {
+    prof_step(comm, op, &s->prof, s->posted, window, ncclProfilerProxyStepSendGPUWait, 0);
+    prof_step(comm, op, &s->prof, s->posted, window, ncclProfilerProxyStepSendPeerWait_v4, 0);
+    r = ncclIbIsend(s->c, buf, len, tag, NULL, NULL, req);
+    if (r == ncclSuccess && *req != NULL)
+      prof_step(comm, op, &s->prof, s->posted, window, ncclProfilerProxyStepSendWait, len);
+  } else {
+    r = ncclIbIrecv(s->c, 1, &buf, &len, &tag, NULL, NULL, req);
+    if (r == ncclSuccess && *req != NULL)
+      prof_step(comm, op, &s->prof, s->posted, window, ncclProfilerProxyStepRecvWait, 0);
+  }
+  if (r != ncclSuccess || *req == NULL) prof_step(comm, op, &s->prof, s->posted, window, PS_STOP, 0);
+  return (ncclResult_t)r;
+}
+
+/* A chunk completed: a send step ends; a received one is "flushed" and handed to the GPU
+ * (RecvFlushWait with its size, RecvGPUWait) and ends. */
+static void chunk_done(struct ncclComm* comm, const struct comm_op* op, struct xstate* s,
+                       size_t window, int size) {
+  size_t k = s->completed;
+  if (!s->x->is_send) {
+    prof_step(comm, op, &s->prof, k, window, ncclProfilerProxyStepRecvFlushWait, (size_t)size);
+    prof_step(comm, op, &s->prof, k, window, ncclProfilerProxyStepRecvGPUWait, (size_t)size);
+  }
+  prof_step(comm, op, &s->prof, k, window, PS_STOP, 0);
+  if (k + 1 == s->nchunks) prof_xfer_stop(&s->prof);
+}
+
+static ncclResult_t run_op(struct ncclComm* comm, const struct comm_op* op) {
+  struct xfer* xs = op->x;
+  int n = op->n;
   const struct abi_env* e = abi_env();
   size_t window = (size_t)e->window, chunk = e->chunk;
   struct xstate* st = calloc((size_t)n, sizeof *st);
-  void** rings = calloc((size_t)n * window, sizeof(void*));
+  void** rings = calloc((size_t)n * window * 2, sizeof(void*));
   struct pollfd* pfd = calloc((size_t)n, sizeof *pfd);
   ncclResult_t rc = ncclSuccess;
   if (!st || !rings || !pfd) {
@@ -40,6 +86,8 @@ static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
     st[i].c = x->is_send ? comm->send[x->peer] : comm->recv[x->peer];
     st[i].nchunks = (x->bytes + chunk - 1) / chunk;
     st[i].ring = rings + (size_t)i * window;
+    st[i].prof.steps = rings + (size_t)(n + i) * window;
+    if (st[i].nchunks > 0) prof_xfer_start(comm, op, x, st[i].nchunks, &st[i].prof);
     st[i].after = -1;
     /* Both sides issue transfers on a connection in call order; chunks of a later
      * transfer must not overtake an earlier one's, or they land in the wrong buffer. */
@@ -56,13 +104,8 @@ static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
       struct xstate* s = &st[i];
       int blocked = s->after >= 0 && st[s->after].posted < st[s->after].nchunks;
       while (!blocked && s->posted < s->nchunks && s->posted - s->completed < window) {
-        size_t off = s->posted * chunk;
-        size_t len = s->x->bytes - off < chunk ? s->x->bytes - off : chunk;
-        void* buf = s->x->buf + off;
-        int tag = (int)s->posted;
         void* req = NULL;
-        int r = s->x->is_send ? ncclIbIsend(s->c, buf, len, tag, NULL, NULL, &req)
-                              : ncclIbIrecv(s->c, 1, &buf, &len, &tag, NULL, NULL, &req);
+        int r = post_chunk(comm, op, s, window, chunk, &req);
         if (r != ncclSuccess) {
           rc = (ncclResult_t)r;
           goto out;
@@ -80,6 +123,7 @@ static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
           goto out;
         }
         if (!done) break;
+        chunk_done(comm, op, s, window, size);
         s->completed++;
         progressed = 1;
       }
@@ -113,12 +157,17 @@ static ncclResult_t run_op(struct ncclComm* comm, struct xfer* xs, int n) {
   }
 out:
   if (rc != ncclSuccess && st) {
-    /* Free what already completed; the rest stays queued on its connection. */
-    for (int i = 0; i < n; i++)
+    /* Free what already completed; the rest stays queued on its connection. Events
+     * still open are stopped (the operation failed). */
+    for (int i = 0; i < n; i++) {
       for (size_t k = st[i].completed; k < st[i].posted; k++) {
         int done = 0;
         if (ncclIbTest(st[i].ring[k % window], &done, NULL) != ncclSuccess || !done) break;
       }
+      for (size_t k = st[i].completed; k < st[i].posted; k++)
+        prof_step(comm, op, &st[i].prof, k, window, PS_STOP, 0);
+      prof_xfer_stop(&st[i].prof);
+    }
   }
   free(st);
   free(rings);
@@ -126,23 +175,63 @@ out:
   return rc;
 }
 
+/* Takes the queued kernel notes (under mu) and reports them unlocked. */
+static void drain_notes_locked(struct ncclComm* comm) {
+  while (comm->notes != NULL) {
+    struct knote* n = comm->notes;
+    comm->notes = comm->notes_tail = NULL;
+    pthread_mutex_unlock(&comm->mu);
+    while (n != NULL) {
+      struct knote* next = n->next;
+      prof_kernel_note(comm, n);
+      free(n);
+      n = next;
+    }
+    pthread_mutex_lock(&comm->mu);
+  }
+}
+
 static void* proxy_main(void* arg) {
   struct ncclComm* comm = arg;
   pthread_mutex_lock(&comm->mu);
   for (;;) {
-    while (!comm->stop && (comm->pending == NULL || comm->pending_done))
+    while (!comm->stop && comm->notes == NULL && (comm->pending == NULL || comm->pending_done))
       pthread_cond_wait(&comm->cv, &comm->mu);
+    drain_notes_locked(comm);
     if (comm->stop) break;
+    if (comm->pending == NULL || comm->pending_done) continue;
     struct comm_op* op = comm->pending;
     pthread_mutex_unlock(&comm->mu);
-    ncclResult_t rc = run_op(comm, op->x, op->n);
+    ncclResult_t rc = run_op(comm, op);
     pthread_mutex_lock(&comm->mu);
     comm->pending_rc = rc;
     comm->pending_done = 1;
     pthread_cond_broadcast(&comm->cv);
   }
+  drain_notes_locked(comm);
   pthread_mutex_unlock(&comm->mu);
   return NULL;
+}
+
+/* Stream worker: a kernel began or ended; the proxy thread reports it. If the proxy is
+ * not running (comm failed to start), the note is reported on this thread. */
+void proxy_note(struct ncclComm* comm, struct kch* k, int end) {
+  struct knote* n = calloc(1, sizeof *n);
+  if (n == NULL) return;
+  n->k = k;
+  n->end = end;
+  pthread_mutex_lock(&comm->mu);
+  if (!comm->proxy_started) {
+    pthread_mutex_unlock(&comm->mu);
+    prof_kernel_note(comm, n);
+    free(n);
+    return;
+  }
+  if (comm->notes_tail) comm->notes_tail->next = n;
+  else comm->notes = n;
+  comm->notes_tail = n;
+  pthread_cond_broadcast(&comm->cv);
+  pthread_mutex_unlock(&comm->mu);
 }
 
 ncclResult_t proxy_start(struct ncclComm* comm) {
@@ -198,7 +287,7 @@ void proxy_stop(struct ncclComm* comm) {
 ncclResult_t comm_run(struct ncclComm* comm, struct xfer* x, int n) {
   if (comm->error != ncclSuccess) return comm->error;
   if (n == 0) return ncclSuccess;
-  struct comm_op op = {.x = x, .n = n};
+  struct comm_op op = {.x = x, .n = n, .task = comm->cur_task, .mask = comm->cur_mask};
   pthread_mutex_lock(&comm->mu);
   if (comm->aborting) {
     pthread_mutex_unlock(&comm->mu);

@@ -32,7 +32,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 for ((r = 0; r < n; r++)); do
-  if [[ "$bin" == nccl_abi_test ]]; then
+  if [[ "$bin" == nccl_abi_test || "$bin" == nccl_prof_test ]]; then
     args=("$r" "$n" "$idf")
   else
     args=(--rank "$r" --nranks "$n" --id-file "$idf" "$@")

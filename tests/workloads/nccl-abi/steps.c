@@ -1,12 +1,15 @@
 /*
- * nccl_steps: a training loop over the NCCL API. Each step is compute (a busy-wait, so
- * real CPU time) followed by one ncclAllReduce of --bytes (float32 sum), bracketed by
- * step markers. Rank 0 makes the unique id and publishes it in --id-file (hex, written
+ * nccl_steps: a training loop over the NCCL API. Each step queues the simulated GPU compute
+ * (--gpu-compute-ms, ncclAbiEnqueueCompute), does the CPU compute (a busy-wait, so real CPU
+ * time), enqueues one ncclAllReduce of --bytes (float32 sum) on the same stream and waits
+ * for the stream (ncclAbiStreamSynchronize, like a training loop's .item()); step markers
+ * bracket the step. Rank 0 makes the unique id and publishes it in --id-file (hex, written
  * atomically); the other ranks wait for that file. The launcher removes a stale file.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "idfile.h"
@@ -16,9 +19,13 @@
 static const char usage[] =
     "usage: nccl_steps --rank R --nranks N --id-file F [--steps S] [--bytes B]\n"
     "                  [--compute-us C] [--marker-socket PATH] [--delay-rank R --delay-us D\n"
-    "                  [--delay-every K]] [--no-verify]\n"
-    "  Steps of C us busy-wait + one ncclAllReduce of B bytes (float32 sum).\n"
-    "  --delay-*: rank R computes D us longer on every K-th step (a late arrival).\n"
+    "                  [--delay-every K]] [--no-verify] [--gpu-compute-ms G]\n"
+    "                  [--gpu-delay-rank R --gpu-delay-ms M [--gpu-delay-every K]]\n"
+    "  Steps of G ms simulated GPU compute queued on the stream, C us CPU busy-wait, one\n"
+    "  ncclAllReduce of B bytes (float32 sum) queued after it, then a stream synchronize.\n"
+    "  --delay-*: rank R computes D us longer on the CPU on every K-th step (a late\n"
+    "  enqueue). --gpu-delay-*: rank R's stream computes M ms longer on every K-th step\n"
+    "  (its GPU is late while its CPU enqueues on time).\n"
     "  Library knobs (NCCL_ABI_*) are described in nccl-abi/README.md.\n";
 
 #define NCCLCHECK(call, what)                                                         \
@@ -31,8 +38,60 @@ static const char usage[] =
     }                                                                                 \
   } while (0)
 
+struct gpu_opts {
+  double compute_ms, delay_ms;
+  int delay_rank;
+  long delay_every;
+};
+
+static double num_arg(const char* name, const char* v, double min) {
+  char* end = NULL;
+  double x = v ? strtod(v, &end) : 0;
+  if (v == NULL || *v == '\0' || *end != '\0' || !(x >= min)) {
+    fprintf(stderr, "nccl_steps: bad %s '%s'\n%s", name, v ? v : "", usage);
+    exit(2);
+  }
+  return x;
+}
+
+/* Takes the --gpu-* options out of argv (the rest goes to step_parse). */
+static int take_gpu_opts(int argc, char** argv, struct gpu_opts* g) {
+  static const char* const names[] = {"--gpu-compute-ms", "--gpu-delay-rank", "--gpu-delay-ms",
+                                      "--gpu-delay-every"};
+  *g = (struct gpu_opts){.delay_rank = -1, .delay_every = 1};
+  int out = 1;
+  for (int i = 1; i < argc; i++) {
+    int which = -1;
+    const char* val = NULL;
+    for (int n = 0; n < 4 && which < 0; n++) {
+      size_t len = strlen(names[n]);
+      if (strncmp(argv[i], names[n], len) != 0) continue;
+      if (argv[i][len] == '=') val = argv[i] + len + 1, which = n;
+      else if (argv[i][len] == '\0') val = i + 1 < argc ? argv[++i] : NULL, which = n;
+    }
+    if (which < 0) {
+      argv[out++] = argv[i];
+      continue;
+    }
+    double x = num_arg(names[which], val, which == 3 ? 1 : 0);
+    if (which == 0) g->compute_ms = x;
+    else if (which == 1) g->delay_rank = (int)x;
+    else if (which == 2) g->delay_ms = x;
+    else g->delay_every = (long)x;
+  }
+  argv[out] = NULL;
+  return out;
+}
+
+static double gpu_ms(const struct gpu_opts* g, int rank, long k) {
+  int late = rank == g->delay_rank && (k + 1) % g->delay_every == 0;
+  return g->compute_ms + (late ? g->delay_ms : 0);
+}
+
 int main(int argc, char** argv) {
   struct step_opts o;
+  struct gpu_opts g;
+  argc = take_gpu_opts(argc, argv, &g);
   step_parse(argc, argv, &o, 1, usage);
   setvbuf(stdout, NULL, _IOLBF, 0);
   ncclUniqueId id;
@@ -63,12 +122,16 @@ int main(int argc, char** argv) {
   for (long k = 0; k < o.steps; k++) {
     fill_input(send, count, o.rank, k);
     long delay = step_delay_us(&o, o.rank, k);
+    double gms = gpu_ms(&g, o.rank, k);
     marker_send(&m, o.rank, k, "begin");
     double t0 = now_us();
+    ncclResult_t rc = gms > 0 ? ncclAbiEnqueueCompute(NULL, gms) : ncclSuccess;
     busy_wait_us(o.compute_us + delay);
     step_stop_point(&o, o.rank, k);
     double t1 = now_us();
-    ncclResult_t rc = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
+    if (rc == ncclSuccess) rc = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
+    double t_enq = now_us();
+    if (rc == ncclSuccess) rc = ncclAbiStreamSynchronize(NULL);
     double t2 = now_us();
     marker_send(&m, o.rank, k, "end");
     if (rc != ncclSuccess) {
@@ -82,8 +145,8 @@ int main(int argc, char** argv) {
     st.comm_us[st.n] = t2 - t1;
     st.step_us[st.n++] = t2 - t0;
     printf("step rank=%d step=%ld compute_us=%.0f allreduce_us=%.0f step_us=%.0f delayed=%d "
-           "bad=%zu arrive_us=%.1f\n",
-           o.rank, k, t1 - t0, t2 - t1, t2 - t0, delay > 0, bad, t1);
+           "bad=%zu arrive_us=%.1f enqueue_us=%.0f gpu_ms=%.3f\n",
+           o.rank, k, t1 - t0, t2 - t1, t2 - t0, delay > 0, bad, t1, t_enq - t1, gms);
   }
   uint64_t csum = o.steps ? checksum64(recv, o.bytes) : 0;
   NCCLCHECK(ncclCommDestroy(comm), "ncclCommDestroy");
