@@ -24,7 +24,15 @@ fn synth(step: u64) -> (Step, Vec<Collective>, Vec<Vec<NicWindow>>) {
         let arrivals = (0..RANKS)
             .map(|r| {
                 let late = if r == 3 && i % 7 == 0 { 0.003 } else { (r as f64) * 1e-5 };
-                Arrival { rank: r, host: format!("h{}", r / 4), pid: 100 + r, enter: start + late, exit: start + 0.008, aborted: false }
+                Arrival {
+                    rank: r,
+                    host: format!("h{}", r / 4),
+                    pid: 100 + r,
+                    enter: start + late,
+                    exit: start + 0.008,
+                    aborted: false,
+                    clock: Default::default(),
+                }
             })
             .collect();
         colls.push(Collective {

@@ -43,6 +43,7 @@ fn step(sh: &Shape, i: u64) -> (Attribution, Vec<Collective>, Vec<NicWindow>) {
                     enter: t + if r == sh.ranks - 1 { extra } else { r as f64 * 1e-6 },
                     exit: t + extra + 0.004,
                     aborted: false,
+                    clock: Default::default(),
                 })
                 .collect();
             t += extra + 0.005;

@@ -295,6 +295,7 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub db: Option<PathBuf>,
     pub marker_socket: Option<PathBuf>,
+    pub profiler_socket: Option<PathBuf>,
 }
 
 impl Config {
@@ -334,6 +335,9 @@ impl Config {
         }
         if let Some(v) = &overrides.marker_socket {
             cfg.steps.marker_socket = v.clone();
+        }
+        if let Some(v) = &overrides.profiler_socket {
+            cfg.collectives.profiler_socket = v.clone();
         }
         cfg.validate()?;
         cfg.api.read_token_file()?;

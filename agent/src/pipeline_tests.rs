@@ -22,7 +22,7 @@ fn coll(comm: &str, seq: u64, op: &str, pid0: u32, enter: &[f64], exit: f64) -> 
         arrivals: enter
             .iter()
             .enumerate()
-            .map(|(r, &t)| Arrival { rank: r as u32, host: "h".into(), pid: pid0 + r as u32, enter: t, exit, aborted: false })
+            .map(|(r, &t)| Arrival { rank: r as u32, host: "h".into(), pid: pid0 + r as u32, enter: t, exit, aborted: false, clock: Default::default() })
             .collect(),
     }
 }

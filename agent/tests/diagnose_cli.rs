@@ -244,6 +244,7 @@ fn stored_step(id: u64, t: f64, late: f64) -> stepwise::attribution::Attribution
             enter: t + 0.1 + if r == 2 { late } else { 0.0 },
             exit: t + 0.1 + late + 0.001,
             aborted: false,
+            clock: Default::default(),
         })
         .collect();
     let c = Collective { comm: COMM.into(), seq: id, op: "all_reduce".into(), library: "mpi".into(), bytes: Some(4096), nranks: Some(4), arrivals };
@@ -297,6 +298,7 @@ fn html_from_the_store_draws_each_ranks_timeline() {
                     enter: t + id as f64 + 0.1 + if r == 2 { late } else { 0.0 },
                     exit: t + id as f64 + 0.1 + late + 0.001,
                     aborted: false,
+                    clock: Default::default(),
                 })
                 .collect();
             let c = Collective { comm: COMM.into(), seq: id, op: "all_reduce".into(), library: "mpi".into(), bytes: Some(4096), nranks: Some(4), arrivals };

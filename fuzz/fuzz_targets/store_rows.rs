@@ -99,6 +99,7 @@ fn sample(step: u64, begin: f64, ncoll: usize) -> (Attribution, Vec<Collective>,
                 enter: if r == 3 { t + late } else { t },
                 exit: t + late + 0.002,
                 aborted: false,
+                clock: Default::default(),
             })
             .collect();
         colls.push(Collective {

@@ -72,6 +72,8 @@ impl FaultAgent {
         };
         cmd.args(["run", "--listen", &addr, "--config"]).arg(&config).arg("--db").arg(&db).arg("--marker-socket").arg(&sock).args(&spec.args);
         cmd.env_remove("STEPWISE_LOG");
+        // Agents on one host may not share the profiler plugin's socket.
+        cmd.env("STEPWISE_PROFILER_SOCKET", dir.join(format!("{tag}-profiler.sock")));
         if let Some(l) = &spec.log_env {
             cmd.env("STEPWISE_LOG", l);
         }

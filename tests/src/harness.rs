@@ -193,6 +193,10 @@ impl Agent {
         if !args.contains(&"--marker-socket") && !config_sets("marker_socket") {
             cmd.env("STEPWISE_MARKER_SOCKET", dir.join(format!("markers-{port}.sock")));
         }
+        // Likewise the profiler plugin's socket (agents on one host may not share it).
+        if !args.contains(&"--profiler-socket") && !config_sets("profiler_socket") && !env.iter().any(|(k, _)| *k == "STEPWISE_PROFILER_SOCKET") {
+            cmd.env("STEPWISE_PROFILER_SOCKET", dir.join(format!("profiler-{port}.sock")));
+        }
         let proc = Proc::spawn("agent", &mut cmd, dir.join(format!("agent-{port}.log")))?;
         let mut a = Agent { proc, addr };
         let addr = a.addr.clone();

@@ -171,6 +171,10 @@ impl Servers {
             .args(["run", "--listen", &addr, "--config"])
             .arg(&cfg)
             .env("STEPWISE_LOG", "info");
+        // Agents on one host may not share the profiler plugin's socket.
+        if !config.contains("profiler_socket") {
+            cmd.env("STEPWISE_PROFILER_SOCKET", dir.join(format!("profiler-{s}.sock")));
+        }
         let proc = Proc::spawn(&format!("agent-{s}"), &mut cmd, dir.join(format!("agent-{s}.log")))?;
         let mut a = NsAgent { proc, addr: addr.clone(), server: s };
         // Ready = API up *and* the workload library probed (/readyz does not cover the

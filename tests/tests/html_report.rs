@@ -41,6 +41,7 @@ fn store(db: &Path) {
                     enter: t + at + if r == 5 { late } else { 0.0 },
                     exit: t + exit,
                     aborted: false,
+                    clock: Default::default(),
                 })
                 .collect()
         };

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Unix socket for step markers [default: /run/stepwise/markers.sock].
     #[arg(long, env = "STEPWISE_MARKER_SOCKET")]
     pub marker_socket: Option<PathBuf>,
+    /// Unix socket for the NCCL profiler plugin's records (the variable the plugin reads too)
+    /// [default: /run/stepwise/profiler.sock].
+    #[arg(long, env = "STEPWISE_PROFILER_SOCKET")]
+    pub profiler_socket: Option<PathBuf>,
     /// History store file [default: /var/lib/stepwise/agent.db].
     #[arg(long, env = "STEPWISE_DB")]
     pub db: Option<PathBuf>,
@@ -86,6 +90,7 @@ impl RunArgs {
             log_format: self.log_format,
             db: self.db.clone(),
             marker_socket: self.marker_socket.clone(),
+            profiler_socket: self.profiler_socket.clone(),
         }
     }
 }
@@ -280,6 +285,7 @@ impl Drop for StopOnDrop {
 async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     // First, before any task or thread starts: a port in use fails the start at once.
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    let profiler_rx = crate::sources::collectives::profiler::bind_configured(&cfg.collectives).map_err(|e| anyhow::anyhow!("profiler socket: {e}"))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = StopOnDrop(stop_tx);
     let mut registry = Registry::default();
@@ -295,6 +301,8 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let mut srcs = sources::build_sources(&cfg, &ctx, &mut registry);
     let coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
+    let _profiler_thread =
+        crate::sources::collectives::profiler::start_configured(profiler_rx, coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.history()), &mut registry);
     let host = cfg.collectives.host.clone().unwrap_or_else(crate::sources::collectives::hostname);
     let mut engine = Engine::new(cfg.steps.clone(), host, &mut registry).map_err(|e| anyhow::anyhow!("invalid [steps] config: {e}"))?;
     engine.set_hang_config(cfg.hang.clone());

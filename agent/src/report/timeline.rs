@@ -149,7 +149,15 @@ mod tests {
             nranks: Some(enters.len() as u32),
             arrivals: enters
                 .iter()
-                .map(|&(rank, e)| Arrival { rank, host: format!("h{}", rank / 2), pid: 100 + rank, enter: begin + e, exit: begin + exit, aborted: false })
+                .map(|&(rank, e)| Arrival {
+                    rank,
+                    host: format!("h{}", rank / 2),
+                    pid: 100 + rank,
+                    enter: begin + e,
+                    exit: begin + exit,
+                    aborted: false,
+                    clock: Default::default(),
+                })
                 .collect(),
         }
     }
@@ -187,8 +195,8 @@ mod tests {
     fn arrivals_outside_the_step_are_clamped_and_unknown_ranks_kept_apart() {
         let a = crate::report::fixtures::attribution();
         let mut c = coll(a.begin, &[(0, -0.05), (1, 0.01)], 0.5);
-        c.arrivals.push(Arrival { rank: u32::MAX, host: "x".into(), pid: 7, enter: a.begin, exit: a.begin + 0.1, aborted: false });
-        c.arrivals.push(Arrival { rank: u32::MAX, host: "x".into(), pid: 8, enter: a.begin, exit: a.begin + 0.1, aborted: false });
+        c.arrivals.push(Arrival { rank: u32::MAX, host: "x".into(), pid: 7, enter: a.begin, exit: a.begin + 0.1, aborted: false, clock: Default::default() });
+        c.arrivals.push(Arrival { rank: u32::MAX, host: "x".into(), pid: 8, enter: a.begin, exit: a.begin + 0.1, aborted: false, clock: Default::default() });
         let r = rows(&a, &[c]);
         assert_eq!(r.len(), 4);
         assert!(r[2].rank.is_none() && r[3].rank.is_none());

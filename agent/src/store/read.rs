@@ -292,7 +292,15 @@ fn collective_row(row: &Row<'_>) -> Result<Collective, String> {
 
 /// `…, rank, host, pid, enter, exit, aborted` (columns 7..=12).
 fn arrival_row(row: &Row<'_>) -> Result<Arrival, String> {
-    Ok(Arrival { rank: int(row, 7)?, host: text(row, 8)?, pid: int(row, 9)?, enter: real(row, 10)?, exit: real(row, 11)?, aborted: int::<u8>(row, 12)? != 0 })
+    Ok(Arrival {
+        rank: int(row, 7)?,
+        host: text(row, 8)?,
+        pid: int(row, 9)?,
+        enter: real(row, 10)?,
+        exit: real(row, 11)?,
+        aborted: int::<u8>(row, 12)? != 0,
+        clock: Default::default(),
+    })
 }
 
 fn window_row(row: &Row<'_>) -> Result<NicWindow, String> {

@@ -19,7 +19,7 @@ pub(super) fn sample(step: u64, begin: f64, late: f64, nranks: u32, ncoll: usize
         let arrivals = (0..nranks)
             .map(|r| {
                 let enter = if r + 1 == nranks { t + extra } else { t };
-                Arrival { rank: r, host: format!("host{}", r % 2), pid: 1000 + r, enter, exit: t + extra + 0.002, aborted: false }
+                Arrival { rank: r, host: format!("host{}", r % 2), pid: 1000 + r, enter, exit: t + extra + 0.002, aborted: false, clock: Default::default() }
             })
             .collect();
         colls.push(Collective {

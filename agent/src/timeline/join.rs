@@ -4,18 +4,94 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Where a call's `enter`/`exit` come from.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Timing {
+    /// The rank's GPU: earliest channel start and latest channel end of the collective's
+    /// kernel, from the NCCL profiler plugin (host clock, see `gpu_offset_error`).
+    Gpu,
+    /// The host call's entry and return, and the call returns when the operation is done
+    /// (MPI, gloo, NCCL under `CUDA_LAUNCH_BLOCKING=1`).
+    HostCompletion,
+    /// The host call of an asynchronous NCCL: it returns once the work is *enqueued* on the
+    /// stream, so neither time says when the rank's GPU reached the collective.
+    HostEnqueue,
+    /// Not recorded (stored steps, older agents).
+    #[default]
+    Unknown,
+}
+
+impl Timing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Timing::Gpu => "gpu",
+            Timing::HostCompletion => "host_completion",
+            Timing::HostEnqueue => "host_enqueue",
+            Timing::Unknown => "unknown",
+        }
+    }
+}
+
+/// Seconds NCCL's proxy steps spent in each wait state during one rank's collective (the
+/// profiler plugin's ProxyStep states, summed over steps and channels).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProxyWait {
+    /// Send: waiting for the GPU to provide the data.
+    pub send_gpu_wait: f64,
+    /// Send: waiting for the peer to have a free buffer (clear to send).
+    pub send_peer_wait: f64,
+    /// Send: waiting for the network to complete the send.
+    pub send_wait: f64,
+    /// Receive: waiting for the network to deliver.
+    pub recv_wait: f64,
+    pub recv_flush_wait: f64,
+    /// Receive: waiting for the GPU to consume the data.
+    pub recv_gpu_wait: f64,
+}
+
+impl ProxyWait {
+    pub fn add(&mut self, o: &ProxyWait) {
+        self.send_gpu_wait += o.send_gpu_wait;
+        self.send_peer_wait += o.send_peer_wait;
+        self.send_wait += o.send_wait;
+        self.recv_wait += o.recv_wait;
+        self.recv_flush_wait += o.recv_flush_wait;
+        self.recv_gpu_wait += o.recv_gpu_wait;
+    }
+}
+
+/// How a call or arrival was timed (flattened into its JSON: `timing`, `host_enqueue`,
+/// `gpu_offset_error`, `proxy_wait`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Clocking {
+    #[serde(default)]
+    pub timing: Timing,
+    /// GPU-timed calls: when the host enqueued it (wall seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_enqueue: Option<f64>,
+    /// GPU-timed calls: bound of the GPU-timer-to-host-clock error, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_offset_error: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_wait: Option<ProxyWait>,
+}
+
 /// One rank's part in a collective. Times are wall-clock seconds since the epoch.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Arrival {
     pub rank: u32,
     pub host: String,
     pub pid: u32,
-    /// When the rank entered the call (its data was ready).
+    /// When the rank entered the call (its data was ready) — for [`Timing::Gpu`], when its
+    /// GPU started the collective.
     pub enter: f64,
-    /// When the call returned on that rank.
+    /// When the call returned on that rank (the GPU finished, for [`Timing::Gpu`]).
     pub exit: f64,
     #[serde(default)]
     pub aborted: bool,
+    #[serde(flatten)]
+    pub clock: Clocking,
 }
 
 /// One collective operation seen on one or more ranks.
@@ -64,6 +140,52 @@ impl Collective {
     pub fn transfer(&self) -> f64 {
         (self.last_exit() - self.last_arrival()).max(0.0)
     }
+    /// Some arrival is an asynchronous NCCL call timed at its enqueue: readiness (when each
+    /// rank's GPU reached the collective) is unknown, so no skew may be computed from it.
+    pub fn host_enqueue_timed(&self) -> bool {
+        self.arrivals.iter().any(|a| a.clock.timing == Timing::HostEnqueue)
+    }
+}
+
+/// Which timing sources a step's collectives used: the one name when all arrivals agree,
+/// else `mixed` with the count of each (e.g. `mixed (gpu 6, host_enqueue 2)`). Empty without
+/// arrivals.
+pub fn timing_summary(colls: &[&Collective]) -> String {
+    let mut n: BTreeMap<Timing, usize> = BTreeMap::new();
+    for a in colls.iter().flat_map(|c| &c.arrivals) {
+        *n.entry(a.clock.timing).or_default() += 1;
+    }
+    match n.len() {
+        0 => String::new(),
+        1 => n.keys().next().map(|t| t.as_str().to_string()).unwrap_or_default(),
+        _ => format!("mixed ({})", n.iter().map(|(t, k)| format!("{} {k}", t.as_str())).collect::<Vec<_>>().join(", ")),
+    }
+}
+
+/// The host enqueue skew of collectives timed at enqueue: summed (last − first enqueue) and
+/// the rank that enqueued last most often. A CPU-side figure only: the GPUs may run far
+/// behind their hosts' enqueues, so it names no straggler.
+pub fn host_enqueue_skew(colls: &[&Collective]) -> Option<(f64, Option<u32>)> {
+    let mut total = 0.0;
+    let mut last: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut any = false;
+    for c in colls.iter().filter(|c| c.host_enqueue_timed()) {
+        any = true;
+        total += c.skew();
+        if let Some(a) = c.late_rank().filter(|_| c.arrivals.len() > 1) {
+            *last.entry(a.rank).or_default() += 1;
+        }
+    }
+    any.then(|| (total, last.into_iter().max_by_key(|e| e.1).map(|e| e.0)))
+}
+
+/// Proxy step waits summed over the arrivals that have them.
+pub fn proxy_wait_total(colls: &[&Collective]) -> Option<ProxyWait> {
+    let mut t: Option<ProxyWait> = None;
+    for w in colls.iter().flat_map(|c| &c.arrivals).filter_map(|a| a.clock.proxy_wait.as_ref()) {
+        t.get_or_insert_with(ProxyWait::default).add(w);
+    }
+    t
 }
 
 /// A call as the API serves it (the subset the join needs).
@@ -84,6 +206,8 @@ pub struct CallView {
     pub exit: f64,
     #[serde(default)]
     pub aborted: bool,
+    #[serde(flatten)]
+    pub clock: Clocking,
 }
 
 /// Joins calls (from one or many hosts) on `(comm, seq)`. Calls without a communicator or a
@@ -108,7 +232,7 @@ pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Coll
         }
         e.nranks = e.nranks.or(c.nranks);
         e.bytes = e.bytes.or(c.bytes);
-        e.arrivals.push(Arrival { rank, host: c.host.clone(), pid: c.pid, enter: c.enter, exit: c.exit, aborted: c.aborted });
+        e.arrivals.push(Arrival { rank, host: c.host.clone(), pid: c.pid, enter: c.enter, exit: c.exit, aborted: c.aborted, clock: c.clock });
     }
     let mut out: Vec<Collective> = by_key.into_values().collect();
     for c in &mut out {
@@ -137,6 +261,7 @@ mod tests {
             enter,
             exit,
             aborted: false,
+            clock: Clocking::default(),
         }
     }
 

@@ -210,7 +210,7 @@ mod tests {
             library: "nccl".into(),
             bytes: Some(4),
             nranks: Some(1),
-            arrivals: vec![Arrival { rank: 0, host: "h".into(), pid: 1, enter: t, exit: t + 0.01, aborted: false }],
+            arrivals: vec![Arrival { rank: 0, host: "h".into(), pid: 1, enter: t, exit: t + 0.01, aborted: false, clock: Default::default() }],
         }
     }
 

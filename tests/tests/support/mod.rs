@@ -45,6 +45,10 @@ fn command(l: &Launch, listen: &str, args: &[&str]) -> Command {
         None => Command::new(agent_bin()),
     };
     cmd.args(["run", "--listen", listen]).args(args).env("STEPWISE_LOG", "info");
+    // Agents on one host may not share the profiler plugin's socket.
+    if !args.contains(&"--profiler-socket") {
+        cmd.env("STEPWISE_PROFILER_SOCKET", std::env::temp_dir().join(format!("stepwise-profiler-{}.sock", listen.replace([':', '.'], "_"))));
+    }
     for (k, v) in &l.env {
         cmd.env(k, v);
     }

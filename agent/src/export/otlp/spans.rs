@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn step_with_collective_and_cause_children() {
         let a = crate::report::fixtures::attribution();
-        let arr = |rank, enter: f64| Arrival { rank, host: "node-a".into(), pid: 1, enter, exit: a.begin + 0.16, aborted: false };
+        let arr = |rank, enter: f64| Arrival { rank, host: "node-a".into(), pid: 1, enter, exit: a.begin + 0.16, aborted: false, clock: Default::default() };
         let c = Collective {
             comm: "8f3c".into(),
             seq: 7,

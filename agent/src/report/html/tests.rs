@@ -24,6 +24,7 @@ fn with_collectives() -> Report {
                 enter: a.begin + enter(r),
                 exit: a.begin + exit,
                 aborted: false,
+                clock: Default::default(),
             })
             .collect(),
     };

@@ -56,6 +56,10 @@ pub struct CallRecord {
     pub exit: f64,
     /// Seconds inside the call.
     pub duration: f64,
+    /// How `enter`/`exit` were timed (`timing`, and for the profiler plugin's calls
+    /// `host_enqueue`, `gpu_offset_error`, `proxy_wait`).
+    #[serde(flatten)]
+    pub clock: crate::timeline::join::Clocking,
 }
 
 impl CallRecord {
@@ -77,7 +81,18 @@ impl CallRecord {
             enter: self.enter,
             exit: self.exit,
             aborted: c.aborted,
+            clock: self.clock,
         }
+    }
+}
+
+/// How a probed call is timed: an NCCL call returns at enqueue unless the process runs with
+/// `CUDA_LAUNCH_BLOCKING=1`; MPI, gloo and user probes return when done.
+pub fn host_timing(library: super::targets::Family, launch_blocking: bool) -> crate::timeline::join::Timing {
+    use crate::timeline::join::Timing;
+    match library {
+        super::targets::Family::Nccl if !launch_blocking => Timing::HostEnqueue,
+        _ => Timing::HostCompletion,
     }
 }
 
@@ -113,6 +128,8 @@ pub struct History {
     pub progress: super::progress::Progress,
     /// Root of procfs the traced processes' states are read from.
     pub proc_root: std::path::PathBuf,
+    /// The NCCL profiler plugin's calls and processes ([`super::profiler`]).
+    pub plugin: super::profiler::PluginStore,
 }
 
 /// Lost-event spans kept at most.
@@ -137,7 +154,13 @@ impl History {
             lost: VecDeque::new(),
             progress: Default::default(),
             proc_root: "/proc".into(),
+            plugin: Default::default(),
         }
+    }
+
+    /// Calls kept at most (per ring).
+    pub fn capacity(&self) -> usize {
+        self.cap
     }
 
     /// An event at wall time `t` was lost (see [`History::lost_since`]).
@@ -170,8 +193,15 @@ impl History {
         }
     }
 
+    /// A probed call of a process without `CUDA_LAUNCH_BLOCKING=1` (see [`host_timing`]).
     pub fn push_call(&mut self, call: Call) {
+        self.push_call_timed(call, false);
+    }
+
+    pub fn push_call_timed(&mut self, call: Call, launch_blocking: bool) {
+        let clock = crate::timeline::join::Clocking { timing: host_timing(call.library, launch_blocking), ..Default::default() };
         let rec = CallRecord {
+            clock,
             host: self.host.clone(),
             enter: self.clock.wall(call.enter_ns),
             exit: self.clock.wall(call.exit_ns),
@@ -207,10 +237,19 @@ impl History {
         self.net.push_back(rec);
     }
 
-    /// Calls that entered at or after `since` (wall seconds), oldest first, at most `limit`.
+    /// Calls that entered at or after `since` (wall seconds), oldest first, at most `limit`:
+    /// the probed calls and the profiler plugin's, less the probed NCCL collectives of
+    /// processes whose plugin times them on the GPU ([`super::profiler::PluginStore::replaces`]).
     pub fn calls_since(&self, since: f64, limit: usize) -> Vec<CallRecord> {
         let start = self.calls.partition_point(|c| c.enter < since);
-        self.calls.iter().skip(start).take(limit).cloned().collect()
+        if self.plugin.is_empty() {
+            return self.calls.iter().skip(start).take(limit).cloned().collect();
+        }
+        let mut out: Vec<CallRecord> = self.calls.iter().skip(start).filter(|c| !self.plugin.replaces(c)).take(limit).cloned().collect();
+        out.extend(self.plugin.calls_since(since, limit).cloned());
+        out.sort_by(|a, b| a.enter.total_cmp(&b.enter));
+        out.truncate(limit);
+        out
     }
 
     pub fn net_since(&self, since: f64, limit: usize) -> Vec<NetRecord> {

@@ -15,6 +15,7 @@ pub mod k8s;
 mod metrics;
 mod net_metrics;
 pub mod procs;
+pub mod profiler;
 pub mod progress;
 pub mod targets;
 
@@ -74,6 +75,10 @@ pub struct CollectivesConfig {
     /// The kubelet's pod log directories (`<namespace>_<name>_<uid>`), where a traced
     /// process's pod gets its namespace and name ([`k8s`]). Default `/var/log/pods`.
     pub pod_logs: PathBuf,
+    /// Unix datagram socket the NCCL profiler plugin sends its records to ([`profiler`];
+    /// the jobs' `STEPWISE_PROFILER_SOCKET`). Bound at start: a failure stops the agent.
+    /// Empty: no receiver. Default `/run/stepwise/profiler.sock`.
+    pub profiler_socket: PathBuf,
 }
 
 impl Default for CollectivesConfig {
@@ -91,6 +96,7 @@ impl Default for CollectivesConfig {
             library_dirs: ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib"].iter().map(PathBuf::from).collect(),
             host: None,
             pod_logs: PathBuf::from("/var/log/pods"),
+            profiler_socket: PathBuf::from(nccl_profiler::sender::DEFAULT_SOCKET),
         }
     }
 }
@@ -447,7 +453,7 @@ impl Collectives {
             match self.decoder.feed(ev, proc) {
                 Ok(Decoded::Call(c)) => {
                     self.metrics.observe(&c);
-                    hist.push_call(c);
+                    hist.push_call_timed(c, procs::launch_blocking(&proc.env));
                 }
                 Ok(Decoded::Net(n)) => {
                     self.metrics.net_requests.inc();
@@ -757,7 +763,12 @@ impl Collectives {
 
     /// A JSON summary for `/api/v1/status`.
     pub fn status(&self) -> serde_json::Value {
+        let profiler = match self.history.lock() {
+            Ok(h) => h.plugin.status(crate::engine::wall_now()),
+            Err(p) => p.into_inner().plugin.status(crate::engine::wall_now()),
+        };
         serde_json::json!({
+            "profiler": profiler,
             "libraries": self.attached.values().map(|a| serde_json::json!({
                 "path": a.path.display().to_string(),
                 "family": self.targets[a.target].family,

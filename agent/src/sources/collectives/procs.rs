@@ -36,6 +36,8 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "SLURM_NTASKS",
     "STEPWISE_RANK",
     "STEPWISE_JOB",
+    // Whether the process's NCCL calls block until done (otherwise they time the enqueue).
+    "CUDA_LAUNCH_BLOCKING",
 ];
 
 /// Even under an allowed prefix, names that look like credentials are never kept.
@@ -47,6 +49,11 @@ pub fn env_allowed(name: &str) -> bool {
         return false;
     }
     ENV_ALLOWLIST.iter().any(|p| if p.ends_with('_') { name.starts_with(p) } else { name == *p })
+}
+
+/// `CUDA_LAUNCH_BLOCKING=1`: every CUDA launch, so every NCCL call, returns when done.
+pub fn launch_blocking(env: &BTreeMap<String, String>) -> bool {
+    env.get("CUDA_LAUNCH_BLOCKING").is_some_and(|v| v.trim() == "1")
 }
 
 /// Parses `/proc/<pid>/environ` content, keeping only allowlisted variables.

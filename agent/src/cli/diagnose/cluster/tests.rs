@@ -23,6 +23,7 @@ fn call(seq: u64, rank: u32, host: &str, enter: f64, exit: f64, bytes: u64) -> C
         enter,
         exit,
         aborted: false,
+        clock: Default::default(),
     }
 }
 

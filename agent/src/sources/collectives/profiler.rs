@@ -1,0 +1,361 @@
+//! The receiver of the NCCL profiler plugin (`nccl-profiler/`, docs/profiler-plugin.md): one
+//! Unix datagram socket (`[collectives] profiler_socket`), bound at start; a thread reads the
+//! plugin's datagrams (format: `nccl_profiler::wire`) and keeps each record as a call in the
+//! history, keyed by the communicator hash and NCCL's sequence number.
+//!
+//! A process that sent records with GPU times has its NCCL collectives timed by its GPU: the
+//! uprobe calls of its collectives are left out of the join (they stay in the history for
+//! the API's identity and progress views) and the plugin's calls stand in, with `enter` = GPU
+//! start and `exit` = GPU end on the host clock (`timing: "gpu"`).
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    os::unix::{fs::PermissionsExt, net::UnixDatagram},
+    path::{Path, PathBuf},
+    sync::atomic::AtomicU64,
+    time::Duration,
+};
+
+use nccl_profiler::wire::{self, Header, Record};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tracing::{debug, info, warn};
+
+use super::{
+    decode::{fnv1a, Call, CommId},
+    history::{CallRecord, ClockMap},
+    targets::Family as Lib,
+    SharedHistory,
+};
+use crate::timeline::join::{Clocking, ProxyWait, Timing};
+
+/// A process is "active" while its plugin sent within this many seconds.
+pub const ACTIVE_SECONDS: f64 = 30.0;
+/// Plugin processes remembered at most (the oldest is forgotten first).
+const MAX_PROCS: usize = 1024;
+
+/// What is known of one process's plugin.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PluginProc {
+    pub pid: u32,
+    pub nccl_version: u32,
+    /// The event mask the plugin asked NCCL for (2 = Coll only: no GPU timing).
+    pub event_mask: u32,
+    pub records: u64,
+    pub dropped_ring_full: u64,
+    pub dropped_no_agent: u64,
+    /// Wall time of the first record with GPU times, less a millisecond: this process's
+    /// uprobe-timed collectives entered after it are replaced by the plugin's.
+    pub gpu_since: Option<f64>,
+    pub last_seen: f64,
+    /// The latest record's GPU-offset error bound, seconds.
+    pub offset_error_seconds: Option<f64>,
+}
+
+impl PluginProc {
+    pub fn gpu_timing(&self) -> bool {
+        self.gpu_since.is_some() && self.event_mask as u64 & nccl_profiler::events::EV_KERNEL_CH != 0
+    }
+}
+
+/// The plugin's calls and processes (part of the history).
+#[derive(Debug, Default)]
+pub struct PluginStore {
+    calls: VecDeque<CallRecord>,
+    pub procs: BTreeMap<u32, PluginProc>,
+}
+
+/// The history-wide identity of a plugin collective: one CommId per (communicator, function),
+/// because NCCL numbers each function's collectives separately (`comm->seqNumber[func]`).
+pub fn comm_of(comm_hash: u64, func: u8) -> CommId {
+    CommId(fnv1a(&[b"nccl-profiler", &comm_hash.to_le_bytes(), &[func]]))
+}
+
+/// One plugin record as a call of `pid` on `host`.
+pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMap) -> CallRecord {
+    let enqueue = r.enqueue_ns as f64 * 1e-9;
+    let gpu = r.gpu_start_host_ns().zip(r.gpu_end_host_ns());
+    let (enter, exit, timing) = match gpu {
+        Some((s, e)) => (s as f64 * 1e-9, e.max(s) as f64 * 1e-9, Timing::Gpu),
+        None => (enqueue, enqueue, Timing::HostEnqueue),
+    };
+    let w = r.proxy_wait_ns.map(|n| n as f64 * 1e-9);
+    let proxy_wait = w.iter().any(|v| *v > 0.0).then(|| ProxyWait {
+        send_gpu_wait: w[0],
+        send_peer_wait: w[1],
+        send_wait: w[2],
+        recv_wait: w[3],
+        recv_flush_wait: w[4],
+        recv_gpu_wait: w[5],
+    });
+    let mono = |t: f64| ((t * 1e9) as i128 - clock.offset_ns).max(0) as u64;
+    let call = Call {
+        pid,
+        tid: 0,
+        library: Lib::Nccl,
+        op: wire::name_of(&wire::FUNC_OPS, r.func).into(),
+        bytes: (r.bytes > 0).then_some(r.bytes),
+        comm: Some(comm_of(r.comm_hash, r.func)),
+        comm_global: true,
+        rank: u32::try_from(r.rank).ok(),
+        nranks: u32::try_from(r.nranks).ok(),
+        seq: Some(r.seq),
+        enter_ns: mono(enter),
+        exit_ns: mono(exit),
+        ret: None,
+        aborted: false,
+        grouped: false,
+    };
+    let clock = Clocking {
+        timing,
+        host_enqueue: (timing == Timing::Gpu).then_some(enqueue),
+        gpu_offset_error: (timing == Timing::Gpu).then_some(r.offset_error_ns as f64 * 1e-9),
+        proxy_wait,
+    };
+    CallRecord { call, host: host.clone(), enter, exit, duration: exit - enter, clock }
+}
+
+impl PluginStore {
+    /// Adds one datagram's records (at wall time `now`); returns the new drop counts (ring
+    /// full, no agent) the plugin reported since its last datagram.
+    pub fn push(&mut self, h: &Header, recs: &[Record], host: &std::sync::Arc<str>, clock: &ClockMap, cap: usize, now: f64) -> (u64, u64) {
+        if !self.procs.contains_key(&h.pid) && self.procs.len() >= MAX_PROCS {
+            if let Some(old) = self.procs.values().min_by(|a, b| a.last_seen.total_cmp(&b.last_seen)).map(|p| p.pid) {
+                self.procs.remove(&old);
+            }
+        }
+        let p = self.procs.entry(h.pid).or_insert_with(|| PluginProc { pid: h.pid, ..Default::default() });
+        let new_drops = (h.dropped_full.saturating_sub(p.dropped_ring_full), h.dropped_unsent.saturating_sub(p.dropped_no_agent));
+        p.nccl_version = h.nccl_version;
+        p.event_mask = h.event_mask;
+        p.dropped_ring_full = p.dropped_ring_full.max(h.dropped_full);
+        p.dropped_no_agent = p.dropped_no_agent.max(h.dropped_unsent);
+        p.records += recs.len() as u64;
+        p.last_seen = now;
+        for r in recs {
+            let c = call_of(r, h.pid, host, clock);
+            if c.clock.timing == Timing::Gpu {
+                p.offset_error_seconds = c.clock.gpu_offset_error;
+                let since = c.clock.host_enqueue.unwrap_or(c.enter) - 1e-3;
+                p.gpu_since = Some(p.gpu_since.map_or(since, |t| t.min(since)));
+            }
+            if self.calls.len() >= cap {
+                self.calls.pop_front();
+            }
+            self.calls.push_back(c);
+        }
+        new_drops
+    }
+
+    /// Whether the uprobe call `c` is replaced by this process's plugin calls.
+    pub fn replaces(&self, c: &CallRecord) -> bool {
+        c.call.library == Lib::Nccl && c.call.seq.is_some() && self.procs.get(&c.call.pid).and_then(|p| p.gpu_since).is_some_and(|t| c.enter >= t)
+    }
+
+    /// Plugin calls that entered at or after `since`, at most `limit`.
+    pub fn calls_since(&self, since: f64, limit: usize) -> impl Iterator<Item = &CallRecord> {
+        self.calls.iter().filter(move |c| c.enter >= since).take(limit)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// Processes whose plugin sent within [`ACTIVE_SECONDS`] of `now`: (with GPU timing, without).
+    pub fn active(&self, now: f64) -> (usize, usize) {
+        let live = self.procs.values().filter(|p| now - p.last_seen <= ACTIVE_SECONDS);
+        live.fold((0, 0), |(g, h), p| if p.gpu_timing() { (g + 1, h) } else { (g, h + 1) })
+    }
+
+    /// For `/api/v1/status`: each known process (at most 256, most recent first).
+    pub fn status(&self, now: f64) -> serde_json::Value {
+        let mut v: Vec<&PluginProc> = self.procs.values().collect();
+        v.sort_by(|a, b| b.last_seen.total_cmp(&a.last_seen));
+        let procs: Vec<serde_json::Value> = v
+            .iter()
+            .take(256)
+            .map(|p| {
+                let mut j = serde_json::to_value(p).unwrap_or_default();
+                if let Some(o) = j.as_object_mut() {
+                    o.insert("active".into(), (now - p.last_seen <= ACTIVE_SECONDS).into());
+                    o.insert("gpu_timing".into(), p.gpu_timing().into());
+                    if p.gpu_since.is_none() && p.event_mask as u64 & nccl_profiler::events::EV_KERNEL_CH == 0 {
+                        o.insert("note".into(), "KernelCh events off (NCCL 2.31.x default, or STEPWISE_PROFILER_EVENTS): host enqueue times only".into());
+                    }
+                }
+                j
+            })
+            .collect();
+        let (gpu, host) = self.active(now);
+        serde_json::json!({"active_gpu": gpu, "active_host_only": host, "processes": procs})
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimingLabel {
+    timing: &'static str,
+}
+
+/// The receiver's metrics (no per-process labels: counts only).
+#[derive(Clone)]
+pub struct ProfilerMetrics {
+    records: Counter,
+    refused: Counter,
+    plugin_drops: Family<ReasonLabel, Counter>,
+    processes: Family<TimingLabel, Gauge>,
+    offset_error: Gauge<f64, AtomicU64>,
+}
+
+impl ProfilerMetrics {
+    pub fn register(r: &mut Registry) -> ProfilerMetrics {
+        let m = ProfilerMetrics {
+            records: Counter::default(),
+            refused: Counter::default(),
+            plugin_drops: Family::default(),
+            processes: Family::default(),
+            offset_error: Gauge::default(),
+        };
+        r.register("stepwise_profiler_records", "Collective records received from the NCCL profiler plugin", m.records.clone());
+        r.register("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
+        r.register(
+            "stepwise_profiler_plugin_drops",
+            "Records the profiler plugins dropped: ring_full (the job outran the sender) or no_agent (nobody listened)",
+            m.plugin_drops.clone(),
+        );
+        r.register(
+            "stepwise_profiler_plugin_processes",
+            "Processes whose NCCL profiler plugin sent in the last 30 s, by timing (gpu: KernelCh events on; host_enqueue: off)",
+            m.processes.clone(),
+        );
+        r.register(
+            "stepwise_profiler_gpu_offset_error_seconds",
+            "Largest GPU-timer-to-host-clock error bound of the active plugin processes",
+            m.offset_error.clone(),
+        );
+        for reason in ["ring_full", "no_agent"] {
+            let _ = m.plugin_drops.get_or_create(&ReasonLabel { reason });
+        }
+        for timing in ["gpu", "host_enqueue"] {
+            m.processes.get_or_create(&TimingLabel { timing }).set(0);
+        }
+        m
+    }
+
+    fn update(&self, store: &PluginStore, now: f64) {
+        let (gpu, host) = store.active(now);
+        self.processes.get_or_create(&TimingLabel { timing: "gpu" }).set(gpu as i64);
+        self.processes.get_or_create(&TimingLabel { timing: "host_enqueue" }).set(host as i64);
+        let err = store.procs.values().filter(|p| now - p.last_seen <= ACTIVE_SECONDS).filter_map(|p| p.offset_error_seconds).fold(0.0, f64::max);
+        self.offset_error.set(err);
+    }
+}
+
+/// The bound socket, before its thread starts.
+pub struct Receiver {
+    sock: UnixDatagram,
+    path: PathBuf,
+}
+
+impl Receiver {
+    /// Binds `path` (mode 0660, like the marker socket): a stale socket file is replaced; a
+    /// socket another live agent listens on is an error, as is any other failure.
+    pub fn bind(path: &Path) -> Result<Receiver, String> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        if path.exists() {
+            let live = UnixDatagram::unbound().and_then(|s| s.connect(path)).is_ok();
+            if live {
+                return Err(format!("{} is in use by another listener (another agent?)", path.display()));
+            }
+            std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
+        }
+        let sock = UnixDatagram::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
+        sock.set_read_timeout(Some(Duration::from_millis(500))).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Receiver { sock, path: path.to_path_buf() })
+    }
+
+    /// Reads datagrams on a thread of its own for the life of the agent.
+    pub fn start(self, history: SharedHistory, metrics: ProfilerMetrics) -> std::io::Result<std::thread::JoinHandle<()>> {
+        info!(path = %self.path.display(), "listening for NCCL profiler plugin records");
+        std::thread::Builder::new().name("profiler-rx".into()).spawn(move || self.run(&history, &metrics))
+    }
+
+    fn run(self, history: &SharedHistory, m: &ProfilerMetrics) {
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = match self.sock.recv(&mut buf) {
+                Ok(n) => Some(n),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => None,
+                Err(e) => {
+                    warn!(path = %self.path.display(), "profiler socket: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    None
+                }
+            };
+            let now = crate::engine::wall_now();
+            let mut h = match history.lock() {
+                Ok(h) => h,
+                Err(p) => p.into_inner(),
+            };
+            if let Some(n) = n {
+                handle_datagram(&mut h, &buf[..n], m, now);
+            }
+            m.update(&h.plugin, now);
+        }
+    }
+}
+
+/// The configured receiver, bound (None when `[collectives]` is off or `profiler_socket` is
+/// empty).
+pub fn bind_configured(cfg: &super::CollectivesConfig) -> Result<Option<Receiver>, String> {
+    if !cfg.enabled || cfg.profiler_socket.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    Receiver::bind(&cfg.profiler_socket).map(Some)
+}
+
+/// Starts the receiver's thread on the collectives' history.
+pub fn start_configured(rx: Option<Receiver>, history: Option<SharedHistory>, registry: &mut Registry) -> Option<std::thread::JoinHandle<()>> {
+    let rx = rx?;
+    let Some(history) = history else {
+        warn!(path = %rx.path.display(), "the collective probes are not running: profiler plugin records are not kept");
+        return None;
+    };
+    match rx.start(history, ProfilerMetrics::register(registry)) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            warn!("cannot start the profiler receiver thread: {e}");
+            None
+        }
+    }
+}
+
+/// Decodes one datagram into the history and counts it.
+pub fn handle_datagram(h: &mut super::history::History, b: &[u8], m: &ProfilerMetrics, now: f64) {
+    match wire::decode(b) {
+        Ok((hd, recs)) => {
+            let (host, clock, cap) = (h.host.clone(), h.clock, h.capacity());
+            let (full, unsent) = h.plugin.push(&hd, &recs, &host, &clock, cap, now);
+            m.records.inc_by(recs.len() as u64);
+            m.plugin_drops.get_or_create(&ReasonLabel { reason: "ring_full" }).inc_by(full);
+            m.plugin_drops.get_or_create(&ReasonLabel { reason: "no_agent" }).inc_by(unsent);
+        }
+        Err(e) => {
+            m.refused.inc();
+            debug!("profiler datagram refused: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "profiler_tests.rs"]
+mod tests;

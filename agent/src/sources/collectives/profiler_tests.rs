@@ -1,0 +1,147 @@
+use super::*;
+use crate::sources::collectives::{decode::Call, history::History};
+
+fn rec(rank: i32, seq: u64, start_ms: u64, end_ms: u64) -> Record {
+    Record {
+        comm_hash: 0xabcdef,
+        seq,
+        rank,
+        nranks: 4,
+        bytes: 4 << 20,
+        count: 1 << 20,
+        enqueue_ns: 1_000_000_000_000 + start_ms * 1_000_000 - 2_000_000,
+        // GPU timer = host − 5 s.
+        gpu_start_ptimer: 995_000_000_000 + start_ms * 1_000_000,
+        gpu_end_ptimer: 995_000_000_000 + end_ms * 1_000_000,
+        offset_ns: 5_000_000_000,
+        offset_error_ns: 20_000,
+        proxy_wait_ns: [0, 0, 3_000_000, 0, 0, 0],
+        func: 1,
+        datatype: 8,
+        algo: 2,
+        proto: 3,
+        n_channels: 2,
+        kernel_stops: 2,
+        flags: wire::FLAG_COMPLETE,
+    }
+}
+
+fn datagram(pid: u32, recs: &[Record], dropped_full: u64) -> Vec<u8> {
+    let mut b = Vec::new();
+    let h = Header { pid, nccl_version: 22907, event_mask: 0x5a, dropped_full, dropped_unsent: 0, sent: 0 };
+    wire::encode(&h, recs, &mut b);
+    b
+}
+
+fn uprobe(pid: u32, seq: u64, enter_ns: u64) -> Call {
+    Call {
+        pid,
+        tid: pid,
+        library: Lib::Nccl,
+        op: "all_reduce".into(),
+        bytes: Some(4 << 20),
+        comm: Some(CommId(77)),
+        comm_global: true,
+        rank: Some(0),
+        nranks: Some(4),
+        seq: Some(seq),
+        enter_ns,
+        exit_ns: enter_ns + 20_000,
+        ret: Some(0),
+        aborted: false,
+        grouped: false,
+    }
+}
+
+#[test]
+fn plugin_records_replace_the_enqueue_times_of_their_process() {
+    let mut reg = Registry::default();
+    let m = ProfilerMetrics::register(&mut reg);
+    let mut h = History::new("host-a".into(), 64);
+    h.clock = ClockMap { offset_ns: 0, error_seconds: 0.0, synchronized: true };
+    // Process 10 (plugin) and 11 (no plugin) called all_reduce; 10's host call entered half a
+    // millisecond before its Coll start callback (the plugin's enqueue time, 1000.028 s).
+    h.push_call(uprobe(10, 0, 1_000_027_500_000));
+    h.push_call(uprobe(11, 0, 1_000_000_000_000));
+    handle_datagram(&mut h, &datagram(10, &[rec(0, 0, 30, 42), rec(0, 1, 100, 111)], 3), &m, 1001.0);
+    handle_datagram(&mut h, b"garbage", &m, 1001.0);
+    let calls = h.calls_since(0.0, 100);
+    let views: Vec<_> = calls.iter().map(|c| c.view()).collect();
+    // Process 10's uprobe call is replaced; 11's stays, timed at enqueue.
+    assert_eq!(views.iter().filter(|v| v.pid == 10).count(), 2);
+    let other = views.iter().find(|v| v.pid == 11).expect("uprobe call kept");
+    assert_eq!(other.clock.timing, Timing::HostEnqueue);
+    let g = views.iter().find(|v| v.pid == 10 && v.seq == Some(0)).expect("plugin call");
+    assert_eq!(g.clock.timing, Timing::Gpu);
+    assert!((g.enter - 1000.030).abs() < 1e-6 && (g.exit - 1000.042).abs() < 1e-6, "{} {}", g.enter, g.exit);
+    assert!((g.clock.host_enqueue.expect("enqueue") - 1000.028).abs() < 1e-6);
+    assert_eq!(g.clock.gpu_offset_error, Some(20e-6));
+    assert!((g.clock.proxy_wait.expect("waits").send_wait - 0.003).abs() < 1e-12);
+    assert_eq!((g.op.as_str(), g.library.as_str(), g.bytes, g.rank, g.nranks), ("all_reduce", "nccl", Some(4 << 20), Some(0), Some(4)));
+    assert_eq!(g.comm.as_deref(), Some(comm_of(0xabcdef, 1).to_string().as_str()));
+    // The API's JSON reads back to the same view (the diagnose fan-out path).
+    let via_json: crate::timeline::join::CallView = serde_json::from_value(serde_json::to_value(&calls[0]).expect("json")).expect("view");
+    assert_eq!(via_json, calls[0].view());
+    // Status and metrics.
+    let st = h.plugin.status(1001.0);
+    assert_eq!(st["active_gpu"], 1);
+    assert_eq!(st["processes"][0]["pid"], 10);
+    assert_eq!(st["processes"][0]["dropped_ring_full"], 3);
+    m.update(&h.plugin, 1001.0);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
+    assert!(text.contains("stepwise_profiler_records_total 2"), "{text}");
+    assert!(text.contains("stepwise_profiler_datagrams_refused_total 1"), "{text}");
+    assert!(text.contains("stepwise_profiler_plugin_drops_total{reason=\"ring_full\"} 3"), "{text}");
+    assert!(text.contains("stepwise_profiler_plugin_processes{timing=\"gpu\"} 1"), "{text}");
+    // 30 s later the process no longer counts as active.
+    assert_eq!(h.plugin.active(1040.0), (0, 0));
+}
+
+#[test]
+fn ranks_join_on_the_communicator_hash_and_a_gpu_late_rank_is_the_late_arrival() {
+    let host: std::sync::Arc<str> = "h".into();
+    let clock = ClockMap::default();
+    let mut calls = Vec::new();
+    for rank in 0..4 {
+        // Every CPU enqueued at the same time; rank 2's GPU reached the collective 30 ms late.
+        let start = if rank == 2 { 40 } else { 10 };
+        calls.push(call_of(&rec(rank, 5, start, 60), 100 + rank as u32, &host, &clock).view());
+    }
+    let j = crate::timeline::join_calls(&calls);
+    assert_eq!(j.len(), 1);
+    assert!(j[0].complete());
+    assert!((j[0].skew() - 0.030).abs() < 1e-6, "{}", j[0].skew());
+    assert_eq!(j[0].late_rank().map(|a| a.rank), Some(2));
+    assert!(!j[0].host_enqueue_timed());
+}
+
+#[test]
+fn kernel_less_records_are_enqueue_timed() {
+    let mut r = rec(0, 1, 10, 20);
+    r.gpu_start_ptimer = 0;
+    r.gpu_end_ptimer = 0;
+    r.flags = wire::FLAG_NO_KERNEL;
+    let c = call_of(&r, 5, &"h".into(), &ClockMap::default());
+    assert_eq!(c.clock.timing, Timing::HostEnqueue);
+    assert_eq!(c.enter, c.exit);
+    assert_eq!(c.clock.host_enqueue, None);
+}
+
+#[test]
+fn binding_refuses_a_live_socket_and_replaces_a_stale_one() {
+    let dir = std::env::temp_dir().join(format!("sw-prof-rx-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("sub/p.sock");
+    let a = Receiver::bind(&path).expect("first bind (creates the directory)");
+    let e = Receiver::bind(&path).err().expect("second bind refused");
+    assert!(e.contains("in use"), "{e}");
+    drop(a);
+    // The file stays behind with nobody listening: replaced.
+    assert!(path.exists());
+    let b = Receiver::bind(&path).expect("stale socket replaced");
+    drop(b);
+    let e = Receiver::bind(Path::new("/proc/nope/p.sock")).err().expect("unbindable");
+    assert!(e.contains("/proc/nope"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
