@@ -21,8 +21,6 @@ struct sop {
   double ms;            /* SOP_COMPUTE */
   struct gop* ops;      /* SOP_OPS: a collective or a p2p batch on one comm */
   int n;
-  int waited;           /* a blocking caller frees it */
-  int done;
   ncclResult_t rc;
   struct sop* next;
 };
@@ -36,6 +34,7 @@ struct abi_stream {
   uint64_t submitted, completed;
   ncclResult_t err;     /* first failure since the last synchronize */
   int stop;             /* the library is being unloaded */
+  int has_worker;
   struct abi_stream* next;
 };
 
@@ -54,6 +53,14 @@ static void sleep_ms(double ms) {
   }
 }
 
+static ncclResult_t run_sop(struct sop* op) {
+  if (op->kind == SOP_COMPUTE) {
+    sleep_ms(op->ms);
+    return ncclSuccess;
+  }
+  return exec_ops(op->ops, op->n);
+}
+
 static void finish(struct abi_stream* s, struct sop* op) {
   if (op->kind == SOP_OPS) {
     struct ncclComm* comm = op->ops[0].comm;
@@ -65,14 +72,10 @@ static void finish(struct abi_stream* s, struct sop* op) {
   pthread_mutex_lock(&s->mu);
   if (op->rc != ncclSuccess && s->err == ncclSuccess) s->err = op->rc;
   s->completed++;
-  int waited = op->waited;
-  op->done = 1;
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
-  if (!waited) {
-    free(op->ops);
-    free(op);
-  }
+  free(op->ops);
+  free(op);
 }
 
 static void* worker(void* arg) {
@@ -88,18 +91,14 @@ static void* worker(void* arg) {
     s->head = op->next;
     if (s->head == NULL) s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    if (op->kind == SOP_COMPUTE) {
-      sleep_ms(op->ms);
-      op->rc = ncclSuccess;
-    } else {
-      op->rc = exec_ops(op->ops, op->n);
-    }
+    op->rc = run_sop(op);
     finish(s, op);
   }
   return NULL;
 }
 
-static struct abi_stream* stream_get(cudaStream_t key) {
+/* The stream of `key`; its worker thread is started at the first asynchronous use. */
+static struct abi_stream* stream_get(cudaStream_t key, int need_worker) {
   pthread_mutex_lock(&g_mu);
   struct abi_stream* s = g_streams;
   while (s != NULL && s->key != key) s = s->next;
@@ -107,51 +106,57 @@ static struct abi_stream* stream_get(cudaStream_t key) {
     s->key = key;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (pthread_create(&s->th, NULL, worker, s) != 0) {
-      free(s);
-      s = NULL;
-    } else {
+    s->next = g_streams;
+    g_streams = s;
+  }
+  if (s != NULL && need_worker && !s->has_worker) {
+    if (pthread_create(&s->th, NULL, worker, s) == 0) {
       pthread_setname_np(s->th, "nccl-abi stream");
-      s->next = g_streams;
-      g_streams = s;
+      s->has_worker = 1;
+    } else {
+      s = NULL;
     }
   }
   pthread_mutex_unlock(&g_mu);
   return s;
 }
 
-/* Queues op (owned by the stream from here); blocking: waits and returns its result. */
+/* CUDA_LAUNCH_BLOCKING=1: after the stream's earlier work, the operation runs on the calling
+ * thread, as the library did before it was asynchronous (the caller sleeps, reduces and
+ * waits for the proxy itself; no stream thread exists). */
+static ncclResult_t run_blocking(struct abi_stream* s, struct sop* op) {
+  pthread_mutex_lock(&s->mu);
+  while (s->completed < s->submitted) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  ncclResult_t rc = run_sop(op);
+  free(op->ops);
+  free(op);
+  return rc;
+}
+
+/* Queues op (owned by the stream from here); blocking: runs it and returns its result. */
 static ncclResult_t submit(cudaStream_t key, struct sop* op, int blocking) {
-  struct abi_stream* s = stream_get(key);
+  struct abi_stream* s = stream_get(key, !blocking);
   if (s == NULL) {
     free(op->ops);
     free(op);
     return ncclSystemError;
   }
+  if (blocking) return run_blocking(s, op);
   if (op->kind == SOP_OPS) {
     struct ncclComm* comm = op->ops[0].comm;
     pthread_mutex_lock(&comm->mu);
     comm->inflight++;
     pthread_mutex_unlock(&comm->mu);
   }
-  op->waited = blocking;
   pthread_mutex_lock(&s->mu);
   if (s->tail) s->tail->next = op;
   else s->head = op;
   s->tail = op;
   s->submitted++;
   pthread_cond_broadcast(&s->cv);
-  ncclResult_t rc = ncclSuccess;
-  if (blocking) {
-    while (!op->done) pthread_cond_wait(&s->cv, &s->mu);
-    rc = op->rc;
-  }
   pthread_mutex_unlock(&s->mu);
-  if (blocking) {
-    free(op->ops);
-    free(op);
-  }
-  return rc;
+  return ncclSuccess;
 }
 
 ncclResult_t stream_submit_ops(cudaStream_t stream, const struct gop* ops, int n) {
@@ -186,7 +191,7 @@ __attribute__((destructor)) static void streams_stop(void) {
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 1;
   for (struct abi_stream* s = list; s != NULL; s = s->next)
-    if (pthread_timedjoin_np(s->th, NULL, &until) != 0) pthread_detach(s->th);
+    if (s->has_worker && pthread_timedjoin_np(s->th, NULL, &until) != 0) pthread_detach(s->th);
 }
 
 void comm_drain(struct ncclComm* comm) {
@@ -211,7 +216,7 @@ NCCL_API(ncclResult_t, ncclAbiEnqueueCompute, cudaStream_t stream, double ms) {
  * returns the first failure of those operations since the previous synchronize. */
 NCCL_API(ncclResult_t, ncclAbiStreamSynchronize, cudaStream_t stream) {
   abi_trace(__func__);
-  struct abi_stream* s = stream_get(stream);
+  struct abi_stream* s = stream_get(stream, 0);
   if (s == NULL) return ncclSystemError;
   pthread_mutex_lock(&s->mu);
   uint64_t target = s->submitted;
