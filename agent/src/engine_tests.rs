@@ -103,6 +103,7 @@ fn a_1024_rank_job_keeps_global_ranks_and_bounded_series_on_every_host() {
         collectives: 1,
         incomplete: false,
         notes: Vec::new(),
+        timing: String::new(),
     };
     let mut top: (f64, String) = (0.0, String::new());
     for h in 0..128u32 {

@@ -2,10 +2,11 @@
 //!
 //! A job loads it with `NCCL_PROFILER_PLUGIN=/path/to/libnccl-profiler-stepwise.so` (cargo
 //! builds `libnccl_profiler.so`; `cargo xtask plugin` and the test harness copy it under the
-//! hyphenated name). NCCL looks up `ncclProfiler_v6`, then `_v5`, then `_v4` (NCCL 2.25-2.32):
-//! all three are exported, with the layouts of the `profiler_v4.h`-`profiler_v6.h` headers of
-//! the NCCL sources this was written against (2.30.7). A `ncclProfiler_v7` is not exported: no
-//! v7 header was available to write it from.
+//! hyphenated name). NCCL looks up `ncclProfiler_v6`, then `_v5`, then `_v4`, … : those three
+//! are exported, with the layouts of the `profiler_v4.h`-`profiler_v6.h` headers of the NCCL
+//! sources this was written against (2.30.7; the v4 header first appears in NCCL 2.27.3, v5 in
+//! 2.28.3, v6 in 2.29.2, so older NCCLs, which look up v3 at most, do not load it). A
+//! `ncclProfiler_v7` is not exported: no v7 header was available to write it from.
 //!
 //! Per collective it records the communicator hash, rank, nranks, NCCL's sequence number, the
 //! function, bytes, algorithm, protocol, channels, the host enqueue time (CLOCK_REALTIME at the

@@ -113,6 +113,11 @@ pub struct Attribution {
     /// Data was missing (ranks not seen, probe events dropped): numbers are a lower bound.
     pub incomplete: bool,
     pub notes: Vec<String>,
+    /// Where the arrivals' times came from: `gpu` (NCCL profiler plugin), `host_completion`,
+    /// `host_enqueue` (asynchronous NCCL without the plugin: no readiness skew computed),
+    /// `unknown`, or `mixed (gpu 6, host_enqueue 2)`. Empty without collectives.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub timing: String,
 }
 
 impl Attribution {
@@ -284,8 +289,21 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
             .push(format!("{} collective(s) moved no bytes over a NIC (same host): their transfer time is counted as ideal communication", acc.intra_host));
     }
     let ranks = std::mem::take(&mut acc.ranks).into_vec();
-    let causes = causes(&acc, &ranks, order.len(), total);
-    Attribution { step: d.step.id, begin: t0, end: t1, seconds: total, causes, ranks, collectives: order.len(), incomplete: acc.incomplete, notes: acc.notes }
+    let mut causes = causes(&acc, &ranks, order.len(), total);
+    skew::timing_evidence(d.collectives, &mut causes, &mut acc.notes);
+    let timing = crate::timeline::join::timing_summary(d.collectives);
+    Attribution {
+        step: d.step.id,
+        begin: t0,
+        end: t1,
+        seconds: total,
+        causes,
+        ranks,
+        collectives: order.len(),
+        incomplete: acc.incomplete,
+        notes: acc.notes,
+        timing,
+    }
 }
 
 /// The seven causes with their evidence and fixes, largest first.

@@ -85,7 +85,11 @@ pub(super) fn add(cover: &mut Cover, ranks: &mut RankAcc, c: &Collective, t0: f6
     let (c_first, c_last, c_exit) = (c.first_arrival(), c.last_arrival(), c.last_exit());
     let (first, last) = (c_first.clamp(t0, t1), c_last.clamp(t0, t1));
     let exit = c_exit.clamp(t0, t1);
-    let skew = cover.take(first, last);
+    // An asynchronous NCCL call timed at its enqueue says nothing of when the rank's GPU
+    // reached the collective: no skew and no lateness are charged from it (see
+    // `timing_evidence` for what the step gets instead).
+    let enqueue = c.host_enqueue_timed();
+    let skew = if enqueue { 0.0 } else { cover.take(first, last) };
     let transfer = cover.take(last, exit.max(last));
     // Share of this transfer not already covered by an earlier, overlapping collective
     // (another communicator of the step): its ideal and excess are charged only for that
@@ -94,8 +98,10 @@ pub(super) fn add(cover: &mut Cover, ranks: &mut RankAcc, c: &Collective, t0: f6
     let frac = if full > 0.0 { (transfer / full).clamp(0.0, 1.0) } else { 1.0 };
     for a in &c.arrivals {
         let r = ranks.get(a.rank, &a.host);
-        r.late_seconds += (a.enter - c_first).max(0.0);
-        r.wait_seconds += (c_last - a.enter).max(0.0);
+        if !enqueue {
+            r.late_seconds += (a.enter - c_first).max(0.0);
+            r.wait_seconds += (c_last - a.enter).max(0.0);
+        }
         r.inside_seconds += (a.exit - a.enter).max(0.0);
     }
     Span { skew, transfer, full, frac }
@@ -114,4 +120,27 @@ pub(super) fn late_rank(ranks: &[RankTime]) -> (Option<RankTime>, BTreeMap<Strin
         None => super::ev(&[("ranks", ranks.len().into())]),
     };
     (late, ev)
+}
+
+/// What the step's timing sources add (issue 14): a note and the host enqueue skew (in the
+/// readiness-skew evidence) when NCCL calls were timed at enqueue, and the NCCL proxy wait
+/// totals (in the in-flight evidence) from the profiler plugin.
+pub(super) fn timing_evidence(colls: &[&Collective], causes: &mut [super::Cause], notes: &mut Vec<String>) {
+    use crate::timeline::join::{host_enqueue_skew, proxy_wait_total};
+    let find = |causes: &mut [super::Cause], k: super::CauseKind| causes.iter_mut().position(|c| c.kind == k);
+    if let Some((secs, rank)) = host_enqueue_skew(colls) {
+        let who = rank.map(|r| format!(", rank {r} enqueued last most often")).unwrap_or_default();
+        notes.push(format!(
+            "host-only timing: NCCL calls return once their work is enqueued (no profiler plugin, CUDA_LAUNCH_BLOCKING unset), so readiness skew is not computed from them; host enqueue skew {:.1} ms{who} (a CPU figure: it names no straggler). Load the NCCL profiler plugin for GPU timing (docs/profiler-plugin.md)",
+            secs * 1e3
+        ));
+        if let Some(i) = find(causes, super::CauseKind::ReadinessSkew) {
+            causes[i].evidence.insert("host_enqueue_skew_seconds".into(), secs.into());
+        }
+    }
+    if let Some(w) = proxy_wait_total(colls) {
+        if let Some(i) = find(causes, super::CauseKind::InFlightLimit) {
+            causes[i].evidence.insert("nccl_proxy_wait_seconds".into(), serde_json::to_value(w).unwrap_or_default());
+        }
+    }
 }

@@ -278,7 +278,18 @@ pub(crate) mod fixtures {
                 }
             })
             .collect();
-        Attribution { step: 42, begin: 1_764_500_000.0, end: 1_764_500_000.2, seconds: total, causes, ranks, collectives: 2, incomplete: false, notes: vec![] }
+        Attribution {
+            step: 42,
+            begin: 1_764_500_000.0,
+            end: 1_764_500_000.2,
+            seconds: total,
+            causes,
+            ranks,
+            collectives: 2,
+            incomplete: false,
+            notes: vec![],
+            timing: String::new(),
+        }
     }
 
     pub fn report() -> Report {

@@ -107,6 +107,9 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         _ => "n/a (one rank)".into(),
     };
     let _ = writeln!(out, "\n  readiness skew: wall clock {}{clock} · clock-free {free}", duration(r.skew.wall_seconds));
+    if !a.timing.is_empty() {
+        let _ = writeln!(out, "  timing: {}", a.timing);
+    }
 
     if !a.ranks.is_empty() {
         out.push('\n');

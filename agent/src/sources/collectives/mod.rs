@@ -79,6 +79,11 @@ pub struct CollectivesConfig {
     /// the jobs' `STEPWISE_PROFILER_SOCKET`). Bound at start: a failure stops the agent.
     /// Empty: no receiver. Default `/run/stepwise/profiler.sock`.
     pub profiler_socket: PathBuf,
+    /// Where to install the NCCL profiler plugin at start (a hostPath the job pods mount, for
+    /// their `NCCL_PROFILER_PLUGIN`): the agent copies `lib/stepwise/libnccl-profiler-stepwise.so`
+    /// next to its binary's directory (`/usr/local/lib/stepwise/` in the image) there,
+    /// atomically. Empty (default): nothing is installed.
+    pub profiler_plugin_install: PathBuf,
 }
 
 impl Default for CollectivesConfig {
@@ -97,6 +102,7 @@ impl Default for CollectivesConfig {
             host: None,
             pod_logs: PathBuf::from("/var/log/pods"),
             profiler_socket: PathBuf::from(nccl_profiler::sender::DEFAULT_SOCKET),
+            profiler_plugin_install: PathBuf::new(),
         }
     }
 }

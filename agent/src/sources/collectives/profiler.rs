@@ -315,12 +315,46 @@ impl Receiver {
 }
 
 /// The configured receiver, bound (None when `[collectives]` is off or `profiler_socket` is
-/// empty).
+/// empty); installs the plugin first when `profiler_plugin_install` says where (a failure
+/// there is logged: the receiver works for plugins installed otherwise).
 pub fn bind_configured(cfg: &super::CollectivesConfig) -> Result<Option<Receiver>, String> {
     if !cfg.enabled || cfg.profiler_socket.as_os_str().is_empty() {
         return Ok(None);
     }
+    if !cfg.profiler_plugin_install.as_os_str().is_empty() {
+        match bundled_plugin().and_then(|src| install_plugin(&src, &cfg.profiler_plugin_install).map(|_| src)) {
+            Ok(src) => info!(from = %src.display(), to = %cfg.profiler_plugin_install.display(), "installed the NCCL profiler plugin"),
+            Err(e) => warn!(to = %cfg.profiler_plugin_install.display(), "cannot install the NCCL profiler plugin: {e}"),
+        }
+    }
     Receiver::bind(&cfg.profiler_socket).map(Some)
+}
+
+/// The plugin shipped with the agent: `<prefix>/lib/stepwise/libnccl-profiler-stepwise.so`
+/// for an agent at `<prefix>/bin/agent`.
+pub fn bundled_plugin() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the agent's own path: {e}"))?;
+    let prefix = exe.parent().and_then(Path::parent).ok_or_else(|| format!("{} has no prefix directory", exe.display()))?;
+    Ok(prefix.join("lib/stepwise").join(PLUGIN_FILE))
+}
+
+/// The plugin's file name, as jobs load it.
+pub const PLUGIN_FILE: &str = "libnccl-profiler-stepwise.so";
+
+/// Copies `src` to `dst` through a temporary file and a rename: a job loading the plugin
+/// meanwhile sees the old file or the new one, never half of one (and processes that mapped
+/// the old one keep it).
+pub fn install_plugin(src: &Path, dst: &Path) -> Result<(), String> {
+    let tmp = dst.with_extension(format!("so.tmp{}", std::process::id()));
+    if let Some(dir) = dst.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::copy(src, &tmp).map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), tmp.display()))?;
+    let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755));
+    std::fs::rename(&tmp, dst).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot rename {} to {}: {e}", tmp.display(), dst.display())
+    })
 }
 
 /// Starts the receiver's thread on the collectives' history.

@@ -145,3 +145,71 @@ fn binding_refuses_a_live_socket_and_replaces_a_stale_one() {
     assert!(e.contains("/proc/nope"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The attribution hook: enqueue-timed NCCL arrivals charge no skew and name no rank; GPU
+/// arrivals do.
+#[test]
+fn attribution_charges_skew_from_gpu_times_never_from_enqueue_times() {
+    use crate::{
+        attribution::{attribute, CauseKind, Params, StepData},
+        timeline::{join::Arrival, Collective, Step, StepSource},
+    };
+    let coll = |timing: Timing| Collective {
+        comm: "c".into(),
+        seq: 0,
+        op: "all_reduce".into(),
+        library: "nccl".into(),
+        bytes: Some(4096),
+        nranks: Some(4),
+        arrivals: (0..4u32)
+            .map(|rank| {
+                // Rank 3 is 30 ms late by these times; the call lasts until 51 ms.
+                let enter = if rank == 3 { 0.050 } else { 0.020 };
+                let proxy_wait = (timing == Timing::Gpu).then_some(ProxyWait { send_wait: 0.002, ..Default::default() });
+                Arrival { rank, host: "a".into(), pid: rank, enter, exit: 0.051, aborted: false, clock: Clocking { timing, proxy_wait, ..Default::default() } }
+            })
+            .collect(),
+    };
+    let step = Step { id: 1, begin: 0.0, end: 0.052, source: StepSource::Markers, ranks: Default::default() };
+    let run = |c: &Collective| attribute(&StepData { step: &step, collectives: &[c], windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    let gpu = run(&coll(Timing::Gpu));
+    assert!((gpu.cause(CauseKind::ReadinessSkew) - 0.030).abs() < 1e-9);
+    assert_eq!(gpu.causes.iter().find(|c| c.kind == CauseKind::ReadinessSkew).and_then(|c| c.rank), Some(3));
+    assert_eq!(gpu.timing, "gpu");
+    let inflight = gpu.causes.iter().find(|c| c.kind == CauseKind::InFlightLimit).expect("cause");
+    assert_eq!(inflight.evidence["nccl_proxy_wait_seconds"]["send_wait"], 0.008, "4 ranks × 2 ms");
+    let enq = run(&coll(Timing::HostEnqueue));
+    assert_eq!(enq.cause(CauseKind::ReadinessSkew), 0.0);
+    assert!(enq.causes.iter().all(|c| c.rank.is_none()), "no straggler named from enqueue times");
+    assert!(enq.ranks.iter().all(|r| r.late_seconds == 0.0 && r.wait_seconds == 0.0));
+    assert_eq!(enq.timing, "host_enqueue");
+    let skew = enq.causes.iter().find(|c| c.kind == CauseKind::ReadinessSkew).expect("cause");
+    assert!((skew.evidence["host_enqueue_skew_seconds"].as_f64().expect("figure") - 0.030).abs() < 1e-9);
+    assert!(enq.notes.iter().any(|n| n.contains("host-only timing") && n.contains("30.0 ms")), "{:?}", enq.notes);
+    let sum: f64 = enq.causes.iter().map(|c| c.seconds).sum();
+    assert!((sum - 0.052).abs() < 1e-12, "the parts still sum to the step");
+}
+
+#[test]
+fn the_plugin_is_installed_whole_by_rename() {
+    let dir = std::env::temp_dir().join(format!("sw-prof-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let src = dir.join("src.so");
+    std::fs::write(&src, b"new plugin").expect("src");
+    let dst = dir.join("host/run/libnccl-profiler-stepwise.so");
+    install_plugin(&src, &dst).expect("first install creates the directory");
+    // A job holding the old file open keeps its contents; the path gets the new one.
+    let held = std::fs::File::open(&dst).expect("open");
+    std::fs::write(&src, b"newer plugin").expect("src");
+    install_plugin(&src, &dst).expect("reinstall");
+    assert_eq!(std::fs::read(&dst).expect("read"), b"newer plugin");
+    let mut old = String::new();
+    std::io::Read::read_to_string(&mut &held, &mut old).expect("read held");
+    assert_eq!(old, "new plugin");
+    assert_eq!(std::fs::read_dir(dst.parent().expect("dir")).expect("ls").count(), 1, "no temporary file left");
+    let e = install_plugin(&dir.join("missing.so"), &dst).expect_err("missing source");
+    assert!(e.contains("missing.so"), "{e}");
+    assert!(bundled_plugin().expect("path").ends_with("lib/stepwise/libnccl-profiler-stepwise.so"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
