@@ -67,21 +67,11 @@ static void chunk_done(struct ncclComm* comm, const struct comm_op* op, struct x
   if (k + 1 == s->nchunks) prof_xfer_stop(&s->prof);
 }
 
-static ncclResult_t run_op(struct ncclComm* comm, const struct comm_op* op) {
-  struct xfer* xs = op->x;
+static void states_init(struct ncclComm* comm, const struct comm_op* op, struct xstate* st,
+                        void** rings, size_t window, size_t chunk) {
   int n = op->n;
-  const struct abi_env* e = abi_env();
-  size_t window = (size_t)e->window, chunk = e->chunk;
-  struct xstate* st = calloc((size_t)n, sizeof *st);
-  void** rings = calloc((size_t)n * window * 2, sizeof(void*));
-  struct pollfd* pfd = calloc((size_t)n, sizeof *pfd);
-  ncclResult_t rc = ncclSuccess;
-  if (!st || !rings || !pfd) {
-    rc = ncclSystemError;
-    goto out;
-  }
   for (int i = 0; i < n; i++) {
-    struct xfer* x = &xs[i];
+    struct xfer* x = &op->x[i];
     st[i].x = x;
     st[i].c = x->is_send ? comm->send[x->peer] : comm->recv[x->peer];
     st[i].nchunks = (x->bytes + chunk - 1) / chunk;
@@ -94,6 +84,62 @@ static ncclResult_t run_op(struct ncclComm* comm, const struct comm_op* op) {
     for (int j = i - 1; j >= 0 && st[i].after < 0; j--)
       if (st[j].c == st[i].c) st[i].after = j;
   }
+}
+
+/* Posts what the window allows of transfer i and completes what ncclIbTest says is done. */
+static ncclResult_t advance(struct ncclComm* comm, const struct comm_op* op, struct xstate* st,
+                            int i, size_t window, size_t chunk, int* progressed) {
+  struct xstate* s = &st[i];
+  int blocked = s->after >= 0 && st[s->after].posted < st[s->after].nchunks;
+  while (!blocked && s->posted < s->nchunks && s->posted - s->completed < window) {
+    void* req = NULL;
+    ncclResult_t r = post_chunk(comm, op, s, window, chunk, &req);
+    if (r != ncclSuccess) return r;
+    if (req == NULL) break;
+    s->ring[s->posted % window] = req;
+    s->posted++;
+    *progressed = 1;
+  }
+  while (s->completed < s->posted) {
+    int done = 0, size = 0;
+    int r = ncclIbTest(s->ring[s->completed % window], &done, &size);
+    if (r != ncclSuccess) return (ncclResult_t)r;
+    if (!done) break;
+    chunk_done(comm, op, s, window, size);
+    s->completed++;
+    *progressed = 1;
+  }
+  return ncclSuccess;
+}
+
+/* Frees what already completed; the rest stays queued on its connection. Events still open
+ * are stopped (the operation failed). */
+static void states_fail(struct ncclComm* comm, const struct comm_op* op, struct xstate* st,
+                        size_t window) {
+  for (int i = 0; i < op->n; i++) {
+    for (size_t k = st[i].completed; k < st[i].posted; k++) {
+      int done = 0;
+      if (ncclIbTest(st[i].ring[k % window], &done, NULL) != ncclSuccess || !done) break;
+    }
+    for (size_t k = st[i].completed; k < st[i].posted; k++)
+      prof_step(comm, op, &st[i].prof, k, window, PS_STOP, 0);
+    prof_xfer_stop(&st[i].prof);
+  }
+}
+
+static ncclResult_t run_op(struct ncclComm* comm, const struct comm_op* op) {
+  int n = op->n;
+  const struct abi_env* e = abi_env();
+  size_t window = (size_t)e->window, chunk = e->chunk;
+  struct xstate* st = calloc((size_t)n, sizeof *st);
+  void** rings = calloc((size_t)n * window * 2, sizeof(void*));
+  struct pollfd* pfd = calloc((size_t)n, sizeof *pfd);
+  ncclResult_t rc = ncclSuccess;
+  if (!st || !rings || !pfd) {
+    rc = ncclSystemError;
+    goto out;
+  }
+  states_init(comm, op, st, rings, window, chunk);
   uint64_t last = abi_now_ns();
   uint64_t timeout_ns = (uint64_t)e->timeout_ms * 1000000ull;
   for (;;) {
@@ -101,33 +147,9 @@ static ncclResult_t run_op(struct ncclComm* comm, const struct comm_op* op) {
     transport_take_next_due();
     int progressed = 0, all_done = 1;
     for (int i = 0; i < n; i++) {
-      struct xstate* s = &st[i];
-      int blocked = s->after >= 0 && st[s->after].posted < st[s->after].nchunks;
-      while (!blocked && s->posted < s->nchunks && s->posted - s->completed < window) {
-        void* req = NULL;
-        int r = post_chunk(comm, op, s, window, chunk, &req);
-        if (r != ncclSuccess) {
-          rc = (ncclResult_t)r;
-          goto out;
-        }
-        if (req == NULL) break;
-        s->ring[s->posted % window] = req;
-        s->posted++;
-        progressed = 1;
-      }
-      while (s->completed < s->posted) {
-        int done = 0, size = 0;
-        int r = ncclIbTest(s->ring[s->completed % window], &done, &size);
-        if (r != ncclSuccess) {
-          rc = (ncclResult_t)r;
-          goto out;
-        }
-        if (!done) break;
-        chunk_done(comm, op, s, window, size);
-        s->completed++;
-        progressed = 1;
-      }
-      if (s->completed < s->nchunks) all_done = 0;
+      rc = advance(comm, op, st, i, window, chunk, &progressed);
+      if (rc != ncclSuccess) goto out;
+      if (st[i].completed < st[i].nchunks) all_done = 0;
     }
     if (all_done) break;
     uint64_t now = abi_now_ns();
@@ -156,19 +178,7 @@ static ncclResult_t run_op(struct ncclComm* comm, const struct comm_op* op) {
     }
   }
 out:
-  if (rc != ncclSuccess && st) {
-    /* Free what already completed; the rest stays queued on its connection. Events
-     * still open are stopped (the operation failed). */
-    for (int i = 0; i < n; i++) {
-      for (size_t k = st[i].completed; k < st[i].posted; k++) {
-        int done = 0;
-        if (ncclIbTest(st[i].ring[k % window], &done, NULL) != ncclSuccess || !done) break;
-      }
-      for (size_t k = st[i].completed; k < st[i].posted; k++)
-        prof_step(comm, op, &st[i].prof, k, window, PS_STOP, 0);
-      prof_xfer_stop(&st[i].prof);
-    }
-  }
+  if (rc != ncclSuccess && st) states_fail(comm, op, st, window);
   free(st);
   free(rings);
   free(pfd);
