@@ -186,7 +186,7 @@ pub struct Engine {
 pub type StepSink = Box<dyn Fn(&str, &Attribution, &[Collective]) + Send>;
 
 pub fn wall_now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0) + crate::testclock::offset_seconds()
 }
 
 /// What the probe thread has recorded since the lookback: calls, sampled network requests,

@@ -18,6 +18,7 @@ pub mod pipeline;
 pub mod report;
 pub mod sources;
 pub mod store;
+pub mod testclock;
 pub mod timeline;
 pub mod topology;
 pub mod units;

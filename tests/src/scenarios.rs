@@ -161,6 +161,11 @@ impl Servers {
     /// Starts server `s`'s agent inside its namespace with `config` (TOML, without
     /// `listen`), listening on its management address; waits for `/readyz`.
     pub fn start_agent(&mut self, s: usize, dir: &Path, config: &str) -> Result<usize> {
+        self.start_agent_env(s, dir, config, &[])
+    }
+
+    /// [`Servers::start_agent`] with extra environment variables for the agent.
+    pub fn start_agent_env(&mut self, s: usize, dir: &Path, config: &str, env: &[(&str, &str)]) -> Result<usize> {
         let port = 9477 + s as u16;
         let addr = format!("{}:{port}", mgmt_addr(s));
         let cfg = dir.join(format!("agent-{s}.toml"));
@@ -170,7 +175,8 @@ impl Servers {
             .arg(agent_bin())
             .args(["run", "--listen", &addr, "--config"])
             .arg(&cfg)
-            .env("STEPWISE_LOG", "info");
+            .env("STEPWISE_LOG", "info")
+            .envs(env.iter().copied());
         // Agents on one host may not share the profiler plugin's socket.
         if !config.contains("profiler_socket") {
             cmd.env("STEPWISE_PROFILER_SOCKET", dir.join(format!("profiler-{s}.sock")));

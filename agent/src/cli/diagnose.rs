@@ -313,6 +313,7 @@ fn cluster_report(peers: &[String], sel: &Selection, timeout: Duration, threshol
             rep.steps = an.steps;
             rep.notes = an.notes;
             rep.clock_error_seconds = an.clock_error_seconds;
+            rep.clocks = Some(an.clocks);
             Ok(rep)
         }
         Err(why) => Err(DiagnoseError::NoSteps { why, report: Box::new(rep) }),

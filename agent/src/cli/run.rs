@@ -111,6 +111,13 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     logging::init(&cfg.log, cfg.log_format);
+    if let Err(msg) = crate::testclock::check() {
+        let _ = fail(&msg);
+        return ExitCode::from(super::EXIT_USAGE);
+    }
+    if crate::testclock::offset_seconds() != 0.0 {
+        tracing::warn!("{} is set: this agent's clock reads {} s off (for tests only)", crate::testclock::VAR, crate::testclock::offset_seconds());
+    }
     limit_malloc_arenas();
     if let Err(msg) = probe_privileges(&cfg) {
         return fail(&msg);

@@ -4,6 +4,7 @@
 //! ```text
 //! {"source": str,
 //!  "steps": [{"step", "begin", "end", "seconds", "collectives", "incomplete", "notes",
+//!             "timing": "gpu" | "host_completion" | "host_enqueue" | "unknown" | "mixed (…)" | "",
 //!             "top_cause": kind | null,
 //!             "causes": [{"kind", "seconds", "share", "evidence", "fix", "rank"?}],  // all seven
 //!             "ranks": [{"rank", "host", "late_seconds", "wait_seconds", "inside_seconds"}],
@@ -11,6 +12,8 @@
 //!             "skew": {"wall_seconds", "clock_free_seconds", "clock_free_late_rank"}}],
 //!  "peers": {"answered": [str], "failed": [{"peer", "error"}]},
 //!  "clock_error_seconds": number | null,
+//!  "clocks": {"reference": str, "hosts": [{"host", "offset_seconds", "error_seconds",
+//!             "interval": [lo, hi], "collectives", "applied"}], "inconsistent": [str]} | null,
 //!  "threshold_seconds": number, "notes": [str]}
 //! ```
 //! `kind` is one of `compute`, `ideal_comm`, `readiness_skew`, `rail_imbalance`,
@@ -31,6 +34,7 @@ fn step(r: &StepReport, threshold: f64) -> Value {
         "collectives": a.collectives,
         "incomplete": a.incomplete,
         "notes": a.notes,
+        "timing": a.timing,
         "top_cause": r.ranked(threshold).first().map(|c| c.kind),
         "causes": a.causes,
         "ranks": a.ranks,
@@ -46,6 +50,7 @@ pub fn to_value(rep: &Report) -> Value {
         "steps": rep.steps.iter().map(|s| step(s, rep.threshold_seconds)).collect::<Vec<_>>(),
         "peers": rep.peers,
         "clock_error_seconds": rep.clock_error_seconds,
+        "clocks": rep.clocks,
         "threshold_seconds": rep.threshold_seconds,
         "notes": rep.notes,
     })

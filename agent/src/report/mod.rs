@@ -140,6 +140,9 @@ pub struct Report {
     /// Largest clock error bound of the hosts whose arrivals were compared (cluster mode);
     /// `None` when every arrival came from one host's clock.
     pub clock_error_seconds: Option<f64>,
+    /// Cluster mode: each host's clock offset against the reference host, from the
+    /// collectives (`timeline::clocks`).
+    pub clocks: Option<crate::timeline::clocks::Clocks>,
     /// Causes at or below this many seconds are not listed as findings.
     pub threshold_seconds: f64,
     pub notes: Vec<String>,
@@ -302,6 +305,7 @@ pub(crate) mod fixtures {
                 failed: vec![PeerFailure { peer: "10.0.0.3:9477".into(), error: "timed out after 5s".into() }],
             },
             clock_error_seconds: Some(0.002),
+            clocks: None,
             threshold_seconds: 0.001,
             notes: vec!["period steps".into()],
         }

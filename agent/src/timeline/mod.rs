@@ -10,6 +10,7 @@
 //!   exited ranks), judged by [`crate::hang`].
 
 pub mod admission;
+pub mod clocks;
 pub mod join;
 pub mod markers;
 pub mod open;

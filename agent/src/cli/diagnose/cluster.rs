@@ -9,7 +9,9 @@ use super::{Selection, MAX_STEPS};
 use crate::{
     attribution::{attribute, NetSample, Params, StepData},
     pipeline::{self, Found},
+    report::duration,
     report::{nics_of, Skew, StepReport},
+    timeline::clocks::{self, Clocks},
     timeline::{join::CallView, join_calls, Collective, CounterLog, Marker, NicInfo, NicSample},
 };
 
@@ -35,8 +37,11 @@ pub struct PeerData {
 pub struct Analysis {
     pub steps: Vec<StepReport>,
     pub notes: Vec<String>,
-    /// Largest clock error bound among the peers that answered.
+    /// Largest clock error bound of the hosts compared: after the correction of
+    /// [`Analysis::clocks`] for hosts that shared collectives, their own NTP bound otherwise.
     pub clock_error_seconds: Option<f64>,
+    /// Every host's clock offset against the reference host, as estimated and applied.
+    pub clocks: Clocks,
 }
 
 /// Clock-free skew of a set of collectives: Σ (max − min) of each collective's time inside
@@ -59,8 +64,9 @@ pub fn clock_free(colls: &[&Collective]) -> (Option<f64>, Option<u32>) {
 }
 
 /// Per-NIC counter log of every peer, NICs tagged with their host — and named `host/netdev`
-/// when the peers' NICs span hosts (one host's answer names them as its agent does).
-fn counter_log(peers: &[PeerData]) -> CounterLog {
+/// when the peers' NICs span hosts (one host's answer names them as its agent does) — on the
+/// reference host's clock.
+fn counter_log(peers: &[PeerData], clocks: &Clocks) -> CounterLog {
     let most = peers.iter().flat_map(|p| p.nics.iter().map(|n| n.1.len())).max().unwrap_or(0);
     let host_of = |p: &PeerData, info: &NicInfo| info.host.clone().unwrap_or_else(|| p.host.clone());
     let hosts: std::collections::BTreeSet<String> = peers.iter().flat_map(|p| p.nics.iter().map(move |(i, _)| host_of(p, i))).collect();
@@ -69,8 +75,12 @@ fn counter_log(peers: &[PeerData]) -> CounterLog {
         for (info, samples) in &p.nics {
             let host = host_of(p, info);
             let name = if hosts.len() > 1 { format!("{host}/{}", info.name) } else { info.name.clone() };
+            let off = clocks.offset(&host);
             let tagged = NicInfo { name, host: Some(host), ..info.clone() };
             let mut s = samples.clone();
+            for x in &mut s {
+                x.time -= off;
+            }
             s.sort_by(|a, b| a.time.total_cmp(&b.time));
             for x in s {
                 log.push(tagged.clone(), x);
@@ -78,6 +88,78 @@ fn counter_log(peers: &[PeerData]) -> CounterLog {
         }
     }
     log
+}
+
+/// What the peers observed, joined and on one clock.
+struct Observed {
+    colls: Vec<Collective>,
+    markers: Vec<Marker>,
+    log: Option<CounterLog>,
+    /// Each peer's sampled requests, sorted by post time.
+    nets: Vec<Vec<NetSample>>,
+    clocks: Clocks,
+}
+
+/// Joins every peer's calls, estimates the hosts' clock offsets from them
+/// (`timeline::clocks`) and moves calls, markers, counter samples and requests onto the
+/// reference host's clock.
+fn observe(peers: &[PeerData], calls: Vec<&CallView>, notes: &mut Vec<String>) -> Observed {
+    let mut colls = join_calls(calls);
+    let mut clocks = clocks::estimate(&colls);
+    clocks::correct(&mut colls, &clocks);
+    // Clocks left as they are: causality bounds them, and so does NTP where both hosts say
+    // they are synchronised — whichever is tighter.
+    let ntp: BTreeMap<&str, (bool, f64)> = peers.iter().map(|p| (p.host.as_str(), (p.clock_synchronized, p.clock_error_seconds))).collect();
+    if let Some(&(true, e0)) = ntp.get(clocks.reference.as_str()) {
+        for h in clocks.hosts.iter_mut().filter(|h| !h.applied) {
+            if let Some(&(true, e1)) = ntp.get(h.host.as_str()) {
+                h.error_seconds = h.error_seconds.min(e0 + e1);
+            }
+        }
+    }
+    for h in &clocks.hosts {
+        let (lo, hi) = (duration(h.interval.0), duration(h.interval.1));
+        if h.applied {
+            notes.push(format!(
+                "clock of {} read {} ahead of {}'s (± {}; bounded to [{lo}, {hi}] by {} collectives): its times were moved onto {}'s clock",
+                h.host,
+                duration(h.offset_seconds),
+                clocks.reference,
+                duration(h.error_seconds),
+                h.collectives,
+                clocks.reference
+            ));
+        }
+    }
+    for h in &clocks.inconsistent {
+        notes.push(format!(
+            "clock of {h}: its collectives contradict each other against {}'s clock (a clock step in the range?); not corrected",
+            clocks.reference
+        ));
+    }
+    let mut markers: Vec<Marker> = Vec::new();
+    for p in peers {
+        markers.extend(p.markers.iter().cloned().map(|mut m| {
+            let host = m.host.get_or_insert_with(|| p.host.clone()).clone();
+            m.time = m.time.map(|t| t - clocks.offset(&host));
+            m
+        }));
+    }
+    let log = peers.iter().any(|p| !p.nics.is_empty()).then(|| counter_log(peers, &clocks));
+    let nets = peers
+        .iter()
+        .map(|p| {
+            let off = clocks.offset(&p.host);
+            let mut v = p.net.clone();
+            for n in &mut v {
+                n.posted -= off;
+                n.completed -= off;
+            }
+            v.sort_by(|a, b| a.posted.total_cmp(&b.posted));
+            v
+        })
+        .collect();
+    Observed { colls, markers, log, nets, clocks }
 }
 
 /// Attributes the steps `sel` picks from the peers' answers. `Err` says why no step matched.
@@ -92,14 +174,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
             sel.since_phrase()
         ));
     }
-    let colls = join_calls(calls);
-    let mut markers: Vec<Marker> = Vec::new();
-    for p in peers {
-        markers.extend(p.markers.iter().cloned().map(|mut m| {
-            m.host.get_or_insert_with(|| p.host.clone());
-            m
-        }));
-    }
+    let Observed { colls, markers, log, nets, clocks } = observe(peers, calls, &mut notes);
     let (all_steps, how) = pipeline::find_steps(&markers, &colls);
     if all_steps.is_empty() {
         return Err(format!(
@@ -123,33 +198,37 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         notes.push(format!("showing the first {MAX_STEPS} steps of the range; use --slowest K or --step N"));
     }
 
-    let have_counters = peers.iter().any(|p| !p.nics.is_empty());
-    let log = have_counters.then(|| counter_log(peers));
-    if !have_counters {
+    if log.is_none() {
         notes.push("no NIC counters from any peer: transfer time is counted as ideal communication".into());
     }
     let unsynced: Vec<&str> = peers.iter().filter(|p| !p.clock_synchronized).map(|p| p.host.as_str()).collect();
     if !unsynced.is_empty() {
         notes.push(format!("clock not synchronised on {} (adjtimex): trust the clock-free skew estimate over wall-clock skew", unsynced.join(", ")));
     }
-    let nets: Vec<Vec<NetSample>> = peers
-        .iter()
-        .map(|p| {
-            let mut v = p.net.clone();
-            v.sort_by(|a, b| a.posted.total_cmp(&b.posted));
-            v
-        })
-        .collect();
     let mut steps = Vec::new();
     for f in &chosen {
         let inp = pipeline::step_inputs(&colls, f, log.as_ref(), &nets);
-        let a = attribute(&StepData { step: &f.step, collectives: &inp.collectives, windows: &inp.windows, net: &inp.net, dropped_events: false }, params);
+        let mut a = attribute(&StepData { step: &f.step, collectives: &inp.collectives, windows: &inp.windows, net: &inp.net, dropped_events: false }, params);
         let (cf, late) = clock_free(&inp.collectives);
+        let hosts: Vec<&str> = inp.collectives.iter().flat_map(|c| c.arrivals.iter().map(|x| x.host.as_str())).collect();
+        let err = clocks.error(&hosts);
+        let wall = a.cause(crate::attribution::CauseKind::ReadinessSkew);
+        if err > 0.0 && err >= wall {
+            let free = cf.map(duration).unwrap_or_else(|| "n/a".into());
+            a.notes.push(format!(
+                "the hosts' clocks are known to ± {} only, not better than this step's readiness skew ({}): trust the clock-free estimate ({free})",
+                duration(err),
+                duration(wall)
+            ));
+        }
         let skew = Skew { wall_seconds: a.cause(crate::attribution::CauseKind::ReadinessSkew), clock_free_seconds: cf, clock_free_late_rank: late };
         steps.push(StepReport { nics: nics_of(&a), skew, attribution: a, collectives: inp.collectives.iter().map(|c| (*c).clone()).collect() });
     }
-    let clock_error_seconds = peers.iter().map(|p| p.clock_error_seconds).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
-    Ok(Analysis { steps, notes, clock_error_seconds })
+    // Hosts compared through the collectives carry that bound; the others their own.
+    let estimated = |h: &str| h == clocks.reference || clocks.hosts.iter().any(|x| x.host == h);
+    let own = peers.iter().filter(|p| clocks.hosts.is_empty() || !estimated(&p.host)).map(|p| p.clock_error_seconds);
+    let clock_error_seconds = clocks.hosts.iter().map(|h| h.error_seconds).chain(own).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
+    Ok(Analysis { steps, notes, clock_error_seconds, clocks })
 }
 
 #[cfg(test)]

@@ -35,7 +35,8 @@ impl ClockMap {
         // SAFETY: valid pointer to a timex struct.
         let state = unsafe { libc::adjtimex(&mut tx) };
         let maxerror_s = tx.maxerror as f64 * 1e-6;
-        ClockMap { offset_ns: r - (m0 + m1) / 2, error_seconds: maxerror_s + (m1 - m0) as f64 * 1e-9, synchronized: state != libc::TIME_ERROR }
+        let test_offset = (crate::testclock::offset_seconds() * 1e9) as i128;
+        ClockMap { offset_ns: r - (m0 + m1) / 2 + test_offset, error_seconds: maxerror_s + (m1 - m0) as f64 * 1e-9, synchronized: state != libc::TIME_ERROR }
     }
 
     /// Wall-clock seconds since the epoch for a CLOCK_MONOTONIC ns value.
