@@ -310,6 +310,9 @@ pub struct CollectivesQuery {
     pub since: Option<f64>,
     /// At most this many calls (default 1000, at most 100 000).
     pub limit: Option<usize>,
+    /// `compact`: calls as rows with shared string tables ([`super::pages::CompactCollectivesPage`],
+    /// what `agent diagnose` asks for); `full` (the default): every field of every call.
+    pub format: Option<String>,
 }
 
 /// Most calls (and steps, and samples per NIC) one response carries.
@@ -331,7 +334,12 @@ fn list_bounds(since: Option<f64>, until: Option<f64>, limit: Option<usize>, def
 
 async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let Ok(Query(q)) = q else {
-        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>\n").into_response();
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>&format=full|compact\n").into_response();
+    };
+    let compact = match q.format.as_deref() {
+        None | Some("full") => false,
+        Some("compact") => true,
+        Some(f) => return (StatusCode::BAD_REQUEST, format!("format {f:?}: use full or compact\n")).into_response(),
     };
     let (since, _, limit) = match list_bounds(q.since, None, q.limit, DEFAULT_LIMIT, MAX_COLLECTIVES_LIMIT) {
         Ok(b) => b,
@@ -358,6 +366,9 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
                 net_requests: h.net_since(since, limit),
             }
         };
+        if compact {
+            return Json(super::pages::CompactCollectivesPage::from_page(page)).into_response();
+        }
         Json(page).into_response()
     })
     .await
@@ -442,14 +453,18 @@ fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Respons
     }
     v.truncate(limit);
     drop(e);
-    let host = s
-        .collectives
+    Json(super::pages::StepsPage { host: host_of(s), steps: v }).into_response()
+}
+
+/// The host name every page carries: the call history's (the one its calls carry), else this
+/// machine's.
+fn host_of(s: &AppState) -> String {
+    s.collectives
         .read()
         .ok()
         .and_then(|g| g.clone())
-        .map(|h| h.lock().map(|h| h.host.to_string()).unwrap_or_default())
-        .unwrap_or_else(crate::sources::collectives::hostname);
-    Json(super::pages::StepsPage { host, steps: v }).into_response()
+        .map(|h| h.lock().map(|h| h.host.to_string()).unwrap_or_else(|p| p.into_inner().host.to_string()))
+        .unwrap_or_else(crate::sources::collectives::hostname)
 }
 
 /// Query of `/api/v1/markers` and `/api/v1/windows`.
@@ -483,7 +498,7 @@ fn markers_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response 
     drop(e);
     let truncated = markers.len() > limit;
     markers.truncate(limit);
-    Json(super::pages::MarkersPage { host: crate::sources::collectives::hostname(), markers, truncated }).into_response()
+    Json(super::pages::MarkersPage { host: host_of(s), markers, truncated }).into_response()
 }
 
 /// Guards the writes on the TCP listener, before their body is read: 403 while
@@ -586,5 +601,5 @@ fn windows_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response 
         })
         .collect();
     drop(e);
-    Json(super::pages::WindowsPage { host: crate::sources::collectives::hostname(), nics }).into_response()
+    Json(super::pages::WindowsPage { host: host_of(s), nics }).into_response()
 }

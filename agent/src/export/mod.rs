@@ -7,4 +7,6 @@ pub mod metrics;
 pub mod open;
 pub mod otlp;
 pub mod pages;
+pub mod replay;
+pub mod synthetic;
 pub mod watchdog;

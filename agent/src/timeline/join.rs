@@ -214,27 +214,26 @@ pub struct CallView {
 /// sequence number (p2p, lifecycle) are skipped. A rank seen twice for the same key (two
 /// agents answering for one host) keeps its first call.
 pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Collective> {
-    let mut by_key: BTreeMap<(String, u64), Collective> = BTreeMap::new();
+    // Each collective with the ranks it has (a set: 1 024 ranks checked one by one against
+    // every arrival made the join quadratic, ~5·10⁸ comparisons over 1 000 steps).
+    let mut by_key: BTreeMap<(String, u64), (Collective, std::collections::HashSet<u32>)> = BTreeMap::new();
     for c in calls {
         let (Some(comm), Some(seq)) = (&c.comm, c.seq) else { continue };
-        let e = by_key.entry((comm.clone(), seq)).or_insert_with(|| Collective {
-            comm: comm.clone(),
-            seq,
-            op: c.op.clone(),
-            library: c.library.clone(),
-            bytes: c.bytes,
-            nranks: c.nranks,
-            arrivals: Vec::new(),
+        let (e, ranks) = by_key.entry((comm.clone(), seq)).or_insert_with(|| {
+            let c =
+                Collective { comm: comm.clone(), seq, op: c.op.clone(), library: c.library.clone(), bytes: c.bytes, nranks: c.nranks, arrivals: Vec::new() };
+            (c, Default::default())
         });
         let rank = c.rank.unwrap_or(u32::MAX);
-        if e.arrivals.iter().any(|a| a.rank == rank && (rank != u32::MAX || a.pid == c.pid && a.host == c.host)) {
+        let seen = if rank == u32::MAX { e.arrivals.iter().any(|a| a.rank == rank && a.pid == c.pid && a.host == c.host) } else { !ranks.insert(rank) };
+        if seen {
             continue;
         }
         e.nranks = e.nranks.or(c.nranks);
         e.bytes = e.bytes.or(c.bytes);
         e.arrivals.push(Arrival { rank, host: c.host.clone(), pid: c.pid, enter: c.enter, exit: c.exit, aborted: c.aborted, clock: c.clock });
     }
-    let mut out: Vec<Collective> = by_key.into_values().collect();
+    let mut out: Vec<Collective> = by_key.into_values().map(|(c, _)| c).collect();
     for c in &mut out {
         c.arrivals.sort_by_key(|a| a.rank);
     }

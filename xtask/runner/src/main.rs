@@ -23,7 +23,7 @@ fn main() -> anyhow::Result<()> {
         "man" => man::man(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models, attribution, probes\n  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
+                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models, attribution, probes, tcp, cluster\n  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
             );
             if task == "help" {
                 Ok(())

@@ -170,11 +170,20 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("models") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_models"])),
         Some("attribution") => bench_attribution(),
         Some("tcp") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_tcp"])),
+        Some("cluster") => bench_cluster(),
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }
-        _ => bail!("usage: cargo xtask bench <counters|models|attribution|probes|tcp>"),
+        _ => bail!("usage: cargo xtask bench <counters|models|attribution|probes|tcp|cluster>"),
     }
+}
+
+/// `agent diagnose --peers` over 128 agents × 8 ranks × 1 000 steps served on loopback by
+/// the example (the agent's own API router over synthetic history): wall time and peak RSS
+/// for one step and for the slowest of 1 000 (targets < 1 s and < 10 s).
+fn bench_cluster() -> Result<()> {
+    let bin = build_agent(true)?;
+    sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_cluster", "--"]).arg(&bin))
 }
 
 /// Attribution throughput (collective records/s on one core) and `agent diagnose` latency

@@ -15,8 +15,12 @@ use serde::{de::DeserializeOwned, Deserialize};
 use super::cluster::PeerData;
 use crate::{
     attribution::{Attribution, NetSample},
+    export::pages::{CallRow, GpuClock},
     report::PeerFailure,
-    timeline::{join::CallView, Marker, NicInfo, NicSample, Phase},
+    timeline::{
+        join::{CallView, Clocking, Timing},
+        Marker, NicInfo, NicSample, Phase,
+    },
 };
 
 /// Most calls asked of one peer (the API's own cap).
@@ -74,20 +78,17 @@ pub fn get_json<T: DeserializeOwned>(agent: &ureq::Agent, peer: &str, path: &str
     let endpoint = path.split('?').next().unwrap_or(path);
     let mut resp = agent.get(&url).config().timeout_global(Some(left)).build().call().map_err(|e| classify(e, timeout))?;
     let status = resp.status().as_u16();
-    let body = resp.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_string().map_err(|e| match classify(e, timeout) {
-        PeerError::Http(m) if m.contains("utf") || m.contains("UTF") => PeerError::Garbage { path: endpoint.into(), error: m },
-        other => other,
-    })?;
+    // Bytes, not a String: serde_json checks UTF-8 as it parses (no second pass).
+    let body = resp.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_vec().map_err(|e| classify(e, timeout))?;
+    let text = |n: usize| String::from_utf8_lossy(&body[..body.len().min(n)]).into_owned();
     if status != 200 {
-        let snippet: String = body.chars().take(200).collect();
-        return Err(PeerError::Status { status, path: endpoint.into(), body: snippet.trim().to_string() });
+        return Err(PeerError::Status { status, path: endpoint.into(), body: text(200).trim().to_string() });
     }
-    serde_json::from_str(&body).map_err(|e| {
-        let head: String = body.chars().take(60).collect();
-        PeerError::Garbage { path: endpoint.into(), error: format!("{e} (body starts {head:?})") }
-    })
+    serde_json::from_slice(&body).map_err(|e| PeerError::Garbage { path: endpoint.into(), error: format!("{e} (body starts {:?})", text(60)) })
 }
 
+/// `/api/v1/collectives`, asked for with `format=compact`: rows and string tables from an
+/// agent that has the format, every call in full from one that ignores the parameter.
 #[derive(Deserialize)]
 struct CollectivesWire {
     host: String,
@@ -95,9 +96,51 @@ struct CollectivesWire {
     clock_error_seconds: f64,
     #[serde(default)]
     clock_synchronized: bool,
+    #[serde(default)]
     calls: Vec<CallView>,
     #[serde(default)]
+    comms: Vec<String>,
+    #[serde(default)]
+    ops: Vec<String>,
+    #[serde(default)]
+    libraries: Vec<String>,
+    #[serde(default)]
+    timings: Vec<Timing>,
+    #[serde(default)]
+    rows: Vec<CallRow>,
+    #[serde(default)]
     net_requests: Vec<NetWire>,
+}
+
+impl CollectivesWire {
+    /// Every call as the join's view (rows carry the page's host); `Err` names a row that
+    /// points past a string table.
+    fn take_calls(&mut self) -> Result<Vec<CallView>, String> {
+        let mut calls = std::mem::take(&mut self.calls);
+        calls.reserve(self.rows.len());
+        let pick = |t: &[String], i: u32, what: &str| t.get(i as usize).cloned().ok_or_else(|| format!("row names {what} {i} of {}", t.len()));
+        for CallRow(comm, seq, op, library, bytes, rank, nranks, pid, enter, exit, flags, timing, gpu) in std::mem::take(&mut self.rows) {
+            let timing = *self.timings.get(timing as usize).ok_or_else(|| format!("row names timing {timing} of {}", self.timings.len()))?;
+            let gpu = gpu.unwrap_or(GpuClock { host_enqueue: None, gpu_offset_error: None, proxy_wait: None });
+            calls.push(CallView {
+                comm: comm.map(|i| pick(&self.comms, i, "communicator")).transpose()?,
+                comm_global: flags & CallRow::GLOBAL != 0,
+                seq,
+                op: pick(&self.ops, op, "op")?,
+                library: pick(&self.libraries, library, "library")?,
+                bytes,
+                rank,
+                nranks,
+                host: self.host.clone(),
+                pid,
+                enter,
+                exit,
+                aborted: flags & CallRow::ABORTED != 0,
+                clock: Clocking { timing, host_enqueue: gpu.host_enqueue, gpu_offset_error: gpu.gpu_offset_error, proxy_wait: gpu.proxy_wait },
+            });
+        }
+        Ok(calls)
+    }
 }
 
 #[derive(Deserialize)]
@@ -154,7 +197,8 @@ pub struct StepsWire {
 /// (a failure of those two is noted; the calls are still used).
 pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeout: Duration) -> Result<PeerData, PeerError> {
     let deadline = Instant::now() + timeout;
-    let c: CollectivesWire = get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&limit={CALLS_LIMIT}"), deadline, timeout)?;
+    let mut c: CollectivesWire = get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&limit={CALLS_LIMIT}&format=compact"), deadline, timeout)?;
+    let calls = c.take_calls().map_err(|error| PeerError::Garbage { path: "/api/v1/collectives".into(), error })?;
     let mut p = PeerData {
         peer: peer.to_string(),
         clock_error_seconds: c.clock_error_seconds,
@@ -162,10 +206,10 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
         net: c.net_requests.into_iter().map(|n| NetSample { bytes: n.bytes.unwrap_or(0.0), posted: n.posted, completed: n.completed, send: n.send }).collect(),
         ..Default::default()
     };
-    if c.calls.len() >= CALLS_LIMIT {
+    if calls.len() >= CALLS_LIMIT {
         p.notes.push(format!("returned the maximum {CALLS_LIMIT} calls: older steps may be incomplete; narrow --since"));
     }
-    p.calls = c.calls;
+    p.calls = calls;
     p.host = c.host;
     let limit = crate::export::api::MAX_MARKERS_LIMIT;
     match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}&limit={limit}"), deadline, timeout) {
@@ -247,4 +291,70 @@ pub fn fan_out(peers: &[String], since: f64, until: f64, timeout: Duration, prog
         }
     }
     (answered, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        export::pages::{CollectivesPage, CompactCollectivesPage},
+        sources::collectives::{decode::Call, decode::CommId, history::CallRecord, targets::Family},
+        timeline::join::ProxyWait,
+    };
+
+    fn record(comm: Option<u64>, rank: Option<u32>, op: &str, clock: Clocking, aborted: bool) -> CallRecord {
+        let call = Call {
+            pid: 7,
+            tid: 8,
+            library: if comm.is_some() { Family::Nccl } else { Family::Mpi },
+            op: op.into(),
+            bytes: rank.map(|r| 1024 * r as u64),
+            comm: comm.map(CommId),
+            comm_global: comm.is_some(),
+            rank,
+            nranks: rank.map(|_| 16),
+            seq: comm.map(|c| c + 3),
+            enter_ns: 1,
+            exit_ns: 2,
+            ret: Some(0),
+            aborted,
+            grouped: false,
+        };
+        CallRecord { call, host: "node-7".into(), enter: 1_764_000_000.25, exit: 1_764_000_000.5, duration: 0.25, clock }
+    }
+
+    #[test]
+    fn compact_rows_read_back_as_the_records_views() {
+        let gpu = Clocking {
+            timing: Timing::Gpu,
+            host_enqueue: Some(1_764_000_000.125),
+            gpu_offset_error: Some(2e-6),
+            proxy_wait: Some(ProxyWait { send_wait: 0.01, recv_gpu_wait: 0.02, ..Default::default() }),
+        };
+        let host = Clocking { timing: Timing::HostEnqueue, ..Default::default() };
+        let records = vec![
+            record(Some(0xabc), Some(3), "all_reduce", gpu, false),
+            record(Some(0xdef), Some(4), "all_gather", host, true),
+            record(None, None, "send", Clocking::default(), false),
+            record(Some(0xabc), Some(5), "all_reduce", host, false),
+        ];
+        let want: Vec<CallView> = records.iter().map(CallRecord::view).collect();
+        let page = CollectivesPage {
+            host: "node-7".into(),
+            clock_error_seconds: 1e-3,
+            clock_synchronized: true,
+            evicted: 0,
+            drained_until: 0.0,
+            calls: records,
+            net_requests: Vec::new(),
+        };
+        let json = serde_json::to_string(&CompactCollectivesPage::from_page(page)).expect("serialize");
+        assert!(json.matches("abc").count() == 1 && json.matches("all_reduce").count() == 1, "each string once: {json}");
+        let mut wire: CollectivesWire = serde_json::from_str(&json).expect("parse");
+        assert_eq!(wire.take_calls().expect("rows"), want);
+        // A row naming a string that is not in its table is refused, not guessed.
+        let bad = json.replacen("[0,2751,", "[9,2751,", 1);
+        let mut wire: CollectivesWire = serde_json::from_str(&bad).expect("parse");
+        assert!(wire.take_calls().is_err_and(|e| e.contains("communicator 9")), "{bad}");
+    }
 }
