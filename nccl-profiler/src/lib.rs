@@ -117,34 +117,13 @@ unsafe impl Sync for ProfilerV4 {}
 const NAME: &CStr = c"Stepwise";
 
 #[no_mangle]
-pub static ncclProfiler_v6: ProfilerV5 = ProfilerV5 {
-    name: NAME.as_ptr(),
-    init: init_v5,
-    start_event: start_v5,
-    stop_event,
-    record_event_state,
-    finalize,
-};
+pub static ncclProfiler_v6: ProfilerV5 = ProfilerV5 { name: NAME.as_ptr(), init: init_v5, start_event: start_v5, stop_event, record_event_state, finalize };
 
 #[no_mangle]
-pub static ncclProfiler_v5: ProfilerV5 = ProfilerV5 {
-    name: NAME.as_ptr(),
-    init: init_v5,
-    start_event: start_v5,
-    stop_event,
-    record_event_state,
-    finalize,
-};
+pub static ncclProfiler_v5: ProfilerV5 = ProfilerV5 { name: NAME.as_ptr(), init: init_v5, start_event: start_v5, stop_event, record_event_state, finalize };
 
 #[no_mangle]
-pub static ncclProfiler_v4: ProfilerV4 = ProfilerV4 {
-    name: NAME.as_ptr(),
-    init: init_v4,
-    start_event: start_v4,
-    stop_event,
-    record_event_state,
-    finalize,
-};
+pub static ncclProfiler_v4: ProfilerV4 = ProfilerV4 { name: NAME.as_ptr(), init: init_v4, start_event: start_v4, stop_event, record_event_state, finalize };
 
 /// The process-wide ring and counters; the sender thread starts with the first init.
 pub struct Global {
@@ -369,6 +348,12 @@ unsafe extern "C" fn record_event_state(h: *mut c_void, state: c_int, args: *mut
 unsafe extern "C" fn finalize(ctx: *mut c_void) -> c_int {
     // SAFETY: the context init returned; NCCL uses none of its handles after finalize.
     unsafe { Context::free(ctx.cast()) };
+    // The communicator's last records (its collectives are complete: ncclCommDestroy waited
+    // for them) go out now: a process often exits right after destroying its communicators,
+    // before the sender thread's next look at the ring. Non-blocking sends, bounded.
+    if let Some(g) = GLOBAL.get() {
+        sender::Sender::once(&sender::socket_path()).flush(&g.ring, &g.counters);
+    }
     OK
 }
 

@@ -36,6 +36,8 @@ pub struct Sender {
     buf: Vec<u8>,
     batch: Vec<Record>,
     paused_until: Option<Instant>,
+    /// Sends tried on a full receive queue, 1 ms apart.
+    tries: u32,
 }
 
 impl Drop for Sender {
@@ -73,7 +75,16 @@ impl Sender {
             buf: Vec::with_capacity(wire::HEADER_BYTES + wire::MAX_RECORDS * wire::RECORD_BYTES),
             batch: Vec::new(),
             paused_until: None,
+            tries: 20,
         }
+    }
+
+    /// A sender for one flush on an NCCL thread (finalize): a full receive queue is tried
+    /// twice, 1 ms apart, at most.
+    pub fn once(path: &Path) -> Sender {
+        let mut s = Sender::new(path);
+        s.tries = 2;
+        s
     }
 
     /// Sends what the ring holds, one datagram per [`wire::MAX_RECORDS`]; returns the records
@@ -117,9 +128,9 @@ impl Sender {
             sent: c.sent.load(Relaxed),
         };
         wire::encode(&h, &self.batch, &mut self.buf);
-        // A full receive queue (the agent is busy) is waited out for up to ~20 ms here, on this
-        // thread only; anything else means no agent.
-        for _ in 0..20 {
+        // A full receive queue (the agent is busy) is waited out for up to ~20 ms on the sender
+        // thread (2 ms at finalize); anything else means no agent.
+        for _ in 0..self.tries {
             // SAFETY: valid buffer and address for the lengths given.
             let r = unsafe {
                 libc::sendto(

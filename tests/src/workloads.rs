@@ -27,6 +27,33 @@ pub fn build() -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!(e))
 }
 
+/// Stepwise's NCCL profiler plugin under the name jobs load
+/// (`tests/workloads/build/libnccl-profiler-stepwise.so`): `cargo build -p nccl-profiler`
+/// (debug, once per test process), then a copy of `libnccl_profiler.so` (cargo cannot emit the
+/// hyphenated name).
+pub fn profiler_plugin() -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = workspace_root();
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo).current_dir(&root).args(["build", "-p", "nccl-profiler"]).output().map_err(|e| format!("cannot run cargo: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("cargo build -p nccl-profiler failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+            let built = target.join("debug/libnccl_profiler.so");
+            let dir = build().map_err(|e| e.to_string())?;
+            let dst = dir.join("libnccl-profiler-stepwise.so");
+            let tmp = dir.join(format!("libnccl-profiler-stepwise.so.tmp{}", std::process::id()));
+            std::fs::copy(&built, &tmp).map_err(|e| format!("cannot copy {}: {e}", built.display()))?;
+            std::fs::rename(&tmp, &dst).map_err(|e| format!("cannot install {}: {e}", dst.display()))?;
+            Ok(dst)
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
 /// Runs a command, failing with its output when it exits non-zero.
 pub fn run_ok(cmd: &mut Command) -> Result<Output> {
     let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;

@@ -1,0 +1,219 @@
+//! The NCCL profiler plugin end to end (issue 14): a 4-rank `nccl_steps` job on the
+//! asynchronous NCCL-ABI library (calls only enqueue; the library loads profiler plugins by
+//! NCCL's contract and hands them a simulated GPU timer), in a network namespace, watched by
+//! an agent that selects the namespace and listens on its own profiler socket.
+//!
+//! - rank 2's GPU work is 30 ms longer while every CPU enqueues on time: with the plugin the
+//!   readiness skew is the 30 ms, charged to rank 2, and the steps say `timing: gpu`;
+//! - rank 2's CPU is 20 ms late but its GPU is still busy with 40 ms of earlier work: with the
+//!   plugin no readiness skew is charged to it;
+//! - the first job without the plugin: the steps say host-only timing (`host_enqueue`, a
+//!   note with the host enqueue skew) and name no straggler.
+//!
+//! Needs root (network namespaces) and eBPF (the uprobes that give the identity of the
+//! processes without the plugin). The knobs (`--gpu-*`) must exist: a library without them
+//! fails the test (nccl_steps exits 2), it is not skipped.
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use stepwise_tests::{
+    harness::{sample, wait_for, Agent, Proc},
+    netns::Netns,
+    workloads,
+};
+
+/// The jobs are timed: one at a time on the 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const STEPS: usize = 14;
+const GPU_DELAY_MS: f64 = 30.0;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    ns: Netns,
+    agent: Agent,
+    profiler_sock: PathBuf,
+    marker_sock: PathBuf,
+}
+
+fn setup() -> Setup {
+    let lib = workloads::build().expect("workloads build");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_path_buf();
+    let ns = Netns::new().expect("network namespace (needs root)");
+    let (profiler_sock, marker_sock) = (dir.join("profiler.sock"), dir.join("markers.sock"));
+    let cfg = dir.join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval = \"100ms\"\n[sources]\nrdma = false\nethtool = false\n[collectives]\nlibrary_dirs = [\"{}\"]\nprofiler_socket = \"{}\"\n\
+             [collectives.select]\nnetns = \"/run/netns/{}\"\n[steps]\nmarker_socket = \"{}\"\ngrace = \"2s\"\n",
+            lib.display(),
+            profiler_sock.display(),
+            ns.name(),
+            marker_sock.display()
+        ),
+    )
+    .expect("config");
+    let agent = Agent::start(&dir, &["--config", cfg.to_str().expect("utf8")]).expect("agent");
+    agent.require_ebpf().expect("eBPF");
+    Setup { _dir: tmp, dir, ns, agent, profiler_sock, marker_sock }
+}
+
+/// Runs the 4 ranks in the namespace (asynchronous library: no CUDA_LAUNCH_BLOCKING), with
+/// the plugin when `plugin`; returns every rank's output.
+fn run_job(s: &Setup, plugin: bool, args: &[&str]) -> Vec<String> {
+    let bin = workloads::build().expect("build").join("nccl_steps");
+    let id = s.dir.join("job.id");
+    let _ = std::fs::remove_file(&id);
+    let mut procs: Vec<Proc> = Vec::new();
+    for r in 0..4u32 {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", s.ns.name(), "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]);
+        c.arg(format!("STEPWISE_PROFILER_SOCKET={}", s.profiler_sock.display()));
+        if plugin {
+            c.arg(format!("NCCL_PROFILER_PLUGIN={}", workloads::profiler_plugin().expect("plugin").display()));
+        } else {
+            c.arg("NCCL_PROFILER_PLUGIN=none");
+        }
+        c.arg(&bin).args(["--rank", &r.to_string(), "--nranks", "4", "--id-file"]).arg(&id);
+        c.args(["--steps", &STEPS.to_string(), "--bytes", "65536", "--marker-socket"]).arg(&s.marker_sock).args(args);
+        procs.push(Proc::spawn(&format!("r{r}"), &mut c, s.dir.join(format!("r{r}.log"))).expect("spawn rank"));
+    }
+    let end = Instant::now() + Duration::from_secs(120);
+    procs
+        .iter_mut()
+        .enumerate()
+        .map(|(r, p)| loop {
+            match p.child.try_wait().expect("wait") {
+                Some(st) => {
+                    let text = p.log_text();
+                    assert!(st.success(), "rank {r} failed ({st}) — does the library have the --gpu-* knobs?\n{text}");
+                    break text;
+                }
+                None if Instant::now() > end => panic!("rank {r} still running:\n{}", p.log_text()),
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        })
+        .collect()
+}
+
+/// The attributed steps, once every step of the job (but the first, whose begin may precede
+/// the probes' view of the job) is in.
+fn steps(a: &Agent) -> Vec<serde_json::Value> {
+    wait_for(Duration::from_secs(30), "steps attributed", || {
+        let v: serde_json::Value = serde_json::from_str(&a.get("/api/v1/steps?limit=100").ok()?.body).ok()?;
+        let s = v["steps"].as_array()?.clone();
+        (s.len() >= STEPS - 1).then_some(s)
+    })
+    .expect("steps")
+}
+
+fn cause<'a>(step: &'a serde_json::Value, kind: &str) -> &'a serde_json::Value {
+    step["causes"].as_array().and_then(|c| c.iter().find(|c| c["kind"] == kind)).expect("cause")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Steady-state steps: the first two warm the job up (connections, the plugin's offset window).
+fn steady(steps: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    steps.iter().filter(|s| s["step"].as_u64().is_some_and(|k| k >= 2)).collect()
+}
+
+fn summary(steps: &[&serde_json::Value]) -> String {
+    steps
+        .iter()
+        .map(|s| {
+            let c = cause(s, "readiness_skew");
+            format!("step {} {}: skew {:.1} ms rank {} | ", s["step"], s["timing"], c["seconds"].as_f64().unwrap_or(0.0) * 1e3, c["rank"])
+        })
+        .collect()
+}
+
+#[test]
+fn a_late_gpu_is_readiness_skew_from_gpu_time_and_named() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = setup();
+    // GPU: 10 ms of compute (rank 2: 40 ms); CPU: 1 ms, then the all-reduce is enqueued on
+    // time by every rank. Rank 2's GPU reaches the collective 30 ms after the others'.
+    run_job(&s, true, &["--compute-us", "1000", "--gpu-compute-ms", "10", "--gpu-delay-rank", "2", "--gpu-delay-ms", "30"]);
+    let all = steps(&s.agent);
+    let st = steady(&all);
+    let text = summary(&st);
+    assert!(st.iter().all(|s| s["timing"] == "gpu"), "every step timed by the GPU: {text}");
+    let skews: Vec<f64> = st.iter().map(|s| cause(s, "readiness_skew")["seconds"].as_f64().unwrap_or(0.0) * 1e3).collect();
+    let m = median(skews);
+    assert!((m - GPU_DELAY_MS).abs() <= 0.15 * GPU_DELAY_MS, "median readiness skew {m:.1} ms vs {GPU_DELAY_MS} ms: {text}");
+    assert!(st.iter().all(|s| cause(s, "readiness_skew")["rank"] == 2), "rank 2 named in every step: {text}");
+    // The plugin is active in all four processes, and the proxy waits are in the evidence.
+    let status = s.agent.status().expect("status");
+    let p = &status["collectives_detail"]["profiler"];
+    assert_eq!(p["active_gpu"], 4, "{p}");
+    let m = s.agent.metrics().expect("metrics");
+    assert_eq!(sample(&m, "stepwise_profiler_plugin_processes", &[("timing", "gpu")]), Some(4.0), "{m}");
+    let records = sample(&m, "stepwise_profiler_records_total", &[]).unwrap_or(0.0);
+    assert!(records >= (4 * STEPS) as f64, "{records} records: {m}");
+    assert_eq!(sample(&m, "stepwise_profiler_plugin_drops_total", &[("reason", "ring_full")]), Some(0.0));
+    assert!(st.iter().any(|s| cause(s, "in_flight_limit")["evidence"]["nccl_proxy_wait_seconds"].is_object()), "proxy waits shown");
+}
+
+#[test]
+fn a_late_cpu_whose_gpu_is_busy_anyway_is_not_charged() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = setup();
+    // GPU: 40 ms of compute on every rank; CPU: 1 ms, rank 2 20 ms longer. Rank 2 enqueues
+    // 20 ms late, but every GPU is busy for 40 ms: all reach the collective together.
+    run_job(&s, true, &["--compute-us", "1000", "--gpu-compute-ms", "40", "--delay-rank", "2", "--delay-us", "20000"]);
+    let all = steps(&s.agent);
+    let st = steady(&all);
+    let text = summary(&st);
+    assert!(st.iter().all(|s| s["timing"] == "gpu"), "{text}");
+    let skews: Vec<f64> = st.iter().map(|s| cause(s, "readiness_skew")["seconds"].as_f64().unwrap_or(0.0) * 1e3).collect();
+    // Rank 2's CPU delay is 20 ms; its GPU was never the one the others waited for.
+    assert!(median(skews) < 2.0, "readiness skew charged although every GPU was busy: {text}");
+    let late2: Vec<f64> =
+        st.iter().filter_map(|s| s["ranks"].as_array()?.iter().find(|r| r["rank"] == 2).and_then(|r| r["late_seconds"].as_f64())).map(|x| x * 1e3).collect();
+    let held: Vec<String> = st.iter().map(|s| format!("step {} colls {} ranks {}", s["step"], s["collectives"], s["ranks"].as_array().map_or(0, Vec::len))).collect();
+    assert_eq!(late2.len(), st.len(), "rank 2 in every step: {held:?}");
+    assert!(median(late2) < 2.0, "rank 2's lateness from GPU time: {text}");
+}
+
+#[test]
+fn without_the_plugin_enqueue_times_name_no_straggler() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = setup();
+    // Rank 2's CPU is 30 ms late (its enqueue), and the async calls return at once.
+    run_job(&s, false, &["--compute-us", "1000", "--gpu-compute-ms", "10", "--delay-rank", "2", "--delay-us", "30000"]);
+    let all = steps(&s.agent);
+    let st = steady(&all);
+    let text = summary(&st);
+    assert!(st.iter().all(|s| s["timing"] == "host_enqueue"), "{text}");
+    for s in &st {
+        let c = cause(s, "readiness_skew");
+        assert_eq!(c["seconds"].as_f64(), Some(0.0), "no skew from enqueue times: {text}");
+        assert!(c["rank"].is_null(), "no straggler named: {text}");
+        let enq = c["evidence"]["host_enqueue_skew_seconds"].as_f64().expect("host enqueue skew figure");
+        assert!(enq > 0.02, "the CPU-side figure is there ({enq} s)");
+        let notes = s["notes"].as_array().expect("notes");
+        assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.contains("host-only timing"))), "{notes:?}");
+    }
+    // agent diagnose says the same (text and JSON).
+    let out = Command::new(stepwise_tests::harness::agent_bin()).args(["diagnose", "--agent", &s.agent.addr, "--json"]).output().expect("diagnose");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("diagnose JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let jsteps = j["steps"].as_array().expect("steps");
+    assert!(!jsteps.is_empty() && jsteps.iter().all(|s| s["timing"] == "host_enqueue"), "{j}");
+    let out = Command::new(stepwise_tests::harness::agent_bin()).args(["diagnose", "--agent", &s.agent.addr]).output().expect("diagnose");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.contains("timing: host_enqueue") && t.contains("host-only timing"), "{t}");
+    let status = s.agent.status().expect("status");
+    assert_eq!(status["collectives_detail"]["profiler"]["active_gpu"], 0);
+}
