@@ -148,7 +148,7 @@ static void task_start(struct ncclComm* comm, struct gop* o, void* group) {
   o->task = NULL;
   int p2p = is_p2p(o);
   int enable = o->mask & (p2p ? (TASK_MASK & ~ncclProfileColl) | ncclProfileP2p : TASK_MASK);
-  uint64_t seq = p2p ? 0 : comm->seq[o->kind]++;
+  uint64_t seq = p2p ? 0 : __atomic_fetch_add(&comm->seq[o->kind], 1, __ATOMIC_RELAXED);
   if (!prof_loaded() || !enable) return;
   ncclProfilerEventDescr_v6_t d;
   memset(&d, 0, sizeof d);
