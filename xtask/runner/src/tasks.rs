@@ -171,10 +171,13 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("attribution") => bench_attribution(),
         Some("tcp") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_tcp"])),
         Some("cluster") => bench_cluster(),
+        // The NCCL profiler plugin: ns per collective on NCCL's calling and proxy threads
+        // against an empty plugin, and records/s reaching a receiver (docs/profiler-plugin.md).
+        Some("plugin") => sh(cargo().args(["run", "--release", "-p", "nccl-profiler", "--example", "bench_plugin"])),
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }
-        _ => bail!("usage: cargo xtask bench <counters|models|attribution|probes|tcp|cluster>"),
+        _ => bail!("usage: cargo xtask bench <counters|models|attribution|probes|tcp|cluster|plugin>"),
     }
 }
 
