@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use stepwise_tests::harness::workspace_root;
 
 /// The project's own crates (path dependencies, possibly through `workspace = true`).
-const OWN: [&str; 7] = ["agent", "agent-common", "agent-ebpf", "agent-ebpf-object", "xtask", "xtask-runner", "stepwise-tests"];
+const OWN: [&str; 8] = ["agent", "agent-common", "agent-ebpf", "agent-ebpf-object", "xtask", "xtask-runner", "stepwise-tests", "nccl-profiler"];
 
-const MANIFESTS: [&str; 9] = [
+const MANIFESTS: [&str; 10] = [
     "Cargo.toml",
     "agent/Cargo.toml",
     "agent-ebpf/Cargo.toml",
@@ -19,6 +19,7 @@ const MANIFESTS: [&str; 9] = [
     "xtask/runner/Cargo.toml",
     "tests/Cargo.toml",
     "fuzz/Cargo.toml",
+    "nccl-profiler/Cargo.toml",
 ];
 
 /// The crates.io dependencies a manifest declares (`[dependencies]`, `[dev-dependencies]`,
