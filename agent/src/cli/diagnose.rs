@@ -15,6 +15,7 @@
 pub(crate) mod cluster;
 mod fetch;
 mod hang;
+mod locate;
 
 use std::{
     net::ToSocketAddrs,
@@ -291,8 +292,14 @@ fn resolve(name: &str) -> Result<Vec<String>, DiagnoseError> {
 
 fn cluster_report(peers: &[String], sel: &Selection, timeout: Duration, threshold: f64) -> Result<Report, DiagnoseError> {
     let now = now_unix();
-    let since = sel.since.unwrap_or(now - DEFAULT_SINCE.as_secs_f64());
-    let (answered, failed) = fetch::fan_out(peers, since, now, timeout, true);
+    let mut since = sel.since.unwrap_or(now - DEFAULT_SINCE.as_secs_f64());
+    let mut until = now;
+    // --step N: every peer is asked only for the stretch that holds it (locate.rs).
+    let located = sel.step.and_then(|n| locate::locate(peers, n, since, now, timeout));
+    if let Some(l) = &located {
+        (since, until) = (l.since, l.until);
+    }
+    let (answered, failed) = fetch::fan_out(peers, since, until, timeout, true);
     let mut rep = Report {
         source: format!("cluster of {} peer(s)", peers.len()),
         peers: Peers { answered: answered.iter().map(|p| format!("{} ({})", p.peer, p.host)).collect(), failed },
@@ -312,6 +319,13 @@ fn cluster_report(peers: &[String], sel: &Selection, timeout: Duration, threshol
         Ok(an) => {
             rep.steps = an.steps;
             rep.notes = an.notes;
+            if let (Some(l), Some(n)) = (&located, sel.step) {
+                rep.notes.push(format!(
+                    "step {n} located in {}'s history: every peer was asked only for the {:.1} s of history around it",
+                    l.peer,
+                    l.until - l.since
+                ));
+            }
             rep.clock_error_seconds = an.clock_error_seconds;
             rep.clocks = Some(an.clocks);
             Ok(rep)

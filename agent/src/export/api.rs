@@ -308,6 +308,8 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
 pub struct CollectivesQuery {
     /// Wall-clock seconds since the epoch; calls that entered at or after it. Default 0.
     pub since: Option<f64>,
+    /// Only calls that entered at or before it (and requests posted at or before it).
+    pub until: Option<f64>,
     /// At most this many calls (default 1000, at most 100 000).
     pub limit: Option<usize>,
     /// `compact`: calls as rows with shared string tables ([`super::pages::CompactCollectivesPage`],
@@ -334,14 +336,14 @@ fn list_bounds(since: Option<f64>, until: Option<f64>, limit: Option<usize>, def
 
 async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let Ok(Query(q)) = q else {
-        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&limit=<n>&format=full|compact\n").into_response();
+        return (StatusCode::BAD_REQUEST, "bad query: use ?since=<unix seconds>&until=<unix seconds>&limit=<n>&format=full|compact\n").into_response();
     };
     let compact = match q.format.as_deref() {
         None | Some("full") => false,
         Some("compact") => true,
         Some(f) => return (StatusCode::BAD_REQUEST, format!("format {f:?}: use full or compact\n")).into_response(),
     };
-    let (since, _, limit) = match list_bounds(q.since, None, q.limit, DEFAULT_LIMIT, MAX_COLLECTIVES_LIMIT) {
+    let (since, until, limit) = match list_bounds(q.since, q.until, q.limit, DEFAULT_LIMIT, MAX_COLLECTIVES_LIMIT) {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -366,6 +368,11 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
                 net_requests: h.net_since(since, limit),
             }
         };
+        let mut page = page;
+        if until < f64::MAX {
+            page.calls.retain(|c| c.enter <= until);
+            page.net_requests.retain(|r| r.posted <= until);
+        }
         if compact {
             return Json(super::pages::CompactCollectivesPage::from_page(page)).into_response();
         }

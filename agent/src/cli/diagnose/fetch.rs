@@ -197,7 +197,8 @@ pub struct StepsWire {
 /// (a failure of those two is noted; the calls are still used).
 pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeout: Duration) -> Result<PeerData, PeerError> {
     let deadline = Instant::now() + timeout;
-    let mut c: CollectivesWire = get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&limit={CALLS_LIMIT}&format=compact"), deadline, timeout)?;
+    let mut c: CollectivesWire =
+        get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&until={until:.6}&limit={CALLS_LIMIT}&format=compact"), deadline, timeout)?;
     let calls = c.take_calls().map_err(|error| PeerError::Garbage { path: "/api/v1/collectives".into(), error })?;
     let mut p = PeerData {
         peer: peer.to_string(),
@@ -212,7 +213,7 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
     p.calls = calls;
     p.host = c.host;
     let limit = crate::export::api::MAX_MARKERS_LIMIT;
-    match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}&limit={limit}"), deadline, timeout) {
+    match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}&until={until:.6}&limit={limit}"), deadline, timeout) {
         Ok(m) => {
             if m.truncated {
                 p.notes.push(format!("returned the maximum {limit} markers: later steps may be missing; narrow --since"));
