@@ -6,7 +6,9 @@
 //!   timers, ProxyOp/ProxyStep states (checked inside the program, see prof_check.c); a
 //!   plugin whose init fails, a missing one and "none" leave the job running;
 //! - asynchronous calls return before a late peer's data arrived (and with
-//!   CUDA_LAUNCH_BLOCKING=1 only after); `nccl_abi_test` exact results in both modes;
+//!   CUDA_LAUNCH_BLOCKING=1 only after); an asynchronous failure surfaces at the
+//!   synchronize, in ncclCommGetAsyncError and at the next call (blocking: from the call);
+//!   `nccl_abi_test` exact results in both modes;
 //! - `nccl_steps --gpu-delay-*`: the on-time rank enqueues at once and waits in the
 //!   stream synchronize.
 
@@ -50,6 +52,8 @@ fn prof_job(lib: &Path, expect: &str, env: &[(&str, String)]) -> HashMap<String,
     assert!(ids.iter().all(|i| *i == ids[0]), "commId differs between ranks: {ids:?}");
     let with_plugin = expect != "none";
     assert_eq!(ids[0] != "0", with_plugin, "commId {} with expect={expect}", ids[0]);
+    // Without a plugin the program also checks how an asynchronous failure surfaces.
+    assert_eq!(out.contains("] async_error rank=0"), !with_plugin, "{out}");
     let timing = out.lines().find(|l| l.contains("timing rank=0")).unwrap_or_else(|| panic!("no timing line:\n{out}"));
     kv(timing).into_iter().filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?))).collect()
 }
@@ -102,6 +106,8 @@ fn async_calls_return_before_a_late_peer_and_blocking_restores_waiting() {
     let b = prof_job(&v6, "6", &[name, ("CUDA_LAUNCH_BLOCKING", "1".into())]);
     assert_eq!(b["blocking"], 1.0);
     assert!(b["call_ms"] >= late * 0.8, "blocking call returned after {} ms, peer {late} ms late", b["call_ms"]);
+    // A failure: at the synchronize, or (blocking) from the call itself (prof_test.c async_error).
+    prof_job(&v6, "none", &[("NCCL_PROFILER_PLUGIN", "none".into()), ("CUDA_LAUNCH_BLOCKING", "1".into())]);
     for blocking in ["0", "1"] {
         let out = run_local("nccl_abi_test", RANKS, &[("CUDA_LAUNCH_BLOCKING", blocking.into())], &[]);
         assert_eq!(out.lines().filter(|l| l.contains("abi_test rank=") && l.ends_with(" ok")).count(), RANKS, "{out}");

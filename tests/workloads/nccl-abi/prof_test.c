@@ -3,7 +3,8 @@
  * profiler-plugin contract, checked from inside a job (launch with run-local.sh --bin
  * nccl_prof_test N). It runs a small workload (all-reduces after simulated compute, an
  * all-gather, a grouped send/recv ring, a broadcast), checks that a call with a late peer
- * returns before the data moved (or, with CUDA_LAUNCH_BLOCKING=1, only after), destroys the
+ * returns before the data moved (or, with CUDA_LAUNCH_BLOCKING=1, only after), without a
+ * plugin that an asynchronous failure surfaces where NCCL reports it, destroys the
  * communicator and then reads back what the test plugin (test_plugin.c) recorded.
  * ABITEST_EXPECT: 6, 5, 4 (that table must have been used), initfail (init called, failed,
  * no events) or none (no plugin loaded). ABITEST_LIB: the plugin's path.
@@ -81,6 +82,35 @@ static void timing(ncclComm_t comm, int n) {
           PT_LATE_MS);
 }
 
+/* Without a plugin only (a split is a second communicator for the plugin): a queued
+ * operation whose peers left fails asynchronously. The call itself succeeds (it only
+ * enqueues) unless CUDA_LAUNCH_BLOCKING=1; the failure surfaces at the synchronize, in
+ * ncclCommGetAsyncError and at the next call on the communicator. */
+static void async_error(ncclComm_t comm) {
+  ncclComm_t sub = NULL;
+  OK(ncclCommSplit(comm, 0, 0, &sub, NULL));
+  if (g_rank != 0) {
+    OK(ncclCommDestroy(sub)); /* its connections close under rank 0's all-reduce */
+    return;
+  }
+  const char* lb = getenv("CUDA_LAUNCH_BLOCKING");
+  int blocking = lb != NULL && strcmp(lb, "1") == 0;
+  static float x[1024];
+  ncclResult_t rc = ncclAllReduce(x, x, 1024, ncclFloat32, ncclSum, sub, NULL);
+  ncclResult_t sync = ncclAbiStreamSynchronize(NULL), async = ncclSuccess;
+  OK(ncclCommGetAsyncError(sub, &async));
+  ncclResult_t next = ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, sub, NULL);
+  if (blocking)
+    CHECK(rc == ncclRemoteError && sync == ncclSuccess, "blocking: call %d, sync %d", rc, sync);
+  else
+    CHECK(rc == ncclSuccess && sync == ncclRemoteError, "async: call %d, sync %d", rc, sync);
+  CHECK(async == ncclRemoteError && next == ncclRemoteError, "async error %d, next call %d",
+        async, next);
+  printf("async_error rank=0 blocking=%d call=%d sync=%d async=%d next=%d\n", blocking, rc, sync,
+         async, next);
+  OK(ncclCommDestroy(sub));
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: nccl_prof_test RANK NRANKS ID_FILE\n");
@@ -113,6 +143,7 @@ int main(int argc, char** argv) {
     CHECK(dlopen(lib, RTLD_NOW | RTLD_NOLOAD) == NULL, "%s is loaded, none was expected", lib);
   workload(comm, n);
   timing(comm, n);
+  if (none && n > 1) async_error(comm);
   OK(ncclCommDestroy(comm));
   unsigned long long comm_id = 0;
   if (h != NULL) {
