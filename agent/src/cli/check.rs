@@ -224,6 +224,8 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
         );
     }
 
+    let (ok, detail) = crate::sources::collectives::profiler::check(&cfg.collectives);
+    push("nccl profiler plugin", if ok { Status::Ok } else { Status::Warn }, detail);
     match Selector::new(&cfg.include, &cfg.exclude, false) {
         Ok(selector) => items.extend(check_sources(&cfg, selector)),
         Err(e) => push("config", Status::Fail, e.to_string()),

@@ -330,6 +330,32 @@ pub fn bind_configured(cfg: &super::CollectivesConfig) -> Result<Option<Receiver
     Receiver::bind(&cfg.profiler_socket).map(Some)
 }
 
+/// `agent check`: where the plugin's records go and whether the plugin to install is there;
+/// (ok, detail). Reads only: binds nothing, copies nothing.
+pub fn check(cfg: &super::CollectivesConfig) -> (bool, String) {
+    if !cfg.enabled || cfg.profiler_socket.as_os_str().is_empty() {
+        return (true, "off ([collectives] profiler_socket is empty or the probes are off): NCCL collectives are timed at enqueue".into());
+    }
+    let sock = &cfg.profiler_socket;
+    let listening = sock.exists() && UnixDatagram::unbound().and_then(|s| s.connect(sock)).is_ok();
+    let mut detail = format!("socket {} ({})", sock.display(), if listening { "an agent listens" } else { "not bound now: the agent binds it at start" });
+    if cfg.profiler_plugin_install.as_os_str().is_empty() {
+        detail.push_str("; profiler_plugin_install unset (jobs load a plugin installed otherwise)");
+        return (true, detail);
+    }
+    match bundled_plugin() {
+        Ok(p) if p.is_file() => {
+            detail.push_str(&format!("; installs {} to {}", p.display(), cfg.profiler_plugin_install.display()));
+            (true, detail)
+        }
+        Ok(p) => {
+            detail.push_str(&format!("; {} is missing: nothing to install to {}", p.display(), cfg.profiler_plugin_install.display()));
+            (false, detail)
+        }
+        Err(e) => (false, format!("{detail}; {e}")),
+    }
+}
+
 /// The plugin shipped with the agent: `<prefix>/lib/stepwise/libnccl-profiler-stepwise.so`
 /// for an agent at `<prefix>/bin/agent`.
 pub fn bundled_plugin() -> Result<PathBuf, String> {
