@@ -17,10 +17,10 @@ use prometheus_client::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    attribution::{self, Attribution, CauseKind, NetSample, Params, StepData},
+    attribution::{Attribution, CauseKind, NetSample, Params},
     pipeline,
     sources::{collectives::SharedHistory, nic},
-    timeline::{join::CallView, join_calls, windows::NicInfo, Collective, CounterLog, Marker, NicSample, NicWindow, StepSource},
+    timeline::{join::CallView, join_calls, links::Links, windows::NicInfo, Collective, CounterLog, Marker, NicSample, NicWindow, StepSource},
 };
 
 /// `[steps]` configuration.
@@ -196,6 +196,7 @@ struct CallsIn {
     net: Vec<NetSample>,
     drained_until: f64,
     lost: Vec<(f64, f64)>,
+    links: Links,
 }
 
 /// What a step ending at `end` still waits for, if anything: probe events not drained up to
@@ -359,7 +360,7 @@ impl Engine {
         let horizon = now - self.cfg.grace.as_secs_f64();
         let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
-        let CallsIn { views, net, drained_until, lost } = self.calls_in(lookback);
+        let CallsIn { views, net, drained_until, lost, links } = self.calls_in(lookback);
         let counters_until = self.counters_until.unwrap_or(f64::INFINITY);
         let colls = join_calls(&views);
         let markers: Vec<Marker> = self.markers_since(lookback);
@@ -403,12 +404,9 @@ impl Engine {
             if self.done.contains_key(&key) || step.end <= self.last_attributed - 60.0 {
                 continue;
             }
-            let inputs = pipeline::step_inputs(&colls, f, Some(&self.log), &nets);
             let dropped = self.drop_spans.iter().any(|&(a, b)| a <= step.end && b >= step.begin);
-            let mut att = attribution::attribute(
-                &StepData { step, collectives: &inputs.collectives, windows: &inputs.windows, net: &inputs.net, dropped_events: dropped },
-                &self.cfg.params,
-            );
+            let inp = pipeline::Inputs { colls: &colls, log: Some(&self.log), nets: &nets, links: &links };
+            let (mut att, inputs) = pipeline::attribute(&inp, f, &self.cfg.params, dropped);
             if lost.iter().any(|&(a, b)| a <= step.end && b >= step.begin) {
                 att.incomplete = true;
                 att.notes.push("incomplete data: probe events of processes that exited before the agent could inspect them were lost (a starved agent; see stepwise_probe_decode_errors_total{kind=\"process_gone\"})".to_string());
@@ -443,7 +441,7 @@ impl Engine {
     /// wait for.
     fn calls_in(&self, since: f64) -> CallsIn {
         let Some(calls) = &self.calls else {
-            return CallsIn { views: Vec::new(), net: Vec::new(), drained_until: f64::INFINITY, lost: Vec::new() };
+            return CallsIn { views: Vec::new(), net: Vec::new(), drained_until: f64::INFINITY, lost: Vec::new(), links: Links::default() };
         };
         let h = match calls.lock() {
             Ok(h) => h,
@@ -458,6 +456,7 @@ impl Engine {
                 .collect(),
             drained_until: h.drained_until,
             lost: h.lost_since(since),
+            links: Links::new(h.links.iter().cloned()),
         }
     }
 

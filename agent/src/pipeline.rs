@@ -2,9 +2,9 @@
 //! ([`crate::engine::Engine`]) and cluster `agent diagnose` (`cli::diagnose::cluster`):
 //!
 //! 1. [`find_steps`]: joined collectives + markers → steps, each with the collectives it holds;
-//! 2. [`step_inputs`]: a step's collectives → their NIC counter windows and the sampled
-//!    network requests of the step;
-//! 3. [`crate::attribution::attribute`] → seconds per cause.
+//! 2. [`step_inputs`]: a step's collectives → the counter windows of the NICs their ranks use
+//!    ([`crate::timeline::links`]) and the sampled network requests of the step;
+//! 3. [`attribute`]: [`crate::attribution::attribute`] → seconds per cause.
 //!
 //! What differs between the daemon and the cluster is data, not rules: the daemon passes one
 //! host's calls, counters and requests, the cluster every peer's.
@@ -21,8 +21,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
-    attribution::NetSample,
-    timeline::{steps::detect_period, steps_from_markers, Collective, CounterLog, Marker, NicWindow, Step, StepSource},
+    attribution::{self, Attribution, NetSample, Params, StepData},
+    timeline::{links::Links, steps::detect_period, steps_from_markers, Collective, CounterLog, Marker, NicWindow, Step, StepSource},
 };
 
 /// A step and the collectives it holds.
@@ -161,26 +161,39 @@ fn phase(colls: &[Collective], seq: &[usize], p: usize) -> u64 {
     (0..p).max_by(|&x, &y| median(&mut gaps[x].clone()).total_cmp(&median(&mut gaps[y].clone()))).unwrap_or(0) as u64
 }
 
+/// What the steps are attributed from: the joined collectives (as [`find_steps`] got them),
+/// the NIC counters (when any were sampled), each host's sampled requests sorted by post time,
+/// and which NICs each process uses.
+pub struct Inputs<'c, 'o> {
+    pub colls: &'c [Collective],
+    pub log: Option<&'o CounterLog>,
+    pub nets: &'o [Vec<NetSample>],
+    pub links: &'o Links,
+}
+
 /// What attribution needs of one step beyond the step itself.
 pub struct StepInputs<'a> {
     pub collectives: Vec<&'a Collective>,
-    /// Per collective (same order), the NICs' deltas over its transfer interval; empty
-    /// without counters.
+    /// Per collective (same order), the deltas of the NICs its ranks use over its transfer
+    /// interval; empty without counters.
     pub windows: Vec<Vec<NicWindow>>,
     /// The step's sampled network requests, of one host.
     pub net: Vec<NetSample>,
+    /// How the step's NICs were linked to its ranks (empty without links).
+    pub linked: Vec<String>,
 }
 
-/// A step's collectives, their counter windows (`log`, when any counters were sampled) and
-/// the sampled requests of the step. `nets` holds each host's requests sorted by post time;
-/// in-flight limits are per connection, so one host's requests are used — the host with the
-/// most in the step — rather than outstanding requests summed over hosts. A request posted
-/// more than a second before the step began is not looked at.
-pub fn step_inputs<'a>(colls: &'a [Collective], f: &Found, log: Option<&CounterLog>, nets: &[Vec<NetSample>]) -> StepInputs<'a> {
-    let collectives: Vec<&Collective> = f.members.iter().map(|&i| &colls[i]).collect();
-    let windows = collectives.iter().map(|c| log.map(|l| l.window(c.last_arrival(), c.last_exit())).unwrap_or_default()).collect();
+/// A step's collectives, their counter windows reduced to the NICs their ranks use
+/// ([`Links::filter`]) and the sampled requests of the step. In-flight limits are per
+/// connection, so one host's requests are used — the host with the most in the step — rather
+/// than outstanding requests summed over hosts. A request posted more than a second before the
+/// step began is not looked at.
+pub fn step_inputs<'c>(inp: &Inputs<'c, '_>, f: &Found) -> StepInputs<'c> {
+    let collectives: Vec<&Collective> = f.members.iter().map(|&i| &inp.colls[i]).collect();
+    let windows = collectives.iter().map(|c| inp.log.map(|l| inp.links.filter(c, l.window(c.last_arrival(), c.last_exit()))).unwrap_or_default()).collect();
     let (b, e) = (f.step.begin, f.step.end);
-    let net = nets
+    let net = inp
+        .nets
         .iter()
         .map(|v| {
             let (lo, hi) = (v.partition_point(|n| n.posted < b - 1.0), v.partition_point(|n| n.posted < e));
@@ -188,7 +201,25 @@ pub fn step_inputs<'a>(colls: &'a [Collective], f: &Found, log: Option<&CounterL
         })
         .max_by_key(|v| v.len())
         .unwrap_or_default();
-    StepInputs { collectives, windows, net }
+    let mut linked: Vec<String> = collectives.iter().flat_map(|c| inp.links.describe(c)).collect();
+    linked.sort();
+    linked.dedup();
+    StepInputs { collectives, windows, net, linked }
+}
+
+/// Attributes step `f`: [`step_inputs`], then [`attribution::attribute`], with a note naming the
+/// NICs linked to its ranks. `dropped`: probe events were lost during it.
+pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params, dropped: bool) -> (Attribution, StepInputs<'c>) {
+    let si = step_inputs(inp, f);
+    let mut a =
+        attribution::attribute(&StepData { step: &f.step, collectives: &si.collectives, windows: &si.windows, net: &si.net, dropped_events: dropped }, params);
+    if !si.linked.is_empty() {
+        const SHOWN: usize = 8;
+        let more = si.linked.len().saturating_sub(SHOWN);
+        let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+        a.notes.push(format!("NICs of this step's ranks (only these carry its collectives): {}{tail}", si.linked[..si.linked.len().min(SHOWN)].join(", ")));
+    }
+    (a, si)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::{
-    attribution::{attribute, Attribution, CauseKind, Params, StepData},
+    attribution::{Attribution, CauseKind, Params},
     timeline::{join::Arrival, Phase},
 };
 
@@ -33,13 +33,7 @@ fn sorted(mut v: Vec<Collective>) -> Vec<Collective> {
 }
 
 fn attribute_all(colls: &[Collective], found: &[Found]) -> Vec<Attribution> {
-    found
-        .iter()
-        .map(|f| {
-            let i = step_inputs(colls, f, None, &[]);
-            attribute(&StepData { step: &f.step, collectives: &i.collectives, windows: &i.windows, net: &i.net, dropped_events: false }, &Params::default())
-        })
-        .collect()
+    found.iter().map(|f| attribute(&Inputs { colls, log: None, nets: &[], links: &Links::default() }, f, &Params::default(), false).0).collect()
 }
 
 #[test]

@@ -12,6 +12,7 @@
 pub mod admission;
 pub mod clocks;
 pub mod join;
+pub mod links;
 pub mod markers;
 pub mod open;
 pub mod steps;

@@ -7,11 +7,14 @@ use std::collections::BTreeMap;
 
 use super::{Selection, MAX_STEPS};
 use crate::{
-    attribution::{attribute, NetSample, Params, StepData},
+    attribution::{NetSample, Params},
     pipeline::{self, Found},
     report::duration,
     report::{nics_of, Skew, StepReport},
-    timeline::clocks::{self, Clocks},
+    timeline::{
+        clocks::{self, Clocks},
+        links::{Links, ProcessLink},
+    },
     timeline::{join::CallView, join_calls, Collective, CounterLog, Marker, NicInfo, NicSample},
 };
 
@@ -28,6 +31,8 @@ pub struct PeerData {
     pub net: Vec<NetSample>,
     pub markers: Vec<Marker>,
     pub nics: Vec<(NicInfo, Vec<NicSample>)>,
+    /// The NICs each of the peer's traced processes uses.
+    pub links: Vec<ProcessLink>,
     /// Partial answers (an endpoint that failed after the calls arrived), truncation.
     pub notes: Vec<String>,
 }
@@ -175,6 +180,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         ));
     }
     let Observed { colls, markers, log, nets, clocks } = observe(peers, calls, &mut notes);
+    let links = Links::new(peers.iter().flat_map(|p| p.links.iter().cloned()));
     let (all_steps, how) = pipeline::find_steps(&markers, &colls);
     if all_steps.is_empty() {
         return Err(format!(
@@ -207,8 +213,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
     }
     let mut steps = Vec::new();
     for f in &chosen {
-        let inp = pipeline::step_inputs(&colls, f, log.as_ref(), &nets);
-        let mut a = attribute(&StepData { step: &f.step, collectives: &inp.collectives, windows: &inp.windows, net: &inp.net, dropped_events: false }, params);
+        let (mut a, inp) = pipeline::attribute(&pipeline::Inputs { colls: &colls, log: log.as_ref(), nets: &nets, links: &links }, f, params, false);
         let (cf, late) = clock_free(&inp.collectives);
         let hosts: Vec<&str> = inp.collectives.iter().flat_map(|c| c.arrivals.iter().map(|x| x.host.as_str())).collect();
         let err = clocks.error(&hosts);

@@ -131,6 +131,8 @@ pub struct History {
     pub proc_root: std::path::PathBuf,
     /// The NCCL profiler plugin's calls and processes ([`super::profiler`]).
     pub plugin: super::profiler::PluginStore,
+    /// The NICs each traced process uses ([`super::links`]), as last refreshed.
+    pub links: Vec<crate::timeline::links::ProcessLink>,
 }
 
 /// Lost-event spans kept at most.
@@ -156,6 +158,7 @@ impl History {
             progress: Default::default(),
             proc_root: "/proc".into(),
             plugin: Default::default(),
+            links: Vec::new(),
         }
     }
 

@@ -12,6 +12,7 @@ pub mod elf;
 pub mod exits;
 pub mod history;
 pub mod k8s;
+pub mod links;
 mod metrics;
 mod net_metrics;
 pub mod procs;
@@ -169,6 +170,8 @@ pub struct Collectives {
     ready: Arc<std::sync::atomic::AtomicBool>,
     /// [`Collectives::status`] after every rescan, for `/api/v1/status`.
     status_shared: Arc<Mutex<serde_json::Value>>,
+    /// Refreshes which NICs each traced process uses ([`links`]).
+    linker: links::Linker,
     /// The thread emptying the RingBuf while this one decodes and attaches (see [`drain`]);
     /// `None` before [`Collectives::run`] (tests feed [`Collectives::handle`] directly).
     drainer: Option<drain::Drainer>,
@@ -228,6 +231,7 @@ impl Collectives {
             drops_total: Arc::default(),
             ready: Arc::default(),
             status_shared: Arc::new(Mutex::new(serde_json::json!({}))),
+            linker: Default::default(),
             drainer: None,
             cfg,
         })
@@ -630,6 +634,12 @@ impl Collectives {
         }
         for f in ["nccl", "mpi", "gloo", "user"] {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
+        }
+        let host = self.history.lock().map(|h| h.host.to_string()).unwrap_or_default();
+        if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, self.procs.iter().map(|(p, i)| (*p, &i.env))) {
+            if let Ok(mut h) = self.history.lock() {
+                h.links = l;
+            }
         }
     }
 

@@ -38,6 +38,8 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "STEPWISE_JOB",
     // Whether the process's NCCL calls block until done (otherwise they time the enqueue).
     "CUDA_LAUNCH_BLOCKING",
+    // The interfaces gloo uses (NCCL_SOCKET_IFNAME is under NCCL_): which NICs carry a job.
+    "GLOO_SOCKET_IFNAME",
 ];
 
 /// Even under an allowed prefix, names that look like credentials are never kept.

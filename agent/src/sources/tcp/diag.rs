@@ -40,6 +40,9 @@ pub struct TcpConn {
     pub remote_port: u16,
     /// `idiag_cookie`: the socket's identity while it lives.
     pub cookie: u64,
+    /// `idiag_inode`: the socket's inode, as `/proc/<pid>/fd/*` links name it
+    /// (`socket:[inode]`) — which process owns the connection.
+    pub inode: u32,
     pub snd_mss: u32,
     /// Segments sent and not yet acknowledged (`tcpi_unacked`).
     pub unacked: u32,
@@ -160,6 +163,7 @@ pub fn parse_diag_msg(p: &[u8]) -> Option<TcpConn> {
         local: addr(family, &p[8..24]),
         remote: addr(family, &p[24..40]),
         cookie: u32ne(p, 44)? as u64 | (u32ne(p, 48)? as u64) << 32,
+        inode: u32ne(p, 68)?,
         ..Default::default()
     };
     let mut o = DIAG_MSG_LEN;
@@ -376,6 +380,10 @@ mod tests {
         // Everything read by the peer was acknowledged (its ACK may still be on its way for
         // the last segments: at least all but one send buffer's worth).
         assert!(me.bytes_acked as usize <= sent + 1 && me.bytes_acked as usize + me.sndbuf as usize >= sent, "{me:?}");
+        // The dump names the socket's inode as /proc/<pid>/fd does: which process owns it.
+        use std::os::fd::AsRawFd;
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", tx.as_raw_fd())).expect("fd link");
+        assert_eq!(link.to_string_lossy(), format!("socket:[{}]", me.inode), "{me:?}");
         // (busy time is counted in jiffies: a loopback burst of a few ms may show 0.)
         assert!(me.snd_mss > 0 && me.srtt > 0.0 && me.sndbuf > 0 && me.delivered > 0, "{me:?}");
     }

@@ -9,7 +9,7 @@
 //! Addresses map to interfaces through `getifaddrs(3)` in the agent's network namespace;
 //! both parts see the connections of that namespace only.
 
-mod diag;
+pub(crate) mod diag;
 pub mod inflight;
 
 pub use diag::{SockDiag, TcpConn};
