@@ -151,3 +151,17 @@ fn busy_api_requests_never_hold_metrics_and_wait_their_turn() {
         assert_eq!(r.status(), StatusCode::OK);
     });
 }
+
+#[test]
+fn collectives_refuse_an_unknown_format_and_a_bad_until() {
+    rt().block_on(async {
+        let s = state(0);
+        for q in ["format=xml", "format=", "until=NaN", "until=1e400", "since=1&until=-inf"] {
+            assert_eq!(collectives(State(s.clone()), query(q)).await.status(), StatusCode::BAD_REQUEST, "collectives {q}");
+        }
+        // Valid queries get past the checks (here to "probes are not running": no history).
+        for q in ["format=compact", "format=full", "since=1&until=2&format=compact"] {
+            assert_eq!(collectives(State(s.clone()), query(q)).await.status(), StatusCode::SERVICE_UNAVAILABLE, "collectives {q}");
+        }
+    });
+}
