@@ -4,7 +4,7 @@
 //! with 10 000 markers held, flood + listings + 300 idle connections per round: VmHWM 43.9 →
 //! 67.8 MiB in the first round; typed, it stayed at the start-up peak, 44.0 MiB, over 4 rounds).
 
-#[derive(serde::Serialize)]
+#[derive(Default, serde::Serialize)]
 pub struct CollectivesPage {
     pub host: String,
     pub clock_error_seconds: f64,

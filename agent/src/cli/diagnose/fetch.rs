@@ -347,7 +347,7 @@ mod tests {
             evicted: 0,
             drained_until: 0.0,
             calls: records,
-            net_requests: Vec::new(),
+            ..Default::default()
         };
         let json = serde_json::to_string(&CompactCollectivesPage::from_page(page)).expect("serialize");
         assert!(json.matches("abc").count() == 1 && json.matches("all_reduce").count() == 1, "each string once: {json}");
