@@ -42,12 +42,30 @@ struct Setup {
     marker_sock: PathBuf,
 }
 
-fn setup() -> Setup {
-    let lib = workloads::build().expect("workloads build");
+/// The directory, namespace and sockets of a test, before its agent.
+struct Bare {
+    tmp: tempfile::TempDir,
+    dir: PathBuf,
+    ns: Netns,
+    profiler_sock: PathBuf,
+    marker_sock: PathBuf,
+}
+
+fn bare() -> Bare {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().to_path_buf();
     let ns = Netns::new().expect("network namespace (needs root)");
     let (profiler_sock, marker_sock) = (dir.join("profiler.sock"), dir.join("markers.sock"));
+    Bare { tmp, dir, ns, profiler_sock, marker_sock }
+}
+
+fn setup() -> Setup {
+    with_agent(bare())
+}
+
+fn with_agent(b: Bare) -> Setup {
+    let Bare { tmp, dir, ns, profiler_sock, marker_sock } = b;
+    let lib = workloads::build().expect("workloads build");
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,
@@ -69,23 +87,35 @@ fn setup() -> Setup {
 /// Runs the 4 ranks in the namespace (asynchronous library: no CUDA_LAUNCH_BLOCKING), with
 /// the plugin when `plugin`; returns every rank's output.
 fn run_job(s: &Setup, plugin: bool, args: &[&str]) -> Vec<String> {
+    let b = (s.dir.as_path(), s.ns.name(), s.profiler_sock.as_path(), s.marker_sock.as_path());
+    wait_job(spawn_job(b, plugin, STEPS, args))
+}
+
+/// Starts the ranks: (directory, namespace, profiler socket, marker socket).
+fn spawn_job(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path), plugin: bool, steps: usize, args: &[&str]) -> Vec<Proc> {
+    let (dir, ns, profiler_sock, marker_sock) = b;
     let bin = workloads::build().expect("build").join("nccl_steps");
-    let id = s.dir.join("job.id");
+    let id = dir.join("job.id");
     let _ = std::fs::remove_file(&id);
     let mut procs: Vec<Proc> = Vec::new();
     for r in 0..4u32 {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", s.ns.name(), "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]);
-        c.arg(format!("STEPWISE_PROFILER_SOCKET={}", s.profiler_sock.display()));
+        c.args(["netns", "exec", ns, "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]);
+        c.arg(format!("STEPWISE_PROFILER_SOCKET={}", profiler_sock.display()));
         if plugin {
             c.arg(format!("NCCL_PROFILER_PLUGIN={}", workloads::profiler_plugin().expect("plugin").display()));
         } else {
             c.arg("NCCL_PROFILER_PLUGIN=none");
         }
         c.arg(&bin).args(["--rank", &r.to_string(), "--nranks", "4", "--id-file"]).arg(&id);
-        c.args(["--steps", &STEPS.to_string(), "--bytes", "65536", "--marker-socket"]).arg(&s.marker_sock).args(args);
-        procs.push(Proc::spawn(&format!("r{r}"), &mut c, s.dir.join(format!("r{r}.log"))).expect("spawn rank"));
+        c.args(["--steps", &steps.to_string(), "--bytes", "65536", "--marker-socket"]).arg(marker_sock).args(args);
+        procs.push(Proc::spawn(&format!("r{r}"), &mut c, dir.join(format!("r{r}.log"))).expect("spawn rank"));
     }
+    procs
+}
+
+/// Waits for every rank; returns their outputs.
+fn wait_job(mut procs: Vec<Proc>) -> Vec<String> {
     let end = Instant::now() + Duration::from_secs(120);
     procs
         .iter_mut()
@@ -182,7 +212,8 @@ fn a_late_cpu_whose_gpu_is_busy_anyway_is_not_charged() {
     assert!(median(skews) < 2.0, "readiness skew charged although every GPU was busy: {text}");
     let late2: Vec<f64> =
         st.iter().filter_map(|s| s["ranks"].as_array()?.iter().find(|r| r["rank"] == 2).and_then(|r| r["late_seconds"].as_f64())).map(|x| x * 1e3).collect();
-    let held: Vec<String> = st.iter().map(|s| format!("step {} colls {} ranks {}", s["step"], s["collectives"], s["ranks"].as_array().map_or(0, Vec::len))).collect();
+    let held: Vec<String> =
+        st.iter().map(|s| format!("step {} colls {} ranks {}", s["step"], s["collectives"], s["ranks"].as_array().map_or(0, Vec::len))).collect();
     assert_eq!(late2.len(), st.len(), "rank 2 in every step: {held:?}");
     assert!(median(late2) < 2.0, "rank 2's lateness from GPU time: {text}");
 }
@@ -216,4 +247,33 @@ fn without_the_plugin_enqueue_times_name_no_straggler() {
     assert!(t.contains("timing: host_enqueue") && t.contains("host-only timing"), "{t}");
     let status = s.agent.status().expect("status");
     assert_eq!(status["collectives_detail"]["profiler"]["active_gpu"], 0);
+}
+
+#[test]
+fn an_agent_started_after_init_joins_the_ranks_by_the_communicator_hash() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let b = bare();
+    // The job first: its communicator is created, and the plugin's first records find no
+    // agent (dropped and counted). The uprobes never see ncclCommInitRank.
+    let args = ["--compute-us", "1000", "--gpu-compute-ms", "10", "--gpu-delay-rank", "2", "--gpu-delay-ms", "30"];
+    let procs = spawn_job((b.dir.as_path(), b.ns.name(), b.profiler_sock.as_path(), b.marker_sock.as_path()), true, 120, &args);
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = with_agent(b);
+    wait_job(procs);
+    let all = wait_for(Duration::from_secs(30), "GPU-timed steps", || {
+        let v: serde_json::Value = serde_json::from_str(&s.agent.get("/api/v1/steps?limit=200").ok()?.body).ok()?;
+        let st: Vec<serde_json::Value> = v["steps"].as_array()?.iter().filter(|s| s["timing"] == "gpu").cloned().collect();
+        (st.len() >= 20).then_some(st)
+    })
+    .expect("steps after the agent started");
+    let text = summary(&all.iter().collect::<Vec<_>>());
+    let skews: Vec<f64> = all.iter().map(|s| cause(s, "readiness_skew")["seconds"].as_f64().unwrap_or(0.0) * 1e3).collect();
+    let m = median(skews);
+    assert!((m - GPU_DELAY_MS).abs() <= 0.15 * GPU_DELAY_MS, "median readiness skew {m:.1} ms: {text}");
+    let named = all.iter().filter(|s| cause(s, "readiness_skew")["rank"] == 2).count();
+    assert!(named * 10 >= all.len() * 9, "rank 2 named in {named} of {} steps: {text}", all.len());
+    let procs = s.agent.status().expect("status")["collectives_detail"]["profiler"]["processes"].clone();
+    let procs = procs.as_array().expect("processes");
+    assert_eq!(procs.len(), 4, "{procs:?}");
+    assert!(procs.iter().any(|p| p["dropped_no_agent"].as_u64().unwrap_or(0) > 0), "records sent before the agent were counted: {procs:?}");
 }

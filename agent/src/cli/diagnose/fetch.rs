@@ -212,17 +212,10 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
     }
     p.calls = calls;
     p.host = c.host;
-    let limit = crate::export::api::MAX_MARKERS_LIMIT;
-    match get_json::<MarkersWire>(agent, peer, &format!("/api/v1/markers?since={since:.6}&until={until:.6}&limit={limit}"), deadline, timeout) {
-        Ok(m) => {
-            if m.truncated {
-                p.notes.push(format!("returned the maximum {limit} markers: later steps may be missing; narrow --since"));
-            }
-            p.markers = m
-                .markers
-                .into_iter()
-                .map(|w| Marker { rank: w.rank, step: w.step, phase: w.phase, time: w.time, host: w.host.or_else(|| Some(p.host.clone())) })
-                .collect()
+    match fetch_markers(agent, peer, &p.host, (since, until), deadline, timeout) {
+        Ok((markers, note)) => {
+            p.markers = markers;
+            p.notes.extend(note);
         }
         Err(e) => p.notes.push(format!("markers unavailable ({e}); its ranks' markers are missing")),
     }
@@ -240,6 +233,45 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
 /// Progress goes to stderr when `progress`. Answers keep the order of `peers`.
 pub fn fan_out(peers: &[String], since: f64, until: f64, timeout: Duration, progress: bool) -> (Vec<PeerData>, Vec<PeerFailure>) {
     let agent = client();
+/// Pages of markers read from one peer at most: the agent keeps at most 200 000 markers.
+pub const MAX_MARKER_PAGES: usize = 20;
+
+/// Every marker of `[since, until]`, page by page (8 ranks × 1 000 steps are 16 000 markers,
+/// more than one page): the next page starts at the last marker's time, and markers seen on
+/// both pages (the same time) are kept once. A page ends in received order, so a marker
+/// received later but stamped before the page's last one would be missed; the ranks of one
+/// host send within microseconds of their stamps. The note says when pages ran out.
+fn fetch_markers(
+    agent: &ureq::Agent,
+    peer: &str,
+    host: &str,
+    (since, until): (f64, f64),
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(Vec<Marker>, Option<String>), PeerError> {
+    let limit = crate::export::api::MAX_MARKERS_LIMIT;
+    let mut seen: std::collections::HashSet<(u32, u64, bool, u64, Option<String>)> = std::collections::HashSet::new();
+    let (mut out, mut from, mut prev_last) = (Vec::new(), since, f64::NEG_INFINITY);
+    for _ in 0..MAX_MARKER_PAGES {
+        let m: MarkersWire = get_json(agent, peer, &format!("/api/v1/markers?since={from:.6}&until={until:.6}&limit={limit}"), deadline, timeout)?;
+        let last = m.markers.last().and_then(|w| w.time).unwrap_or(from);
+        for w in m.markers {
+            if seen.insert((w.rank, w.step, w.phase == Phase::Begin, w.time.unwrap_or(0.0).to_bits(), w.host.clone())) {
+                out.push(Marker { rank: w.rank, step: w.step, phase: w.phase, time: w.time, host: w.host.or_else(|| Some(host.to_string())) });
+            }
+        }
+        if !m.truncated {
+            return Ok((out, None));
+        }
+        if last <= prev_last {
+            return Ok((out, Some(format!("the markers after {last:.6} did not fit a page ({limit}): later steps may be missing"))));
+        }
+        // `since` is sent to the microsecond: a microsecond of overlap (seen markers are kept once).
+        (prev_last, from) = (last, last - 1e-6);
+    }
+    Ok((out, Some(format!("returned {MAX_MARKER_PAGES} pages of {limit} markers: later steps may be missing; narrow --since"))))
+}
+
     let next = AtomicUsize::new(0);
     let (tx, rx) = mpsc::channel::<(usize, Result<PeerData, PeerError>)>();
     if progress {
@@ -359,3 +391,31 @@ mod tests {
         assert!(wire.take_calls().is_err_and(|e| e.contains("communicator 9")), "{bad}");
     }
 }
+
+    #[test]
+    fn markers_are_read_page_by_page_each_once() {
+        use crate::{
+            engine::{Engine, StepsConfig},
+            export::{api::AppState, replay::Agents},
+            timeline::Phase,
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let mut engine = Engine::new(StepsConfig::default(), "node-9".into(), &mut registry).expect("engine");
+        let (t0, n) = (crate::engine::wall_now() - 100.0, 2 * crate::export::api::MAX_MARKERS_LIMIT + 300);
+        for i in 0..n {
+            // 64 ranks, ~320 markers and steps each: within admission control's bursts.
+            let phase = if i % 128 < 64 { Phase::Begin } else { Phase::End };
+            engine.add_marker(Marker { rank: (i % 64) as u32, step: (i / 128) as u64, phase, time: Some(t0 + i as f64 * 1e-3), host: None });
+        }
+        let mut state = AppState::new(registry);
+        state.engine = Some(std::sync::Arc::new(std::sync::Mutex::new(engine)));
+        let agents = Agents::serve(vec![state], 1).expect("serve");
+        let peer = agents.addrs[0].to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (m, note) = fetch_markers(&client(), &peer, "node-9", (t0 - 1.0, t0 + 1e3), deadline, Duration::from_secs(30)).expect("markers");
+        assert_eq!(note, None);
+        assert_eq!(m.len(), n, "three pages, every marker once");
+        let keys: std::collections::HashSet<(u32, u64, bool)> = m.iter().map(|x| (x.rank, x.step, x.phase == Phase::Begin)).collect();
+        assert_eq!(keys.len(), n);
+        assert!(m.iter().all(|x| x.host.as_deref() == Some("node-9")));
+    }
