@@ -163,3 +163,11 @@ fn the_event_mask_follows_the_nccl_version_and_the_environment() {
     assert_eq!(choose_mask(23104, Some("coll,kernel")), EV_COLL | EV_KERNEL_CH);
     assert_eq!(choose_mask(22907, Some("proxy")), EV_COLL | EV_PROXY_OP | EV_PROXY_STEP);
 }
+
+#[test]
+fn a_communicator_preallocates_half_a_mebibyte() {
+    let bytes = events::COLL_SLOTS * std::mem::size_of::<events::CollSlot>() + events::STEP_SLOTS * std::mem::size_of::<events::StepSlot>();
+    assert_eq!(std::mem::size_of::<events::CollSlot>(), 128);
+    assert_eq!(std::mem::size_of::<events::StepSlot>(), 64);
+    assert_eq!(bytes, 512 << 10, "docs/profiler-plugin.md says about 0.5 MiB");
+}
