@@ -159,6 +159,7 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
             history::{ClockMap, History},
             targets::Family,
         },
+        timeline::links::ProcessLink,
         timeline::{NicInfo, NicSample},
     };
     // Deterministic pseudo-random straggler delays, compute times and NIC bytes.
@@ -179,6 +180,18 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
         let mut samples: Vec<NicSample> = Vec::new();
         let info = NicInfo { name: "eth0".into(), host: None, rail: Some(0), rate_bytes_per_second: Some(1.25e9) };
         let (mut tx, mut rx) = (0.0, 0.0);
+        let other = NicInfo { name: "eth1".into(), rail: Some(1), ..info.clone() };
+        let mut other_samples: Vec<NicSample> = Vec::new();
+        // Cases 2 and 3: the job's processes are linked to eth0 (their sockets), so eth1's
+        // traffic is not theirs; cases 0 and 1: no links, every NIC a candidate.
+        let links: Vec<ProcessLink> = if case >= 2 {
+            (0..4u32)
+                .map(|r| ProcessLink { host: "h".into(), pid: 100 + r, nics: ["eth0".to_string()].into(), how: Default::default(), complete: true })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        h.lock().expect("history").links = links.clone();
         for k in 0..12u64 {
             let compute = 0.05 + 0.05 * rnd();
             for rank in 0..4u32 {
@@ -189,7 +202,7 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
                     tid: 100 + rank,
                     library: Family::Nccl,
                     op: "all_reduce".into(),
-                    bytes: Some(8 << 20),
+                    bytes: Some(1 << 20),
                     comm: Some(CommId(0xfeed)),
                     comm_global: true,
                     rank: Some(rank),
@@ -211,8 +224,11 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
                 tx += if busy { 3e6 + 1e6 * rnd() } else { 1e3 };
                 rx += if busy { 3e6 } else { 1e3 };
                 let s = NicSample { time, tx_bytes: tx, rx_bytes: rx, ..Default::default() };
-                e.push_samples(time, vec![(info.clone(), s.clone())]);
+                // eth1 carries another job's steady 10 MB per 10 ms, with a queue.
+                let o = NicSample { time, tx_bytes: 1e9 * time, rx_bytes: 1e9 * time, backlog_bytes: 9e4, ..Default::default() };
+                e.push_samples(time, vec![(info.clone(), s.clone()), (other.clone(), o.clone())]);
                 samples.push(s);
+                other_samples.push(o);
             }
             t = end;
         }
@@ -227,7 +243,11 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
             host: "h".into(),
             clock_synchronized: true,
             calls: views,
-            nics: vec![(NicInfo { host: Some("h".into()), ..info.clone() }, samples.clone())],
+            nics: vec![
+                (NicInfo { host: Some("h".into()), ..info.clone() }, samples.clone()),
+                (NicInfo { host: Some("h".into()), ..other.clone() }, other_samples),
+            ],
+            links,
             ..Default::default()
         };
         let sel = Selection { step: None, slowest: None, since: None, since_label: None };
@@ -239,6 +259,9 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
             // The daemon adds host-level notes (none here) only; everything else is equal.
             d.notes.retain(|n| c.notes.contains(n));
             assert_eq!(&d, c, "case {case} step {}", d.step);
+            // Linked, eth1's traffic is no cause of this job's; unlinked, it is congestion.
+            let cong = d.cause(CauseKind::Congestion);
+            assert!(if case >= 2 { cong == 0.0 } else { cong > 0.0 }, "case {case} step {}: congestion {cong}", d.step);
         }
     }
 }

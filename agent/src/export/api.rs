@@ -366,6 +366,7 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
                 drained_until: h.drained_until,
                 calls: h.calls_since(since, limit),
                 net_requests: h.net_since(since, limit),
+                links: h.links.clone(),
             }
         };
         let mut page = page;

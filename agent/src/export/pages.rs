@@ -13,6 +13,8 @@ pub struct CollectivesPage {
     pub drained_until: f64,
     pub calls: Vec<crate::sources::collectives::history::CallRecord>,
     pub net_requests: Vec<crate::sources::collectives::history::NetRecord>,
+    /// The NICs each traced process uses (`timeline::links`).
+    pub links: Vec<crate::timeline::links::ProcessLink>,
 }
 
 #[derive(serde::Serialize)]
@@ -61,6 +63,7 @@ pub struct CompactCollectivesPage {
     pub timings: Vec<crate::timeline::join::Timing>,
     pub rows: Vec<CallRow>,
     pub net_requests: Vec<crate::sources::collectives::history::NetRecord>,
+    pub links: Vec<crate::timeline::links::ProcessLink>,
 }
 
 /// One call of a [`CompactCollectivesPage`]: comm (index), seq, op (index), library (index),
@@ -165,6 +168,7 @@ impl CompactCollectivesPage {
             evicted: full.evicted,
             drained_until: full.drained_until,
             net_requests: full.net_requests,
+            links: full.links,
         }
     }
 }

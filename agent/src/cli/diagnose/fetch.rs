@@ -110,6 +110,9 @@ struct CollectivesWire {
     rows: Vec<CallRow>,
     #[serde(default)]
     net_requests: Vec<NetWire>,
+    /// Absent from agents older than NIC linking: no links, every NIC a candidate.
+    #[serde(default)]
+    links: Vec<crate::timeline::links::ProcessLink>,
 }
 
 impl CollectivesWire {
@@ -205,6 +208,7 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
         clock_error_seconds: c.clock_error_seconds,
         clock_synchronized: c.clock_synchronized,
         net: c.net_requests.into_iter().map(|n| NetSample { bytes: n.bytes.unwrap_or(0.0), posted: n.posted, completed: n.completed, send: n.send }).collect(),
+        links: std::mem::take(&mut c.links),
         ..Default::default()
     };
     if calls.len() >= CALLS_LIMIT {
@@ -229,10 +233,6 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
     Ok(p)
 }
 
-/// Queries every peer in parallel (at most [`MAX_PARALLEL`] at once), each within `timeout`.
-/// Progress goes to stderr when `progress`. Answers keep the order of `peers`.
-pub fn fan_out(peers: &[String], since: f64, until: f64, timeout: Duration, progress: bool) -> (Vec<PeerData>, Vec<PeerFailure>) {
-    let agent = client();
 /// Pages of markers read from one peer at most: the agent keeps at most 200 000 markers.
 pub const MAX_MARKER_PAGES: usize = 20;
 
@@ -272,6 +272,10 @@ fn fetch_markers(
     Ok((out, Some(format!("returned {MAX_MARKER_PAGES} pages of {limit} markers: later steps may be missing; narrow --since"))))
 }
 
+/// Queries every peer in parallel (at most [`MAX_PARALLEL`] at once), each within `timeout`.
+/// Progress goes to stderr when `progress`. Answers keep the order of `peers`.
+pub fn fan_out(peers: &[String], since: f64, until: f64, timeout: Duration, progress: bool) -> (Vec<PeerData>, Vec<PeerFailure>) {
+    let agent = client();
     let next = AtomicUsize::new(0);
     let (tx, rx) = mpsc::channel::<(usize, Result<PeerData, PeerError>)>();
     if progress {
@@ -372,6 +376,13 @@ mod tests {
             record(Some(0xabc), Some(5), "all_reduce", host, false),
         ];
         let want: Vec<CallView> = records.iter().map(CallRecord::view).collect();
+        let link = crate::timeline::links::ProcessLink {
+            host: "node-7".into(),
+            pid: 42,
+            nics: ["rail0".to_string()].into(),
+            how: [("rail0".to_string(), "tcp 10.0.0.7:4000 → 10.0.0.8:5000".to_string())].into(),
+            complete: true,
+        };
         let page = CollectivesPage {
             host: "node-7".into(),
             clock_error_seconds: 1e-3,
@@ -379,18 +390,20 @@ mod tests {
             evicted: 0,
             drained_until: 0.0,
             calls: records,
+            links: vec![link.clone()],
             ..Default::default()
         };
         let json = serde_json::to_string(&CompactCollectivesPage::from_page(page)).expect("serialize");
         assert!(json.matches("abc").count() == 1 && json.matches("all_reduce").count() == 1, "each string once: {json}");
         let mut wire: CollectivesWire = serde_json::from_str(&json).expect("parse");
         assert_eq!(wire.take_calls().expect("rows"), want);
+        // Which NICs each process uses travels with the calls.
+        assert_eq!(wire.links, vec![link]);
         // A row naming a string that is not in its table is refused, not guessed.
         let bad = json.replacen("[0,2751,", "[9,2751,", 1);
         let mut wire: CollectivesWire = serde_json::from_str(&bad).expect("parse");
         assert!(wire.take_calls().is_err_and(|e| e.contains("communicator 9")), "{bad}");
     }
-}
 
     #[test]
     fn markers_are_read_page_by_page_each_once() {
@@ -419,3 +432,4 @@ mod tests {
         assert_eq!(keys.len(), n);
         assert!(m.iter().all(|x| x.host.as_deref() == Some("node-9")));
     }
+}
