@@ -9,7 +9,7 @@
 use std::{
     net::TcpListener,
     sync::{Mutex, OnceLock},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use serde_json::Value;
@@ -177,10 +177,9 @@ fn thirteen_of_128_peers_down_still_answer_and_are_named() {
     down.push(hang_addr.clone());
     assert_eq!(down.len(), 13);
     for (fmt, args) in [("json", &["--step", "733", "--json", "--timeout", "3s"][..]), ("text", &["--step", "733", "--timeout", "3s"][..])] {
-        let t = Instant::now();
         let m = diagnose(&all, args);
         assert_eq!(m.status.code(), Some(0), "cli.md: exit 0 when a report is printed, also from the peers that answered ({fmt}): {}", m.stderr);
-        assert!(t.elapsed() < Duration::from_secs(10), "the hanging peer costs one timeout (3 s), not more: {:?}", t.elapsed());
+        assert!(m.seconds < 10.0, "the hanging peer costs one timeout (3 s), not more: {:.1} s", m.seconds);
         if fmt == "json" {
             let v = json(&m);
             let failed: Vec<String> = v["peers"]["failed"].as_array().into_iter().flatten().filter_map(|f| f["peer"].as_str().map(String::from)).collect();
