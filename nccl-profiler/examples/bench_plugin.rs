@@ -162,11 +162,22 @@ fn cost(p: &ProfilerV5, n: u64) -> (f64, f64) {
     (best_c, best_p)
 }
 
+/// The plugin's own counters: (sent, dropped: no receiver, dropped: ring full).
+fn plugin_counters() -> (u64, u64, u64) {
+    let g = nccl_profiler::global();
+    (g.counters.sent.load(Relaxed), g.counters.unsent.load(Relaxed), g.ring.dropped.load(Relaxed))
+}
+
 fn main() {
+    // `--agent SOCKET`: send to a running agent's profiler socket instead of this program's
+    // receiver (then read its stepwise_profiler_records_total); the plugin's counters say what
+    // it sent and dropped.
+    let args: Vec<String> = std::env::args().collect();
+    let external = args.iter().position(|a| a == "--agent").and_then(|i| args.get(i + 1)).map(std::path::PathBuf::from);
     let dir = std::env::temp_dir().join(format!("stepwise-bench-plugin-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let sock = dir.join("profiler.sock");
-    let rx = UnixDatagram::bind(&sock).expect("bind the receiver");
+    let sock = external.clone().unwrap_or_else(|| dir.join("profiler.sock"));
+    let rx = if external.is_some() { UnixDatagram::unbound().expect("socket") } else { UnixDatagram::bind(&sock).expect("bind the receiver") };
     rx.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
     // Before the plugin's first init: the sender thread reads it once.
     std::env::set_var("STEPWISE_PROFILER_SOCKET", &sock);
@@ -188,14 +199,16 @@ fn main() {
             }
         });
     }
-    let n = 200_000;
+    // With an external receiver only the throughput is measured (the cost rounds' burst of a
+    // million collectives would only fill its queue first).
+    let n = if external.is_some() { 1 } else { 200_000 };
     let (ec, ep) = cost(&EMPTY, n);
     let (sc, sp) = cost(&ncclProfiler_v5, n);
     println!("per collective, best of 5 × {n} (ns; Instant reads included in both):");
     println!("  calling thread (Coll start+stop):        stepwise {sc:7.1}  empty {ec:7.1}  plugin cost {:7.1} ns", sc - ec);
     println!("  proxy thread (2 KernelCh, 2×4 ProxyStep): stepwise {sp:7.1}  empty {ep:7.1}  plugin cost {:7.1} ns", sp - ep);
     std::thread::sleep(Duration::from_millis(300));
-    println!("records sent during the cost rounds: {} received, {} dropped (ring full / no agent)", got.load(Relaxed), drops.load(Relaxed));
+    println!("records sent during the cost rounds: {} received, {} dropped (ring full / not delivered)", got.load(Relaxed), drops.load(Relaxed));
 
     println!("throughput, 1 s per rate, one producer thread (calling + proxy callbacks):");
     let ctx = init(&ncclProfiler_v5);
@@ -203,11 +216,13 @@ fn main() {
     for rate in [10_000u64, 100_000, 300_000, 1_000_000, 0] {
         std::thread::sleep(Duration::from_millis(300));
         let (g0, d0, f0) = (got.load(Relaxed), drops.load(Relaxed), full.load(Relaxed));
+        let p0 = plugin_counters();
         let t0 = Instant::now();
         let mut made = 0u64;
         while t0.elapsed() < Duration::from_secs(1) {
             if rate > 0 && made as f64 > t0.elapsed().as_secs_f64() * rate as f64 {
-                std::hint::spin_loop();
+                // Ahead of the rate: yield the core (the sender and the receiver need it).
+                std::thread::sleep(Duration::from_micros(200));
                 continue;
             }
             let h = calling(&ncclProfiler_v5, ctx, seq);
@@ -219,6 +234,8 @@ fn main() {
         let (g1, d1, f1) = (got.load(Relaxed), drops.load(Relaxed), full.load(Relaxed));
         let label = if rate == 0 { "unpaced".to_string() } else { format!("{rate}/s") };
         println!("  {label:>10}: produced {made:8} in 1 s, received {:8}, dropped {:8} (ring full {})", g1 - g0, d1 - d0, f1 - f0);
+        let p1 = plugin_counters();
+        println!("              the plugin: sent {}, not delivered {}, ring full {}", p1.0 - p0.0, p1.1 - p0.1, p1.2 - p0.2);
     }
     // SAFETY: the context from init.
     unsafe { (ncclProfiler_v5.finalize)(ctx) };

@@ -129,7 +129,9 @@ impl Sender {
         };
         wire::encode(&h, &self.batch, &mut self.buf);
         // A full receive queue (the agent is busy) is waited out for up to ~20 ms on the sender
-        // thread (2 ms at finalize); anything else means no agent.
+        // thread (2 ms at finalize), then this batch is dropped and the next one tried at once;
+        // any other error means no agent: sending pauses for BACKOFF.
+        let mut busy = false;
         for _ in 0..self.tries {
             // SAFETY: valid buffer and address for the lengths given.
             let r = unsafe {
@@ -146,12 +148,15 @@ impl Sender {
                 return true;
             }
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            if e != libc::EAGAIN && e != libc::ENOBUFS && e != libc::EINTR {
+            busy = e == libc::EAGAIN || e == libc::ENOBUFS || e == libc::EINTR;
+            if !busy {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.paused_until = Some(Instant::now() + BACKOFF);
+        if !busy {
+            self.paused_until = Some(Instant::now() + BACKOFF);
+        }
         false
     }
 
@@ -217,6 +222,22 @@ mod tests {
         assert_eq!(headers[1].sent, 64);
         assert_eq!(headers[0].pid, std::process::id());
         assert_eq!(c.sent.load(Relaxed), 100);
+        // A receiver that reads nothing: its queue fills, batches are dropped and counted, and
+        // sending does not pause (the agent is there, only busy).
+        s.tries = 1;
+        let mut sent = 0;
+        for i in 0..10_000u64 {
+            ring.push(&rec(i));
+            if i % 64 == 63 {
+                s.flush(&ring, &c);
+            }
+            sent += 1;
+        }
+        s.flush(&ring, &c);
+        assert!(c.unsent.load(Relaxed) > 10, "a full queue drops: {}", c.unsent.load(Relaxed));
+        assert!(s.paused_until.is_none(), "busy is not absent");
+        assert_eq!(c.sent.load(Relaxed) + c.unsent.load(Relaxed) + ring.dropped.load(Relaxed), 110 + sent);
+        drop(rx);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -9,7 +9,7 @@
 //!  16  u32 NCCL version (ncclGetVersion, e.g. 22907; 0 unknown)
 //!  20  u32 event mask the plugin asked NCCL for
 //!  24  u64 records dropped so far: the ring was full
-//!  32  u64 records dropped so far: no agent listening (send failed)
+//!  32  u64 records dropped so far: not delivered (no agent, or its queue stayed full)
 //!  40  u64 records sent so far (before this datagram)
 //! record (136 bytes) × n, see [`Record`]
 //! ```

@@ -275,5 +275,5 @@ fn an_agent_started_after_init_joins_the_ranks_by_the_communicator_hash() {
     let procs = s.agent.status().expect("status")["collectives_detail"]["profiler"]["processes"].clone();
     let procs = procs.as_array().expect("processes");
     assert_eq!(procs.len(), 4, "{procs:?}");
-    assert!(procs.iter().any(|p| p["dropped_no_agent"].as_u64().unwrap_or(0) > 0), "records sent before the agent were counted: {procs:?}");
+    assert!(procs.iter().any(|p| p["dropped_unsent"].as_u64().unwrap_or(0) > 0), "records sent before the agent were counted: {procs:?}");
 }

@@ -46,7 +46,7 @@ pub struct PluginProc {
     pub event_mask: u32,
     pub records: u64,
     pub dropped_ring_full: u64,
-    pub dropped_no_agent: u64,
+    pub dropped_unsent: u64,
     /// Wall time of the first record with GPU times, less a millisecond: this process's
     /// uprobe-timed collectives entered after it are replaced by the plugin's.
     pub gpu_since: Option<f64>,
@@ -74,6 +74,13 @@ pub fn comm_of(comm_hash: u64, func: u8) -> CommId {
     CommId(fnv1a(&[b"nccl-profiler", &comm_hash.to_le_bytes(), &[func]]))
 }
 
+/// The op name of a function code, shared (no allocation per record).
+fn op_name(func: u8) -> std::sync::Arc<str> {
+    static NAMES: std::sync::OnceLock<Vec<std::sync::Arc<str>>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| (0..=wire::FUNC_OPS.len() as u8).map(|f| wire::name_of(&wire::FUNC_OPS, f).into()).collect());
+    names.get(func as usize).or_else(|| names.first()).cloned().unwrap_or_else(|| "unknown".into())
+}
+
 /// One plugin record as a call of `pid` on `host`.
 pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMap) -> CallRecord {
     let enqueue = r.enqueue_ns as f64 * 1e-9;
@@ -96,7 +103,7 @@ pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMa
         pid,
         tid: 0,
         library: Lib::Nccl,
-        op: wire::name_of(&wire::FUNC_OPS, r.func).into(),
+        op: op_name(r.func),
         bytes: (r.bytes > 0).then_some(r.bytes),
         comm: Some(comm_of(r.comm_hash, r.func)),
         comm_global: true,
@@ -120,7 +127,7 @@ pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMa
 
 impl PluginStore {
     /// Adds one datagram's records (at wall time `now`); returns the new drop counts (ring
-    /// full, no agent) the plugin reported since its last datagram.
+    /// full, not delivered) the plugin reported since its last datagram.
     pub fn push(&mut self, h: &Header, recs: &[Record], host: &std::sync::Arc<str>, clock: &ClockMap, cap: usize, now: f64) -> (u64, u64) {
         if !self.procs.contains_key(&h.pid) && self.procs.len() >= MAX_PROCS {
             if let Some(old) = self.procs.values().min_by(|a, b| a.last_seen.total_cmp(&b.last_seen)).map(|p| p.pid) {
@@ -128,11 +135,11 @@ impl PluginStore {
             }
         }
         let p = self.procs.entry(h.pid).or_insert_with(|| PluginProc { pid: h.pid, ..Default::default() });
-        let new_drops = (h.dropped_full.saturating_sub(p.dropped_ring_full), h.dropped_unsent.saturating_sub(p.dropped_no_agent));
+        let new_drops = (h.dropped_full.saturating_sub(p.dropped_ring_full), h.dropped_unsent.saturating_sub(p.dropped_unsent));
         p.nccl_version = h.nccl_version;
         p.event_mask = h.event_mask;
         p.dropped_ring_full = p.dropped_ring_full.max(h.dropped_full);
-        p.dropped_no_agent = p.dropped_no_agent.max(h.dropped_unsent);
+        p.dropped_unsent = p.dropped_unsent.max(h.dropped_unsent);
         p.records += recs.len() as u64;
         p.last_seen = now;
         for r in recs {
@@ -226,7 +233,7 @@ impl ProfilerMetrics {
         r.register("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
         r.register(
             "stepwise_profiler_plugin_drops",
-            "Records the profiler plugins dropped: ring_full (the job outran the sender) or no_agent (nobody listened)",
+            "Records the profiler plugins dropped: ring_full (the job outran the sender) or unsent (no agent listened, or its queue stayed full)",
             m.plugin_drops.clone(),
         );
         r.register(
@@ -239,7 +246,7 @@ impl ProfilerMetrics {
             "Largest GPU-timer-to-host-clock error bound of the active plugin processes",
             m.offset_error.clone(),
         );
-        for reason in ["ring_full", "no_agent"] {
+        for reason in ["ring_full", "unsent"] {
             let _ = m.plugin_drops.get_or_create(&ReasonLabel { reason });
         }
         for timing in ["gpu", "host_enqueue"] {
@@ -407,7 +414,7 @@ pub fn handle_datagram(h: &mut super::history::History, b: &[u8], m: &ProfilerMe
             let (full, unsent) = h.plugin.push(&hd, &recs, &host, &clock, cap, now);
             m.records.inc_by(recs.len() as u64);
             m.plugin_drops.get_or_create(&ReasonLabel { reason: "ring_full" }).inc_by(full);
-            m.plugin_drops.get_or_create(&ReasonLabel { reason: "no_agent" }).inc_by(unsent);
+            m.plugin_drops.get_or_create(&ReasonLabel { reason: "unsent" }).inc_by(unsent);
         }
         Err(e) => {
             m.refused.inc();
