@@ -5,22 +5,17 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    sync::atomic::AtomicU64,
     time::Duration,
 };
 
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::Registry,
-};
+use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    attribution::{Attribution, CauseKind, NetSample, Params},
+    attribution::{Attribution, NetSample, Params},
     pipeline,
     sources::{collectives::SharedHistory, nic},
-    timeline::{join::CallView, join_calls, links::Links, windows::NicInfo, Collective, CounterLog, Marker, NicSample, NicWindow, StepSource},
+    timeline::{join::CallView, join_calls, links::Links, windows::NicInfo, Collective, CounterLog, Marker, NicSample, StepSource},
 };
 
 /// `[steps]` configuration.
@@ -65,72 +60,15 @@ impl Default for StepsConfig {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CauseLabel {
-    cause: &'static str,
-}
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RankLabel {
-    rank: String,
-}
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RailLabel {
-    rail: String,
-}
-
-/// Upper bounds (`le`) of `stepwise_step_duration_seconds`, in seconds: written out so each
-/// label is the exact decimal (an exponential series prints float noise such as
-/// 0.0022500000000000004), from 5 ms collectives-only steps to multi-minute LLM steps (large
-/// models' steps take 1-60 s; the last finite bucket is 300 s, beyond 120 s).
-pub const STEP_BUCKETS: [f64; 28] = [
-    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
-    300.0,
-];
-
-struct Metrics {
-    duration: Histogram,
-    steps: Counter,
-    slow: Counter,
-    attributed: Family<CauseLabel, Counter<f64, AtomicU64>>,
-    rank_wait: Family<RankLabel, Counter<f64, AtomicU64>>,
-    rank_late: Family<RankLabel, Counter<f64, AtomicU64>>,
-    rail_share: Family<RailLabel, Gauge<f64, AtomicU64>>,
-    /// One series without labels, created by the first step with rail bytes: before it the
-    /// family is empty (a 0 would read as "less than balanced", 1 is balanced).
-    imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+/// `stepwise_markers` and `stepwise_marker_errors`.
+struct MarkerMetrics {
     markers: Counter,
     marker_errors: Counter,
-    rank_labels: crate::labels::RankLabels,
 }
 
-impl Metrics {
-    fn register(r: &mut Registry) -> Metrics {
-        let m = Metrics {
-            duration: Histogram::new(STEP_BUCKETS.iter().copied()),
-            steps: Counter::default(),
-            slow: Counter::default(),
-            attributed: Family::default(),
-            rank_wait: Family::default(),
-            rank_late: Family::default(),
-            rail_share: Family::default(),
-            imbalance: Family::default(),
-            markers: Counter::default(),
-            marker_errors: Counter::default(),
-            rank_labels: Default::default(),
-        };
-        r.register("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
-        r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
-        r.register("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
-        r.register("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
-        // Every cause from the start, at 0: a healthy node's dashboards and alerts see 0, not
-        // an absent series.
-        for c in CauseKind::ALL {
-            let _ = m.attributed.get_or_create(&CauseLabel { cause: c.as_str() });
-        }
-        r.register("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
-        r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
-        r.register("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
-        r.register("stepwise_rail_imbalance_ratio", "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)", m.imbalance.clone());
+impl MarkerMetrics {
+    fn register(r: &mut Registry) -> MarkerMetrics {
+        let m = MarkerMetrics { markers: Counter::default(), marker_errors: Counter::default() };
         r.register("stepwise_markers", "Step markers received", m.markers.clone());
         r.register("stepwise_marker_errors", "Malformed step markers refused", m.marker_errors.clone());
         m
@@ -158,13 +96,11 @@ pub struct Engine {
     /// (job key, step id, begin in µs for marker steps) already attributed → the step's end.
     done: BTreeMap<(String, u64, i64), f64>,
     rates: HashMap<String, f64>,
-    metrics: Metrics,
-    recent: VecDeque<f64>,
+    metrics: sink::StepMetrics,
+    marker_metrics: MarkerMetrics,
     calls: Option<SharedHistory>,
     /// Wall time up to which steps were attributed.
     pub last_attributed: f64,
-    /// Steps waiting to be written to the store by the owner.
-    pub pending_store: Vec<(String, Attribution, Vec<Collective>, Vec<NicWindow>)>,
     drops_seen: u64,
     /// Wall time of the previous tick (start of the interval new drops fall into).
     last_tick: f64,
@@ -173,17 +109,17 @@ pub struct Engine {
     /// Wall-time intervals in which probe events were dropped: steps overlapping one are
     /// incomplete. Pruned with the attribution lookback.
     drop_spans: VecDeque<(f64, f64)>,
-    sinks: Vec<StepSink>,
+    /// Where each attributed step goes besides the step metrics and the history above.
+    sinks: Vec<Box<dyn StepSink>>,
     /// Bounds what a marker flood can cost (`timeline::admission`).
     admission: crate::timeline::admission::Admission,
     /// Judges the open calls at every tick (`[hang]`).
     hang: crate::hang::detector::Detector,
 }
 
-/// Receives each step as it is attributed: job key, attribution and the step's collectives.
-/// Called under the engine lock, so a sink must not block (the OTLP exporter try-sends into
-/// a bounded queue and counts what it drops).
-pub type StepSink = Box<dyn Fn(&str, &Attribution, &[Collective]) + Send>;
+mod sink;
+
+pub use sink::{FinishedStep, StepMetrics, StepSink, StoreQueue, StoredStep, STEP_BUCKETS, STORE_QUEUE_MAX};
 
 pub fn wall_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0) + crate::testclock::offset_seconds()
@@ -215,6 +151,7 @@ fn missing_data(end: f64, drained_until: f64, counters_until: f64) -> Option<Str
 
 impl Engine {
     pub fn new(cfg: StepsConfig, host: String, registry: &mut Registry) -> Result<Engine, crate::units::UnitError> {
+        let step_host = host.clone();
         let mut rates = HashMap::new();
         for (k, v) in &cfg.nic_rates {
             rates.insert(k.clone(), crate::units::parse_rate_pos(v)?.0);
@@ -226,13 +163,12 @@ impl Engine {
             steps: VecDeque::new(),
             done: BTreeMap::new(),
             rates,
-            metrics: Metrics::register(registry),
+            metrics: sink::StepMetrics::register(registry, step_host, cfg.slow_step),
+            marker_metrics: MarkerMetrics::register(registry),
             admission: crate::timeline::admission::Admission::register(registry, Default::default()),
             hang: crate::hang::detector::Detector::new(Default::default(), registry),
-            recent: VecDeque::new(),
             calls: None,
             last_attributed: 0.0,
-            pending_store: Vec::new(),
             drops_seen: 0,
             last_tick: 0.0,
             counters_until: None,
@@ -251,6 +187,7 @@ impl Engine {
         }
         cfg.marker_socket = self.cfg.marker_socket.clone();
         self.rates = rates;
+        self.metrics.set_slow_step(cfg.slow_step);
         self.cfg = cfg;
         Ok(())
     }
@@ -290,8 +227,8 @@ impl Engine {
         self.calls = Some(h);
     }
 
-    /// Adds a sink that sees every step from now on (OTLP export).
-    pub fn add_step_sink(&mut self, sink: StepSink) {
+    /// Adds a sink that sees every step from now on (the history store, OTLP export).
+    pub fn add_step_sink(&mut self, sink: Box<dyn StepSink>) {
         self.sinks.push(sink);
     }
 
@@ -326,11 +263,11 @@ impl Engine {
             self.markers.pop_front();
         }
         self.markers.push_back(m);
-        self.metrics.markers.inc();
+        self.marker_metrics.markers.inc();
     }
 
     pub fn marker_error(&self) {
-        self.metrics.marker_errors.inc();
+        self.marker_metrics.marker_errors.inc();
     }
 
     pub fn markers_since(&self, since: f64) -> Vec<Marker> {
@@ -415,15 +352,13 @@ impl Engine {
                 att.incomplete = true;
                 att.notes.push(format!("incomplete data: closed {:.1} s after its end (steps.max_wait) before {what}", now - step.end));
             }
-            let windows = inputs.windows;
-            let mine = inputs.collectives;
-            self.record(&att, &windows);
             let step_windows = self.log.window(step.begin, step.end);
-            let mine: Vec<Collective> = mine.into_iter().cloned().collect();
-            for sink in &self.sinks {
-                sink(&f.job, &att, &mine);
+            let mine: Vec<Collective> = inputs.collectives.into_iter().cloned().collect();
+            let done = FinishedStep { job: &f.job, attribution: &att, collectives: &mine, windows: &inputs.windows, step_windows: &step_windows };
+            self.metrics.step(&done);
+            for sink in &mut self.sinks {
+                sink.step(&done);
             }
-            self.pending_store.push((f.job.clone(), att.clone(), mine, step_windows));
             if self.steps.len() >= self.cfg.history.max(1) {
                 self.steps.pop_front();
             }
@@ -458,51 +393,6 @@ impl Engine {
             lost: h.lost_since(since),
             links: Links::new(h.links.iter().cloned()),
         }
-    }
-
-    fn record(&mut self, a: &Attribution, windows: &[Vec<NicWindow>]) {
-        let m = &self.metrics;
-        m.duration.observe(a.seconds);
-        m.steps.inc();
-        let slow = if self.cfg.slow_step > Duration::ZERO {
-            a.seconds > self.cfg.slow_step.as_secs_f64()
-        } else {
-            let mut v: Vec<f64> = self.recent.iter().copied().collect();
-            v.sort_by(f64::total_cmp);
-            v.len() >= 5 && a.seconds > 1.5 * v[v.len() / 2]
-        };
-        if slow {
-            m.slow.inc();
-        }
-        self.recent.push_back(a.seconds);
-        if self.recent.len() > 100 {
-            self.recent.pop_front();
-        }
-        for c in &a.causes {
-            if c.seconds > 0.0 {
-                m.attributed.get_or_create(&CauseLabel { cause: c.kind.as_str() }).inc_by(c.seconds);
-            }
-        }
-        // Per-rank metrics only for ranks on this host (another host's agent exports theirs).
-        for r in a.ranks.iter().filter(|r| r.host == self.host) {
-            let rank = m.rank_labels.label(r.rank);
-            m.rank_wait.get_or_create(&RankLabel { rank: rank.clone() }).inc_by(r.wait_seconds);
-            m.rank_late.get_or_create(&RankLabel { rank }).inc_by(r.late_seconds);
-        }
-        let mut per_rail: BTreeMap<String, f64> = BTreeMap::new();
-        for w in windows.iter().flatten() {
-            let rail = w.nic.rail.map(|r| r.to_string()).unwrap_or_else(|| w.nic.name.clone());
-            *per_rail.entry(rail).or_default() += w.tx_bytes;
-        }
-        let total: f64 = per_rail.values().sum();
-        if total > 0.0 && per_rail.len() <= 64 {
-            for (rail, b) in &per_rail {
-                m.rail_share.get_or_create(&RailLabel { rail: rail.clone() }).set(b / total);
-            }
-            let mean = total / per_rail.len() as f64;
-            m.imbalance.get_or_create(&Vec::new()).set(per_rail.values().cloned().fold(0.0, f64::max) / mean);
-        }
-        let _ = CauseKind::ALL;
     }
 }
 

@@ -5,7 +5,26 @@ use std::collections::BTreeSet;
 use prometheus_client::registry::Registry;
 
 use super::*;
-use crate::timeline::Phase;
+use crate::{
+    attribution::CauseKind,
+    timeline::{NicWindow, Phase},
+};
+
+/// A 0.5 s step of one collective with `ranks`.
+fn one_step(ranks: Vec<crate::attribution::RankTime>) -> Attribution {
+    Attribution {
+        step: 1,
+        begin: 0.0,
+        end: 0.5,
+        seconds: 0.5,
+        causes: Vec::new(),
+        ranks,
+        collectives: 1,
+        incomplete: false,
+        notes: Vec::new(),
+        timing: String::new(),
+    }
+}
 
 #[test]
 fn markers_make_steps_without_collective_probes() {
@@ -69,12 +88,19 @@ fn rail_ratios_are_not_exported_before_the_first_step() {
     assert!(samples.is_empty(), "rail series before any step: {samples:?}");
     // Once a step set them: one unlabelled imbalance series and a ratio per rail.
     let mut registry = Registry::default();
-    let m = Metrics::register(&mut registry);
-    m.imbalance.get_or_create(&Vec::new()).set(1.25);
-    m.rail_share.get_or_create(&RailLabel { rail: "0".into() }).set(0.5);
+    let mut m = StepMetrics::register(&mut registry, "h".into(), Duration::ZERO);
+    let nic = |rail: u32, tx: f64| NicWindow {
+        nic: NicInfo { name: format!("rail{rail}"), host: Some("h".into()), rail: Some(rail), rate_bytes_per_second: Some(1e9) },
+        tx_bytes: tx,
+        ..Default::default()
+    };
+    let a = one_step(Vec::new());
+    // 3 MB on rail 0, 1 MB on rail 1: the busiest rail carries 1.5 × the mean, 75 %.
+    let windows = vec![vec![nic(0, 3e6), nic(1, 1e6)]];
+    m.step(&FinishedStep { job: "j", attribution: &a, collectives: &[], windows: &windows, step_windows: &[] });
     let text = exposition(&registry);
-    assert!(text.lines().any(|l| l == "stepwise_rail_imbalance_ratio 1.25"), "{text}");
-    assert!(text.lines().any(|l| l == "stepwise_rail_bytes_ratio{rail=\"0\"} 0.5"), "{text}");
+    assert!(text.lines().any(|l| l == "stepwise_rail_imbalance_ratio 1.5"), "{text}");
+    assert!(text.lines().any(|l| l == "stepwise_rail_bytes_ratio{rail=\"0\"} 0.75"), "{text}");
     assert!(!text.contains("stepwise_rail_bytes_share"), "the old name is gone");
 }
 
@@ -93,23 +119,12 @@ fn a_1024_rank_job_keeps_global_ranks_and_bounded_series_on_every_host() {
             inside_seconds: 0.02,
         })
         .collect();
-    let step = crate::attribution::Attribution {
-        step: 1,
-        begin: 0.0,
-        end: 0.5,
-        seconds: 0.5,
-        causes: Vec::new(),
-        ranks,
-        collectives: 1,
-        incomplete: false,
-        notes: Vec::new(),
-        timing: String::new(),
-    };
+    let step = one_step(ranks);
     let mut top: (f64, String) = (0.0, String::new());
     for h in 0..128u32 {
         let mut registry = Registry::default();
-        let mut e = Engine::new(StepsConfig::default(), format!("node-{h}"), &mut registry).expect("engine");
-        e.record(&step, &[]);
+        let mut m = StepMetrics::register(&mut registry, format!("node-{h}"), Duration::ZERO);
+        m.step(&FinishedStep { job: "j", attribution: &step, collectives: &[], windows: &[], step_windows: &[] });
         let text = exposition(&registry);
         let late: Vec<(String, f64)> = text
             .lines()

@@ -313,6 +313,11 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let host = cfg.collectives.host.clone().unwrap_or_else(crate::sources::collectives::hostname);
     let mut engine = Engine::new(cfg.steps.clone(), host, &mut registry).map_err(|e| anyhow::anyhow!("invalid [steps] config: {e}"))?;
     engine.set_hang_config(cfg.hang.clone());
+    // The history store's sink: steps queue under the engine lock, the sampler thread writes.
+    let store_queue = crate::engine::StoreQueue::default();
+    if cfg.store.enabled {
+        engine.add_step_sink(Box::new(store_queue.clone()));
+    }
     let engine = Arc::new(Mutex::new(engine));
     let mut state = api::AppState::new(registry);
     state.watchdog = Some(watchdog.clone());
@@ -398,27 +403,24 @@ async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
                 sweeps += 1;
                 // Per-NIC samples for step windows, then attribute the steps that ended.
                 let parts: Vec<_> = srcs.iter().flat_map(|s| s.nic_samples()).collect();
-                let pending = match engine.lock() {
-                    Ok(mut e) => {
-                        let now = crate::engine::wall_now();
-                        // Counters were read during the round: stamped at its middle, so a
-                        // round stretched by a busy CPU shifts them by half as much.
-                        e.push_samples(round_start + (now - round_start) / 2.0, parts);
-                        // Attribution looks at the last minute of calls: at most ten times a
-                        // second however fast the counters are sampled (steps wait a grace
-                        // period of a second anyway).
-                        if last_tick.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
-                            e.tick(now, drops.load(Ordering::Relaxed));
-                            last_tick = Some(Instant::now());
-                        }
-                        std::mem::take(&mut e.pending_store)
+                if let Ok(mut e) = engine.lock() {
+                    let now = crate::engine::wall_now();
+                    // Counters were read during the round: stamped at its middle, so a round
+                    // stretched by a busy CPU shifts them by half as much.
+                    e.push_samples(round_start + (now - round_start) / 2.0, parts);
+                    // Attribution looks at the last minute of calls: at most ten times a second
+                    // however fast the counters are sampled (steps wait a grace period of a
+                    // second anyway).
+                    if last_tick.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
+                        e.tick(now, drops.load(Ordering::Relaxed));
+                        last_tick = Some(Instant::now());
                     }
-                    Err(_) => Vec::new(),
-                };
+                }
+                let pending = store_queue.take();
                 // The store is written outside the engine lock: a slow disk never blocks the API.
                 if let Some(st) = store.as_mut() {
-                    for (job, att, colls, wins) in &pending {
-                        match st.put_step(job, att, colls, wins) {
+                    for p in &pending {
+                        match st.put_step(&p.job, &p.attribution, &p.collectives, &p.windows) {
                             Ok(_) => store_health.ok(),
                             Err(e) => {
                                 warn!("history store: {e}");

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 
 use super::*;
+use crate::attribution::CauseKind;
 use crate::{
     sources::collectives::{
         decode::{Call, CommId},

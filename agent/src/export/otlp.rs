@@ -232,6 +232,22 @@ fn unix_nanos() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
+/// The OTLP exporter's step sink: each step is cloned into the exporter's bounded queue
+/// with `try_send`; a full queue (a slow or dead collector) drops it and counts it.
+struct TraceSink {
+    tx: mpsc::SyncSender<FinishedStep>,
+    dropped: Counter,
+}
+
+impl crate::engine::StepSink for TraceSink {
+    fn step(&mut self, s: &crate::engine::FinishedStep<'_>) {
+        let f = FinishedStep { job: s.job.to_string(), attribution: s.attribution.clone(), collectives: s.collectives.to_vec() };
+        if self.tx.try_send(f).is_err() {
+            self.dropped.inc();
+        }
+    }
+}
+
 /// Starts the exporter when `[otlp] enabled`: registers its counters in the state's
 /// registry (it must not be shared yet — call this before the state is cloned), hooks a
 /// step sink into the engine and spawns the export thread. `None` when disabled or when the
@@ -257,12 +273,7 @@ pub fn start(cfg: &crate::config::Config, state: &mut AppState, engine: &Arc<Mut
     let (tx, rx) = mpsc::sync_channel::<FinishedStep>(oc.queue);
     let dropped = metrics.dropped.get_or_create(&TRACES).clone();
     if let Ok(mut e) = engine.lock() {
-        e.add_step_sink(Box::new(move |job, attribution, collectives| {
-            let s = FinishedStep { job: job.to_string(), attribution: attribution.clone(), collectives: collectives.to_vec() };
-            if tx.try_send(s).is_err() {
-                dropped.inc();
-            }
-        }));
+        e.add_step_sink(Box::new(TraceSink { tx, dropped }));
     }
     let host = cfg.collectives.host.clone().unwrap_or_else(crate::sources::collectives::hostname);
     let (stop_tx, stop_rx) = mpsc::channel();

@@ -1,0 +1,251 @@
+//! Where an attributed step goes: one interface, [`StepSink`], that the step metrics
+//! ([`StepMetrics`]), the history store ([`StoreQueue`], written by the sampler thread) and the
+//! OTLP exporter (`export::otlp`) implement. Sinks run under the engine lock, so none may
+//! block: the store's sink only queues, OTLP try-sends into a bounded channel.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::{
+    attribution::{Attribution, CauseKind},
+    timeline::{Collective, NicWindow},
+};
+
+/// One attributed step, as every sink sees it.
+pub struct FinishedStep<'a> {
+    /// The step's job key (`markers`, or a period job's main communicator).
+    pub job: &'a str,
+    pub attribution: &'a Attribution,
+    pub collectives: &'a [Collective],
+    /// Per collective (same order), the windows of the NICs attribution used.
+    pub windows: &'a [Vec<NicWindow>],
+    /// Every NIC's window over the whole step (what the store keeps with it).
+    pub step_windows: &'a [NicWindow],
+}
+
+/// Receives every step as it is attributed.
+pub trait StepSink: Send {
+    fn step(&mut self, s: &FinishedStep<'_>);
+}
+
+/// A step as the store writes it.
+#[derive(Clone, Debug)]
+pub struct StoredStep {
+    pub job: String,
+    pub attribution: Attribution,
+    pub collectives: Vec<Collective>,
+    pub windows: Vec<NicWindow>,
+}
+
+/// Most steps waiting for the store (a stalled disk must not grow the agent without bound).
+pub const STORE_QUEUE_MAX: usize = 10_000;
+
+/// Steps waiting to be written to the history store: queued under the engine lock, taken
+/// and written by the sampler thread outside it, so a slow disk never blocks the API.
+#[derive(Clone, Default)]
+pub struct StoreQueue {
+    steps: Arc<Mutex<VecDeque<StoredStep>>>,
+    /// Oldest steps dropped because the queue was full.
+    pub dropped: Arc<AtomicU64>,
+}
+
+impl StoreQueue {
+    /// Every queued step, oldest first.
+    pub fn take(&self) -> Vec<StoredStep> {
+        let mut q = match self.steps.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        q.drain(..).collect()
+    }
+}
+
+impl StepSink for StoreQueue {
+    fn step(&mut self, s: &FinishedStep<'_>) {
+        let mut q = match self.steps.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        if q.len() >= STORE_QUEUE_MAX {
+            q.pop_front();
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        q.push_back(StoredStep {
+            job: s.job.to_string(),
+            attribution: s.attribution.clone(),
+            collectives: s.collectives.to_vec(),
+            windows: s.step_windows.to_vec(),
+        });
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RankLabel {
+    rank: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RailLabel {
+    rail: String,
+}
+
+/// Upper bounds (`le`) of `stepwise_step_duration_seconds`, in seconds: written out so each
+/// label is the exact decimal (an exponential series prints float noise such as
+/// 0.0022500000000000004), from 5 ms collectives-only steps to multi-minute LLM steps (large
+/// models' steps take 1-60 s; the last finite bucket is 300 s, beyond 120 s).
+pub const STEP_BUCKETS: [f64; 28] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
+    300.0,
+];
+
+pub struct StepMetrics {
+    duration: Histogram,
+    steps: Counter,
+    slow: Counter,
+    attributed: Family<CauseLabel, Counter<f64, AtomicU64>>,
+    rank_wait: Family<RankLabel, Counter<f64, AtomicU64>>,
+    rank_late: Family<RankLabel, Counter<f64, AtomicU64>>,
+    rail_share: Family<RailLabel, Gauge<f64, AtomicU64>>,
+    /// One series without labels, created by the first step with rail bytes: before it the
+    /// family is empty (a 0 would read as "less than balanced", 1 is balanced).
+    imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    rank_labels: crate::labels::RankLabels,
+    /// This host: per-rank series only for its ranks.
+    host: String,
+    /// `[steps] slow_step` (0: 1.5 × the median of `recent`).
+    slow_step: Duration,
+    recent: VecDeque<f64>,
+}
+
+impl StepMetrics {
+    pub fn register(r: &mut Registry, host: String, slow_step: Duration) -> StepMetrics {
+        let m = StepMetrics {
+            duration: Histogram::new(STEP_BUCKETS.iter().copied()),
+            steps: Counter::default(),
+            slow: Counter::default(),
+            attributed: Family::default(),
+            rank_wait: Family::default(),
+            rank_late: Family::default(),
+            rail_share: Family::default(),
+            imbalance: Family::default(),
+            rank_labels: Default::default(),
+            host,
+            slow_step,
+            recent: VecDeque::new(),
+        };
+        r.register("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
+        r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
+        r.register("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
+        r.register("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
+        // Every cause from the start, at 0: a healthy node's dashboards and alerts see 0, not
+        // an absent series.
+        for c in CauseKind::ALL {
+            let _ = m.attributed.get_or_create(&CauseLabel { cause: c.as_str() });
+        }
+        r.register("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
+        r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
+        r.register("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
+        r.register("stepwise_rail_imbalance_ratio", "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)", m.imbalance.clone());
+        m
+    }
+
+    /// `[steps] slow_step` after a reload.
+    pub fn set_slow_step(&mut self, d: Duration) {
+        self.slow_step = d;
+    }
+}
+
+impl StepSink for StepMetrics {
+    fn step(&mut self, s: &FinishedStep<'_>) {
+        let (a, windows) = (s.attribution, s.windows);
+        let m = &*self;
+        m.duration.observe(a.seconds);
+        m.steps.inc();
+        let slow = if self.slow_step > Duration::ZERO {
+            a.seconds > self.slow_step.as_secs_f64()
+        } else {
+            let mut v: Vec<f64> = self.recent.iter().copied().collect();
+            v.sort_by(f64::total_cmp);
+            v.len() >= 5 && a.seconds > 1.5 * v[v.len() / 2]
+        };
+        if slow {
+            m.slow.inc();
+        }
+        for c in &a.causes {
+            if c.seconds > 0.0 {
+                m.attributed.get_or_create(&CauseLabel { cause: c.kind.as_str() }).inc_by(c.seconds);
+            }
+        }
+        // Per-rank metrics only for ranks on this host (another host's agent exports theirs).
+        for r in a.ranks.iter().filter(|r| r.host == self.host) {
+            let rank = m.rank_labels.label(r.rank);
+            m.rank_wait.get_or_create(&RankLabel { rank: rank.clone() }).inc_by(r.wait_seconds);
+            m.rank_late.get_or_create(&RankLabel { rank }).inc_by(r.late_seconds);
+        }
+        let mut per_rail: BTreeMap<String, f64> = BTreeMap::new();
+        for w in windows.iter().flatten() {
+            let rail = w.nic.rail.map(|r| r.to_string()).unwrap_or_else(|| w.nic.name.clone());
+            *per_rail.entry(rail).or_default() += w.tx_bytes;
+        }
+        let total: f64 = per_rail.values().sum();
+        if total > 0.0 && per_rail.len() <= 64 {
+            for (rail, b) in &per_rail {
+                m.rail_share.get_or_create(&RailLabel { rail: rail.clone() }).set(b / total);
+            }
+            let mean = total / per_rail.len() as f64;
+            m.imbalance.get_or_create(&Vec::new()).set(per_rail.values().cloned().fold(0.0, f64::max) / mean);
+        }
+        self.recent.push_back(a.seconds);
+        if self.recent.len() > 100 {
+            self.recent.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(id: u64) -> Attribution {
+        Attribution {
+            step: id,
+            begin: 0.0,
+            end: 1.0,
+            seconds: 1.0,
+            causes: Vec::new(),
+            ranks: Vec::new(),
+            collectives: 0,
+            incomplete: false,
+            notes: Vec::new(),
+            timing: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_store_queue_keeps_the_newest_steps_and_counts_what_it_drops() {
+        let mut q = StoreQueue::default();
+        for id in 0..(STORE_QUEUE_MAX as u64 + 3) {
+            let a = step(id);
+            q.step(&FinishedStep { job: "j", attribution: &a, collectives: &[], windows: &[], step_windows: &[] });
+        }
+        let got = q.take();
+        assert_eq!(got.len(), STORE_QUEUE_MAX);
+        assert_eq!((got[0].attribution.step, q.dropped.load(Ordering::Relaxed)), (3, 3));
+        assert!(q.take().is_empty());
+    }
+}
