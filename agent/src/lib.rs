@@ -6,6 +6,7 @@
 pub mod attribution;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod ebpf;
 pub mod engine;
 pub mod export;
