@@ -117,12 +117,15 @@ fn a_single_host_job_gets_no_network_cause_from_busy_stalled_nics_it_never_uses(
             storm.store(false, Ordering::Relaxed);
         })
     };
-    let out = workloads::run_ok(&mut workloads::mpi_steps(
+    // The job confines its RDMA traffic to mlx5_0 the way UCX users do: the agent links its
+    // ranks to that port's NIC (and, a single-host job, still charges it nothing).
+    let mut job = workloads::mpi_steps(
         ns.name(),
         4,
         &["--steps", "36", "--bytes", "67108864", "--compute-us", "40000", "--marker-socket", sock.to_str().expect("utf8")],
-    ))
-    .expect("mpi job");
+    );
+    job.env("UCX_NET_DEVICES", "mlx5_0:1");
+    let out = workloads::run_ok(&mut job).expect("mpi job");
     assert!(String::from_utf8_lossy(&out.stdout).contains("summary"));
     storm_thread.join().expect("storm");
     std::thread::sleep(Duration::from_millis(2500));
@@ -134,6 +137,17 @@ fn a_single_host_job_gets_no_network_cause_from_busy_stalled_nics_it_never_uses(
 
     let calls: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/collectives?limit=100000").expect("collectives").body).expect("json");
     let views: Vec<CallView> = serde_json::from_value(calls["calls"].clone()).expect("views");
+    let ranks: std::collections::BTreeSet<u64> = views.iter().filter(|c| c.op == "all_reduce").map(|c| c.pid as u64).collect();
+    let links = calls["links"].as_array().cloned().unwrap_or_default();
+    let port0 = sc_nic_name(&sys, 0);
+    for pid in &ranks {
+        let l = links.iter().find(|l| l["pid"] == *pid).unwrap_or_else(|| panic!("rank pid {pid} not linked: {links:?}"));
+        assert_eq!(l["complete"], true, "UCX_NET_DEVICES names the RDMA ports it may use: {l}");
+        assert_eq!(l["nics"], serde_json::json!([port0]), "only mlx5_0's NIC: {l}");
+        let how = l["how"][port0.as_str()].as_str().unwrap_or("");
+        assert!(how.contains("UCX_NET_DEVICES=mlx5_0:1"), "{l}");
+    }
+    assert_eq!(ranks.len(), 4, "{ranks:?}");
     let joined = stepwise::timeline::join_calls(views.iter().filter(|c| c.op == "all_reduce"));
     let body: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/steps?limit=1000").expect("steps").body).expect("json");
     let steps = body["steps"].as_array().expect("steps");

@@ -79,7 +79,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
     let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
     let srcs = sources::build_sources(&cfg, &ctx, &mut registry);
-    let coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
+    let mut coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
     let _profiler_thread =
         crate::sources::collectives::profiler::start_configured(profiler_rx, coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.history()), &mut registry);
     let (engine, store_queue) = engine(&cfg, &mut registry)?;
@@ -101,7 +101,10 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     }
     let markers_task = markers::start(&cfg.steps.marker_socket, engine.clone());
 
-    discover_topology(&cfg, &state, &nic_info);
+    let topo = discover_topology(&cfg, &state, &nic_info);
+    if let Some(Ok(c)) = coll.as_mut() {
+        c.set_rdma_ports(crate::sources::collectives::links::RdmaPort::of(&topo));
+    }
     let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
@@ -158,13 +161,14 @@ fn engine(cfg: &Config, registry: &mut Registry) -> anyhow::Result<(Arc<Mutex<En
 
 /// NIC ↔ PCI ↔ NUMA ↔ GPU ↔ rail, read once at start: into `/api/v1/topology` and
 /// `stepwise_nic_info`.
-fn discover_topology(cfg: &Config, state: &api::AppState, nic_info: &topology::info::NicInfo) {
+fn discover_topology(cfg: &Config, state: &api::AppState, nic_info: &topology::info::NicInfo) -> topology::Topology {
     let topo = topology::discover(&cfg.sysfs_root, &cfg.rails);
     if let Ok(mut t) = state.topology.write() {
         *t = serde_json::to_value(&topo).unwrap_or_default();
     }
     nic_info.update(&topo);
     info!(nics = topo.nics.len(), gpus = topo.gpus.len(), "topology discovered");
+    topo
 }
 
 /// Starts the collective probes on their own blocking thread. A host where eBPF cannot load

@@ -3,9 +3,13 @@
 //! matched with one `sock_diag` dump of the namespace — narrowed by the interface variables it
 //! sets (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`, from the allowlisted environment).
 //!
-//! RDMA traffic has no socket: on a host with RDMA devices (`/sys/class/infiniband`) a link
-//! is never `complete`, and the process's collectives keep every NIC as a candidate
-//! (linking RDMA ranks through `NCCL_IB_HCA` and the sampled `ncclIb*` devices is not built).
+//! RDMA traffic has no socket. On a host with RDMA ports (the topology's, read under the
+//! configured sysfs root) a process is linked to them only by what it says about them
+//! ([`rdma_use`]): `NCCL_IB_HCA` (NCCL's HCA list), `UCX_NET_DEVICES` (UCX's device list, as
+//! OpenMPI's UCX layer reads it), or `NCCL_IB_DISABLE=1` / `NCCL_NET=Socket` (no RDMA at all).
+//! A process that says nothing keeps an incomplete link and its collectives every NIC as a
+//! candidate: NCCL picks among all HCAs by PCI distance to the GPU, which the agent does not
+//! know per process (GPU affinity and the sampled `ncclIb*` requests' devices are not used).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -51,9 +55,24 @@ pub fn link(
     inodes: &BTreeSet<u32>,
     conns: &[TcpConn],
     iface_of: &BTreeMap<IpAddr, String>,
-    rdma_host: bool,
+    rdma: &[RdmaPort],
 ) -> ProcessLink {
-    let mut l = ProcessLink { host: host.into(), pid, complete: !rdma_host, ..Default::default() };
+    let mut l = ProcessLink { host: host.into(), pid, ..Default::default() };
+    match rdma_use(env, rdma) {
+        RdmaUse::NoDevices => l.complete = true,
+        RdmaUse::Unknown => {}
+        RdmaUse::Disabled(how) => {
+            l.complete = true;
+            l.how.insert("rdma".into(), how);
+        }
+        RdmaUse::Ports(ports) => {
+            l.complete = true;
+            for (nic, how) in ports {
+                l.nics.insert(nic.clone());
+                l.how.insert(nic, how);
+            }
+        }
+    }
     // gloo's variable names interfaces exactly; NCCL's are prefixes unless `=`.
     let specs: Vec<(&str, String)> =
         [("NCCL_SOCKET_IFNAME", ""), ("GLOO_SOCKET_IFNAME", "=")].iter().filter_map(|(k, exact)| env.get(*k).map(|v| (*k, format!("{exact}{v}")))).collect();
@@ -73,9 +92,94 @@ pub fn link(
     l
 }
 
-/// Whether the host has RDMA devices (their traffic is invisible to sock_diag).
-pub fn rdma_host() -> bool {
-    std::fs::read_dir("/sys/class/infiniband").map(|mut d| d.next().is_some()).unwrap_or(false)
+/// One RDMA port of this host and the name the counter sources give it (its netdev, else
+/// `device/port`, as `sources::nic` names it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RdmaPort {
+    pub device: String,
+    pub port: Option<u32>,
+    pub nic: String,
+}
+
+impl RdmaPort {
+    /// The RDMA ports of a discovered topology.
+    pub fn of(topo: &crate::topology::Topology) -> Vec<RdmaPort> {
+        topo.nics
+            .iter()
+            .filter_map(|n| {
+                let device = n.ib_device.clone()?;
+                let nic = n.netdev.clone().unwrap_or_else(|| format!("{device}/{}", n.port.unwrap_or(1)));
+                Some(RdmaPort { device, port: n.port, nic })
+            })
+            .collect()
+    }
+}
+
+/// What a process says about its RDMA traffic.
+#[derive(Debug, PartialEq)]
+pub enum RdmaUse {
+    /// The host has no RDMA port: sockets are all there is.
+    NoDevices,
+    /// Nothing said: it may use any port.
+    Unknown,
+    /// It uses none (how it says so).
+    Disabled(String),
+    /// Only these ports (NIC name, how linked).
+    Ports(Vec<(String, String)>),
+}
+
+/// NCCL's HCA list syntax (`NCCL_IB_HCA`): comma-separated `device[:port]` prefixes of device
+/// names; `=` first makes them exact names; `^` first excludes them. A port, when given,
+/// must match.
+pub fn hca_matches(spec: &str, device: &str, port: Option<u32>) -> bool {
+    let (exclude, rest) = spec.strip_prefix('^').map_or((false, spec), |r| (true, r));
+    let (exact, rest) = rest.strip_prefix('=').map_or((false, rest), |r| (true, r));
+    let hit = rest.split(',').map(str::trim).filter(|e| !e.is_empty()).any(|e| {
+        let (d, p) = e.split_once(':').map_or((e, None), |(d, p)| (d, Some(p.parse::<u32>().ok())));
+        let dev = if exact { device == d } else { device.starts_with(d) };
+        dev && p.is_none_or(|p| p.is_some() && p == port)
+    });
+    hit != exclude
+}
+
+/// Which RDMA ports `env` confines a process to. `UCX_NET_DEVICES` lists exact `device:port`
+/// names (and netdevs, for UCX's TCP transport, which sock_diag sees anyway); `all` or unset
+/// says nothing. Both variables set: the ports either names.
+pub fn rdma_use(env: &BTreeMap<String, String>, ports: &[RdmaPort]) -> RdmaUse {
+    if ports.is_empty() {
+        return RdmaUse::NoDevices;
+    }
+    let var = |k: &str| env.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    if var("NCCL_IB_DISABLE") == Some("1") {
+        return RdmaUse::Disabled("NCCL_IB_DISABLE=1: no RDMA".into());
+    }
+    if var("NCCL_NET").is_some_and(|n| n.eq_ignore_ascii_case("socket")) {
+        return RdmaUse::Disabled("NCCL_NET=Socket: no RDMA".into());
+    }
+    let hca = var("NCCL_IB_HCA");
+    let ucx = var("UCX_NET_DEVICES").filter(|v| !v.eq_ignore_ascii_case("all"));
+    if hca.is_none() && ucx.is_none() {
+        return RdmaUse::Unknown;
+    }
+    let ucx_names = |p: &RdmaPort| {
+        let name = format!("{}:{}", p.device, p.port.unwrap_or(1));
+        ucx.is_some_and(|u| u.split(',').map(str::trim).any(|e| e == name))
+    };
+    let linked = ports
+        .iter()
+        .filter_map(|p| {
+            let port = p.port.map_or(String::new(), |n| format!(" port {n}"));
+            let how = if hca.is_some_and(|h| hca_matches(h, &p.device, p.port)) {
+                format!("NCCL_IB_HCA={} → {}{port}", hca.unwrap_or_default(), p.device)
+            } else if ucx_names(p) {
+                format!("UCX_NET_DEVICES={} → {}{port}", ucx.unwrap_or_default(), p.device)
+            } else {
+                return None;
+            };
+            Some((p.nic.clone(), how))
+        })
+        .collect();
+    RdmaUse::Ports(linked)
 }
 
 /// How long a process's link outlives the process: its last steps are attributed after it
@@ -90,17 +194,23 @@ const MAX_KEPT: usize = 16_384;
 pub struct Linker {
     diag: Option<SockDiag>,
     last: Option<Instant>,
-    rdma: bool,
+    rdma: Vec<RdmaPort>,
     known: BTreeMap<u32, (ProcessLink, Instant)>,
 }
 
 impl Default for Linker {
     fn default() -> Self {
-        Linker { diag: SockDiag::open().ok(), last: None, rdma: rdma_host(), known: BTreeMap::new() }
+        let topo = crate::topology::discover(Path::new("/sys"), &BTreeMap::new());
+        Linker { diag: SockDiag::open().ok(), last: None, rdma: RdmaPort::of(&topo), known: BTreeMap::new() }
     }
 }
 
 impl Linker {
+    /// The host's RDMA ports, from the topology the agent discovered (under its sysfs root).
+    pub fn set_rdma_ports(&mut self, ports: Vec<RdmaPort>) {
+        self.rdma = ports;
+    }
+
     /// Every kept link, when a refresh of `procs` (pid → allowlisted environment) was due.
     pub fn refresh<'a>(&mut self, host: &str, proc_root: &Path, procs: impl Iterator<Item = (u32, &'a BTreeMap<String, String>)>) -> Option<Vec<ProcessLink>> {
         if self.last.is_some_and(|t| t.elapsed() < REFRESH) {
@@ -112,7 +222,7 @@ impl Linker {
         let conns = diag.dump().map(|(c, _)| c).unwrap_or_default();
         let iface_of = crate::sources::tcp::interface_addresses();
         for (pid, env) in procs {
-            let new = link(host, pid, env, &socket_inodes(proc_root, pid), &conns, &iface_of, self.rdma);
+            let new = link(host, pid, env, &socket_inodes(proc_root, pid), &conns, &iface_of, &self.rdma);
             let e = self.known.entry(pid).or_insert_with(|| (new.clone(), now));
             e.0.nics.extend(new.nics);
             for (nic, how) in new.how {
@@ -146,6 +256,48 @@ mod tests {
         assert!(!ifname_matches("^=rail0", "rail0") && ifname_matches("^=rail0", "rail01"));
     }
 
+    fn dgx(n: usize) -> Vec<RdmaPort> {
+        (0..n).map(|i| RdmaPort { device: format!("mlx5_{i}"), port: Some(1), nic: format!("ibp{i}s0") }).collect()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn linked(u: RdmaUse) -> Vec<String> {
+        match u {
+            RdmaUse::Ports(p) => p.into_iter().map(|(n, _)| n).collect(),
+            other => panic!("not ports: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nccl_hca_lists_match_as_nccl_reads_them() {
+        // Prefixes (mlx5_1 is also a prefix of mlx5_10), exact names, exclusions, ports.
+        assert!(hca_matches("mlx5_1", "mlx5_10", Some(1)) && !hca_matches("=mlx5_1", "mlx5_10", Some(1)));
+        assert!(hca_matches("mlx5_0:1,mlx5_1:1", "mlx5_1", Some(1)) && !hca_matches("mlx5_0:2", "mlx5_0", Some(1)));
+        assert!(!hca_matches("^mlx5_3", "mlx5_3", Some(1)) && hca_matches("^mlx5_3", "mlx5_2", Some(1)));
+        assert!(!hca_matches("^=mlx5_1", "mlx5_1", Some(1)) && hca_matches("^=mlx5_1", "mlx5_10", Some(1)));
+        assert!(!hca_matches("mlx5_0:x", "mlx5_0", Some(1)), "an unreadable port matches nothing");
+    }
+
+    #[test]
+    fn a_process_is_linked_to_the_rdma_ports_it_names() {
+        let ports = dgx(8);
+        assert_eq!(rdma_use(&env(&[]), &[]), RdmaUse::NoDevices);
+        assert_eq!(rdma_use(&env(&[("NCCL_SOCKET_IFNAME", "eth0")]), &ports), RdmaUse::Unknown);
+        assert_eq!(rdma_use(&env(&[("UCX_NET_DEVICES", "all")]), &ports), RdmaUse::Unknown);
+        assert!(matches!(rdma_use(&env(&[("NCCL_IB_DISABLE", "1")]), &ports), RdmaUse::Disabled(_)));
+        assert!(matches!(rdma_use(&env(&[("NCCL_NET", "Socket")]), &ports), RdmaUse::Disabled(_)));
+        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx5_0:1,mlx5_1:1")]), &ports)), ["ibp0s0", "ibp1s0"]);
+        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "^mlx5_0,mlx5_1,mlx5_2,mlx5_3")]), &ports)), ["ibp4s0", "ibp5s0", "ibp6s0", "ibp7s0"]);
+        assert_eq!(linked(rdma_use(&env(&[("UCX_NET_DEVICES", "mlx5_2:1, eth0")]), &ports)), ["ibp2s0"]);
+        // A list naming no port of this host confines it to none of them.
+        assert!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx4_0")]), &ports)).is_empty());
+        let RdmaUse::Ports(p) = rdma_use(&env(&[("NCCL_IB_HCA", "mlx5_3")]), &ports) else { panic!("ports") };
+        assert_eq!(p, [("ibp3s0".to_string(), "NCCL_IB_HCA=mlx5_3 → mlx5_3 port 1".to_string())]);
+    }
+
     #[test]
     fn a_real_connection_links_this_process_to_its_interface() {
         let l = TcpListener::bind("127.0.0.1:0").expect("listen");
@@ -160,17 +312,22 @@ mod tests {
         // Loopback is not a NIC; the same connection on a named interface is.
         let env = BTreeMap::new();
         let iface_of: BTreeMap<IpAddr, String> = [(IpAddr::V4(Ipv4Addr::LOCALHOST), "lo".to_string())].into();
-        let link0 = link("h", me, &env, &inodes, &conns, &iface_of, false);
+        let link0 = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
         assert!(link0.nics.is_empty() && link0.complete, "{link0:?}");
         let iface_of: BTreeMap<IpAddr, String> = [(IpAddr::V4(Ipv4Addr::LOCALHOST), "rail0".to_string())].into();
-        let l1 = link("h", me, &env, &inodes, &conns, &iface_of, false);
+        let l1 = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
         assert_eq!(l1.nics.iter().collect::<Vec<_>>(), ["rail0"]);
         assert!(l1.how["rail0"].starts_with("tcp 127.0.0.1:"), "{l1:?}");
         // NCCL_SOCKET_IFNAME excluding it, or an RDMA host (incomplete).
         let env: BTreeMap<String, String> = [("NCCL_SOCKET_IFNAME".to_string(), "^rail".to_string())].into();
-        assert!(link("h", me, &env, &inodes, &conns, &iface_of, false).nics.is_empty());
-        assert!(!link("h", me, &BTreeMap::new(), &inodes, &conns, &iface_of, true).complete);
+        assert!(link("h", me, &env, &inodes, &conns, &iface_of, &[]).nics.is_empty());
+        let ports = [RdmaPort { device: "mlx5_0".into(), port: Some(1), nic: "ib0".into() }];
+        assert!(!link("h", me, &BTreeMap::new(), &inodes, &conns, &iface_of, &ports).complete);
+        // On an RDMA host, NCCL_IB_HCA completes the link: the socket's NIC and the HCA's.
+        let env: BTreeMap<String, String> = [("NCCL_IB_HCA".to_string(), "=mlx5_0:1".to_string())].into();
+        let l2 = link("h", me, &env, &inodes, &conns, &iface_of, &ports);
+        assert!(l2.complete && l2.nics.iter().eq(["ib0", "rail0"].iter()), "{l2:?}");
         // Another process's sockets are not ours.
-        assert!(link("h", me, &BTreeMap::new(), &BTreeSet::new(), &conns, &iface_of, false).nics.is_empty());
+        assert!(link("h", me, &BTreeMap::new(), &BTreeSet::new(), &conns, &iface_of, &[]).nics.is_empty());
     }
 }

@@ -242,6 +242,12 @@ impl Collectives {
     }
 
     /// Kernel-side event drops so far.
+    /// The host's RDMA ports (from the topology under the agent's sysfs root), which a
+    /// process's `NCCL_IB_HCA` / `UCX_NET_DEVICES` link it to.
+    pub fn set_rdma_ports(&mut self, ports: Vec<links::RdmaPort>) {
+        self.linker.set_rdma_ports(ports);
+    }
+
     pub fn drops_handle(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.drops_total.clone()
     }
