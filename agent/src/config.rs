@@ -11,8 +11,19 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub mod api;
+pub mod collectives;
 pub mod hang;
+pub mod otlp;
+pub mod steps;
+pub mod store;
+
+pub use api::{ApiConfig, Secret, MIN_TOKEN_CHARS};
+pub use collectives::CollectivesConfig;
 pub use hang::HangConfig;
+pub use otlp::OtlpConfig;
+pub use steps::{Params, StepsConfig};
+pub use store::{StoreConfig, DEFAULT_DB_PATH};
 
 /// Default config file path.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/stepwise/agent.toml";
@@ -53,13 +64,13 @@ pub struct Config {
     /// Which counter sources run. Default: all.
     pub sources: SourcesConfig,
     /// Collective probes (`[collectives]`): process selection, user probes, history size.
-    pub collectives: crate::sources::collectives::CollectivesConfig,
+    pub collectives: CollectivesConfig,
     /// Steps and attribution (`[steps]`): marker socket, slow-step threshold, NIC rates.
-    pub steps: crate::engine::StepsConfig,
+    pub steps: StepsConfig,
     /// History store (`[store]`).
     pub store: StoreConfig,
     /// OpenTelemetry export (`[otlp]`): off by default.
-    pub otlp: crate::export::otlp::OtlpConfig,
+    pub otlp: OtlpConfig,
     /// What the TCP listener accepts beyond the read-only endpoints (`[api]`).
     pub api: ApiConfig,
     /// Hang detection (`[hang]`): when an open collective is suspected hung.
@@ -77,142 +88,12 @@ pub enum LogFormat {
     Json,
 }
 
-/// `[api]`: the TCP API is read-only unless this enables `POST /api/v1/markers` on it, and
-/// then only with a bearer token. Markers normally go to the Unix socket (mode 0660).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ApiConfig {
-    /// Accept `POST /api/v1/markers` on the TCP listener (`Authorization: Bearer <token>`).
-    /// Default `false`: a POST over TCP is refused with 403. Needs `token` or `token_file`.
-    pub markers_over_tcp: bool,
-    /// The bearer token, at least 16 characters. Prefer `token_file`: the config file then
-    /// holds no secret.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token: Option<Secret>,
-    /// File whose first line is the token (a Kubernetes Secret volume); read at start-up.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
-    /// The token read from `token_file` by [`Config::load`].
-    #[serde(skip)]
-    pub file_token: Option<Secret>,
-}
-
-/// Shortest bearer token accepted.
-pub const MIN_TOKEN_CHARS: usize = 16;
-
-impl ApiConfig {
-    /// The token POSTs over TCP must carry; `None` when they are refused.
-    pub fn markers_token(&self) -> Option<&Secret> {
-        if !self.markers_over_tcp {
-            return None;
-        }
-        self.token.as_ref().or(self.file_token.as_ref())
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field, value: &str, reason: &str| ConfigError::Invalid { field, value: value.to_string(), reason: reason.to_string() };
-        if self.token.is_some() && self.token_file.is_some() {
-            return Err(invalid("api.token", "<redacted>", "set api.token or api.token_file, not both"));
-        }
-        if self.markers_over_tcp && self.token.is_none() && self.token_file.is_none() {
-            return Err(invalid("api.markers_over_tcp", "true", "needs api.token or api.token_file (POST /api/v1/markers over TCP is token-protected)"));
-        }
-        if let Some(t) = &self.token {
-            t.check("api.token")?;
-        }
-        Ok(())
-    }
-
-    /// Reads `token_file` (first line, trimmed) into `file_token`.
-    fn read_token_file(&mut self) -> Result<(), ConfigError> {
-        let Some(path) = &self.token_file else { return Ok(()) };
-        let text = read_regular(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
-        let t = Secret(text.lines().next().unwrap_or("").trim().to_string());
-        t.check("api.token_file")?;
-        self.file_token = Some(t);
-        Ok(())
-    }
-}
-
-/// A credential: never printed (`Debug` and serialization redact it), compared in constant
-/// time.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(s: impl Into<String>) -> Secret {
-        Secret(s.into())
-    }
-
-    /// Whether `given` is this secret; the time taken depends only on the lengths.
-    pub fn matches(&self, given: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), given.as_bytes());
-        a.len() == b.len() && std::hint::black_box(a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y))) == 0
-    }
-
-    fn check(&self, field: &'static str) -> Result<(), ConfigError> {
-        let n = self.0.chars().count();
-        if n < MIN_TOKEN_CHARS || self.0.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(ConfigError::Invalid {
-                field,
-                value: "<redacted>".into(),
-                reason: format!("a token has at least {MIN_TOKEN_CHARS} characters and no spaces ({n} given); e.g. `openssl rand -hex 32`"),
-            });
-        }
-        Ok(())
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("<redacted>")
-    }
-}
-
 /// Most collective calls `[collectives] history` may keep in memory (~1 GiB of records).
 pub const MAX_CALL_HISTORY: u64 = 1 << 22;
 /// Most steps `[steps] history` may keep in memory.
 pub const MAX_STEP_HISTORY: u64 = 1_000_000;
 /// Smallest `[store] max_bytes`: below it retention would delete every step it writes.
 pub const MIN_STORE_BYTES: u64 = 1 << 20;
-
-/// `[store]`: the local SQLite history of attributed steps.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreConfig {
-    /// Keep a history at all. Default `true`.
-    pub enabled: bool,
-    /// Database file. Default `/var/lib/stepwise/agent.db`.
-    pub path: PathBuf,
-    /// Steps older than this are deleted. Default `7d`.
-    #[serde(with = "duration_str")]
-    pub max_age: Duration,
-    /// The file is kept under this size by deleting the oldest steps. Default 1 GiB.
-    pub max_bytes: u64,
-    /// How often retention (by age, then by size) runs. It also runs as soon as the file
-    /// passes `max_bytes` (at most once a second), deleting down to 90 % of it. Default `10m`.
-    #[serde(with = "duration_str")]
-    pub retention_interval: Duration,
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            enabled: true,
-            path: PathBuf::from(crate::store::DEFAULT_DB_PATH),
-            max_age: crate::store::DEFAULT_MAX_AGE,
-            max_bytes: crate::store::DEFAULT_MAX_BYTES,
-            retention_interval: Duration::from_secs(600),
-        }
-    }
-}
 
 /// Source switches (`[sources]` table). Each defaults to `true`, but `qdisc_per_queue`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -282,7 +163,21 @@ pub enum ConfigError {
     #[error("invalid value {value:?} for {field}: {reason}")]
     Invalid { field: &'static str, value: String, reason: String },
     #[error(transparent)]
-    Pattern(#[from] crate::sources::select::PatternError),
+    Pattern(#[from] PatternError),
+}
+
+/// An `include`/`exclude` device glob that does not compile (also `sources::Selector::new`).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid device pattern {pattern:?}: {err}")]
+pub struct PatternError {
+    pub pattern: String,
+    #[source]
+    pub err: glob::PatternError,
+}
+
+/// Compiles each device glob, or names the first that does not compile.
+pub fn device_patterns(patterns: &[String]) -> Result<Vec<glob::Pattern>, PatternError> {
+    patterns.iter().map(|p| glob::Pattern::new(p).map_err(|err| PatternError { pattern: p.clone(), err })).collect()
 }
 
 /// Overrides from flags or `STEPWISE_*` environment variables (clap merges the two).
@@ -307,14 +202,12 @@ impl Config {
             None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
         };
         let (mut cfg, otlp_keys) = match read_regular(&path) {
-            Ok(text) => {
-                (Config::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?, crate::export::otlp::env::file_keys(&text))
-            }
+            Ok(text) => (Config::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?, otlp::env::file_keys(&text)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => (Config::default(), Default::default()),
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
         // The standard OTEL_* variables fill what `[otlp]` leaves out.
-        crate::export::otlp::env::apply(&mut cfg.otlp, &otlp_keys, &|k| std::env::var(k).ok())?;
+        otlp::env::apply(&mut cfg.otlp, &otlp_keys, &|k| std::env::var(k).ok())?;
         if let Some(v) = overrides.listen {
             cfg.listen = v;
         }
@@ -368,7 +261,8 @@ impl Config {
             return Err(ConfigError::Invalid { field: "sysfs_root", value: self.sysfs_root.display().to_string(), reason: "must be an absolute path".into() });
         }
         log_filter(&self.log).map_err(|e| ConfigError::Invalid { field: "log", value: self.log.clone(), reason: e.to_string() })?;
-        crate::sources::Selector::new(&self.include, &self.exclude, self.probe_safe)?;
+        device_patterns(&self.include)?;
+        device_patterns(&self.exclude)?;
         for (nic, rate) in &self.steps.nic_rates {
             crate::units::parse_rate_pos(rate).map_err(|e| ConfigError::Invalid {
                 field: "steps.nic_rates",
@@ -548,6 +442,11 @@ mod tests {
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { field: "interval", .. })));
         let c = Config { include: vec!["[".into()], ..Config::default() };
         assert!(matches!(c.validate(), Err(ConfigError::Pattern(_))));
+        let c = Config { exclude: vec!["ok*".into(), "mlx5_[".into()], ..Config::default() };
+        match c.validate() {
+            Err(e @ ConfigError::Pattern(_)) => assert!(e.to_string().starts_with("invalid device pattern \"mlx5_[\""), "{e}"),
+            other => panic!("{other:?}"),
+        }
         let missing = Config::load(Some(Path::new("/nonexistent/stepwise.toml")), &Overrides::default());
         assert!(matches!(missing, Err(ConfigError::Read { .. })));
     }

@@ -3,62 +3,17 @@
 //! store). One `Engine` lives behind a mutex; the sampler thread feeds it samples and calls
 //! [`Engine::tick`] after every sweep; HTTP handlers read it.
 
-use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
-    time::Duration,
-};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
-use serde::{Deserialize, Serialize};
 
 use crate::{
-    attribution::{Attribution, NetSample, Params},
+    attribution::{Attribution, NetSample},
+    config::StepsConfig,
     pipeline,
     sources::{collectives::SharedHistory, nic},
     timeline::{join::CallView, join_calls, links::Links, windows::NicInfo, Collective, CounterLog, Marker, NicSample, StepSource},
 };
-
-/// `[steps]` configuration.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct StepsConfig {
-    /// Unix datagram socket for step markers. Default `/run/stepwise/markers.sock`.
-    pub marker_socket: std::path::PathBuf,
-    /// A step is slow when longer than this; `0s` = 1.5 × the median of recent steps.
-    /// Default `0s`.
-    #[serde(with = "crate::config::duration_str")]
-    pub slow_step: Duration,
-    /// Wait at least this long after a step ends before attributing it (the other ranks'
-    /// markers, period detection). Default `1s`.
-    #[serde(with = "crate::config::duration_str")]
-    pub grace: Duration,
-    /// Past the grace, a step also waits until the probe consumer has drained every event up
-    /// to its end and a counter sweep has passed it — for at most this long after its end;
-    /// a step closed then is marked incomplete with a note. Default `10s`.
-    #[serde(with = "crate::config::duration_str")]
-    pub max_wait: Duration,
-    /// Steps kept in memory for `/api/v1/steps`. Default 1000.
-    pub history: usize,
-    /// Nominal rate per NIC (`eth1 = "1Gbit/s"`), overriding sysfs `rate`/`speed` — for
-    /// shaped links whose real bottleneck is a qdisc. Default empty.
-    pub nic_rates: BTreeMap<String, String>,
-    /// Attribution parameters (α, transmit-wait tick length, idle-NIC threshold).
-    pub params: Params,
-}
-
-impl Default for StepsConfig {
-    fn default() -> Self {
-        StepsConfig {
-            marker_socket: "/run/stepwise/markers.sock".into(),
-            slow_step: Duration::ZERO,
-            grace: Duration::from_secs(1),
-            max_wait: Duration::from_secs(10),
-            history: 1000,
-            nic_rates: BTreeMap::new(),
-            params: Params::default(),
-        }
-    }
-}
 
 /// `stepwise_markers` and `stepwise_marker_errors`.
 struct MarkerMetrics {

@@ -1,6 +1,6 @@
 //! The engine without its inputs: markers alone make steps.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, time::Duration};
 
 use prometheus_client::registry::Registry;
 

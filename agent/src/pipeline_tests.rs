@@ -153,7 +153,8 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
 
     use crate::{
         cli::diagnose::{cluster::PeerData, Selection},
-        engine::{Engine, StepsConfig},
+        config::StepsConfig,
+        engine::Engine,
         sources::collectives::{
             decode::{Call, CommId},
             history::{ClockMap, History},

@@ -18,8 +18,8 @@ use axum::{
 use libfuzzer_sys::fuzz_target;
 use prometheus_client::registry::Registry;
 use stepwise::{
-    config::Secret,
-    engine::{Engine, StepsConfig},
+    config::{Secret, StepsConfig},
+    engine::Engine,
     export::api::{router, AppState, CollectivesQuery, SinceQuery, StepsQuery},
     sources::collectives::history::History,
     timeline::{markers::MAX_RANK, Marker},

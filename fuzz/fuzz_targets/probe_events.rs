@@ -11,12 +11,13 @@ use agent_common::{ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXI
 use libfuzzer_sys::fuzz_target;
 use stepwise::{
     attribution::{attribute, Params, StepData},
+    config::collectives::UserProbe,
     ebpf::event_from_record,
     sources::collectives::{
         decode::{CallDecoder, Decoded, ProbeInfo, ProcInfo},
         history::History,
         procs::parse_environ,
-        targets::{self, UserProbe},
+        targets,
     },
     timeline::{join::CallView, join_calls, Collective, NicWindow, Step, StepSource},
 };

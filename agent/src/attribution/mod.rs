@@ -27,6 +27,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// The attribution parameters are configuration (`[steps.params]`).
+pub use crate::config::Params;
 use crate::timeline::{Collective, NicWindow, Step};
 
 pub use evidence::{fix_for, NetSample};
@@ -127,27 +129,6 @@ impl Attribution {
     /// The largest problem cause, if any is above `threshold` seconds.
     pub fn top_problem(&self, threshold: f64) -> Option<&Cause> {
         self.causes.iter().filter(|c| c.kind.is_problem() && c.seconds > threshold).max_by(|a, b| a.seconds.total_cmp(&b.seconds))
-    }
-}
-
-/// What the engine needs to know beyond the step's own data.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct Params {
-    /// Per-round launch latency α (docs/models.md §0: 0.833 µs).
-    pub alpha: f64,
-    /// Duration of one `port_xmit_wait` tick in seconds. The unit is implementation-defined
-    /// and not documented for ConnectX [unverified]; 4 ns is assumed (the same assumption as
-    /// the fixture scenario writer). Set `[steps.params] xmit_wait_tick_seconds` per fleet.
-    pub xmit_wait_tick_seconds: f64,
-    /// NICs carrying less than this many bytes in a window are ignored (idle management
-    /// traffic).
-    pub min_nic_bytes: f64,
-}
-
-impl Default for Params {
-    fn default() -> Self {
-        Params { alpha: 0.833e-6, xmit_wait_tick_seconds: 4e-9, min_nic_bytes: 64.0 * 1024.0 }
     }
 }
 

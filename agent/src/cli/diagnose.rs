@@ -29,9 +29,9 @@ use clap::Args;
 use super::EXIT_USAGE;
 use crate::{
     attribution::{Attribution, Params},
-    config::parse_duration,
+    config::{parse_duration, DEFAULT_DB_PATH},
     report::{self, Peers, Report, StepReport},
-    store::{StepQuery, Store, DEFAULT_DB_PATH},
+    store::{StepQuery, Store},
 };
 
 /// Exit status when no step matches the selection.

@@ -73,7 +73,7 @@ pub fn main(a: MarkArgs) -> ExitCode {
             }
         }
         None => {
-            let path = a.socket.clone().unwrap_or_else(|| crate::engine::StepsConfig::default().marker_socket);
+            let path = a.socket.clone().unwrap_or_else(|| crate::config::StepsConfig::default().marker_socket);
             std::os::unix::net::UnixDatagram::unbound()
                 .and_then(|s| s.send_to(line.as_bytes(), &path))
                 .map(drop)

@@ -11,7 +11,8 @@ use prometheus_client::registry::Registry;
 
 use super::*;
 use crate::{
-    engine::{Engine, StepsConfig},
+    config::StepsConfig,
+    engine::Engine,
     timeline::{Marker, Phase},
 };
 

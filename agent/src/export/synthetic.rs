@@ -19,7 +19,8 @@ use prometheus_client::registry::Registry;
 
 use super::api::AppState;
 use crate::{
-    engine::{Engine, StepsConfig},
+    config::StepsConfig,
+    engine::Engine,
     sources::collectives::{
         decode::{Call, CommId},
         history::{ClockMap, History},

@@ -12,6 +12,8 @@ use std::{
 
 use glob::Pattern;
 
+use crate::config::{device_patterns, PatternError};
+
 /// Device selection shared by all sources.
 #[derive(Clone, Debug, Default)]
 pub struct Selector {
@@ -34,18 +36,9 @@ enum ProbeState {
 /// Consecutive all-failed sweeps after which probe-safe mode stops reading a device.
 pub const PROBE_SAFE_FAILURES: u32 = 2;
 
-#[derive(Debug, thiserror::Error)]
-#[error("invalid device pattern {pattern:?}: {err}")]
-pub struct PatternError {
-    pub pattern: String,
-    #[source]
-    pub err: glob::PatternError,
-}
-
 impl Selector {
     pub fn new(include: &[String], exclude: &[String], probe_safe: bool) -> Result<Self, PatternError> {
-        let compile = |v: &[String]| v.iter().map(|p| Pattern::new(p).map_err(|err| PatternError { pattern: p.clone(), err })).collect::<Result<Vec<_>, _>>();
-        Ok(Selector { include: compile(include)?, exclude: compile(exclude)?, probe_safe, failures: Arc::default() })
+        Ok(Selector { include: device_patterns(include)?, exclude: device_patterns(exclude)?, probe_safe, failures: Arc::default() })
     }
 
     /// Whether a device (by name and, if known, PCI address) is selected by the globs.

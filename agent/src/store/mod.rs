@@ -40,12 +40,6 @@ pub use schema::SCHEMA_VERSION;
 
 use error::sql;
 
-/// Where the agent keeps its history unless `[store] path` says otherwise.
-pub const DEFAULT_DB_PATH: &str = "/var/lib/stepwise/agent.db";
-/// Default retention by age: a week of steps.
-pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Default retention by size: 1 GiB (`page_count × page_size`).
-pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// How long a write waits for another writer (another agent process, a `diagnose` holding a
 /// checkpoint) before failing with "database is locked".
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -48,7 +48,7 @@ fn open_creates_directory_0750_wal_and_schema() {
     assert_eq!(av, 2, "INCREMENTAL");
     assert_eq!(schema::user_version(&st.conn).expect("version"), SCHEMA_VERSION);
     assert_eq!(st.path(), path.as_path());
-    assert_eq!(DEFAULT_DB_PATH, "/var/lib/stepwise/agent.db");
+    assert_eq!(crate::config::DEFAULT_DB_PATH, "/var/lib/stepwise/agent.db");
 }
 
 /// The history is not for every local user: an existing world-readable file is narrowed to

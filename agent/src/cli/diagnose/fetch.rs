@@ -408,7 +408,8 @@ mod tests {
     #[test]
     fn markers_are_read_page_by_page_each_once() {
         use crate::{
-            engine::{Engine, StepsConfig},
+            config::StepsConfig,
+            engine::Engine,
             export::{api::AppState, replay::Agents},
             timeline::Phase,
         };

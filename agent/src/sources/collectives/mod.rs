@@ -29,7 +29,6 @@ use std::{
 
 use agent_common::ProbeEvent;
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use self::{
@@ -37,76 +36,13 @@ use self::{
     elf::SymbolTable,
     history::{ClockMap, History},
     metrics::CollectiveMetrics,
-    procs::{FileKey, Selection},
-    targets::{Family, Target, UserProbe, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    procs::FileKey,
+    targets::{Family, Target, OMPI_COMM_WORLD, OMPI_DATATYPES},
 };
-use crate::ebpf::{AttachedLink, Probes};
-
-/// `[collectives]` configuration.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct CollectivesConfig {
-    /// Probe collective libraries. Default `true`.
-    pub enabled: bool,
-    /// Which processes to watch. Default: all.
-    pub select: Selection,
-    /// Library families probed. Default: nccl, mpi, gloo.
-    pub libraries: Vec<Family>,
-    /// User-defined probes (`[[collectives.user]]`).
-    pub user: Vec<UserProbe>,
-    /// Calls kept in memory for `/api/v1/collectives`. Default 65536.
-    pub history: usize,
-    /// How often to rescan `/proc` for new processes and late-loaded libraries. Default 500ms.
-    #[serde(with = "crate::config::duration_str")]
-    pub rescan: Duration,
-    /// Sampled probes (NCCL's `ncclIbTest`, polled continuously by the proxy thread) are
-    /// attached for `sample_window` every `sample_every`. Defaults 200ms / 10s.
-    #[serde(with = "crate::config::duration_str")]
-    pub sample_window: Duration,
-    #[serde(with = "crate::config::duration_str")]
-    pub sample_every: Duration,
-    /// Root of procfs (tests). Default `/proc`.
-    pub proc_root: PathBuf,
-    /// Directories searched at start-up for target libraries, which are then probed before
-    /// any process maps them — so a job started later is seen from its very first call
-    /// (uprobes belong to the file, not the process). Default: the system library dirs.
-    pub library_dirs: Vec<PathBuf>,
-    /// Host name reported with each call. Default: the kernel's hostname.
-    pub host: Option<String>,
-    /// The kubelet's pod log directories (`<namespace>_<name>_<uid>`), where a traced
-    /// process's pod gets its namespace and name ([`k8s`]). Default `/var/log/pods`.
-    pub pod_logs: PathBuf,
-    /// Unix datagram socket the NCCL profiler plugin sends its records to ([`profiler`];
-    /// the jobs' `STEPWISE_PROFILER_SOCKET`). Bound at start: a failure stops the agent.
-    /// Empty: no receiver. Default `/run/stepwise/profiler.sock`.
-    pub profiler_socket: PathBuf,
-    /// Where to install the NCCL profiler plugin at start (a hostPath the job pods mount, for
-    /// their `NCCL_PROFILER_PLUGIN`): the agent copies `lib/stepwise/libnccl-profiler-stepwise.so`
-    /// next to its binary's directory (`/usr/local/lib/stepwise/` in the image) there,
-    /// atomically. Empty (default): nothing is installed.
-    pub profiler_plugin_install: PathBuf,
-}
-
-impl Default for CollectivesConfig {
-    fn default() -> Self {
-        CollectivesConfig {
-            enabled: true,
-            select: Selection::default(),
-            libraries: vec![Family::Nccl, Family::Mpi, Family::Gloo],
-            user: Vec::new(),
-            history: 65536,
-            rescan: Duration::from_millis(500),
-            sample_window: Duration::from_millis(200),
-            sample_every: Duration::from_secs(10),
-            proc_root: PathBuf::from("/proc"),
-            library_dirs: ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib"].iter().map(PathBuf::from).collect(),
-            host: None,
-            pod_logs: PathBuf::from("/var/log/pods"),
-            profiler_socket: PathBuf::from(nccl_profiler::sender::DEFAULT_SOCKET),
-            profiler_plugin_install: PathBuf::new(),
-        }
-    }
-}
+use crate::{
+    config::collectives::{CollectivesConfig, UserProbe},
+    ebpf::{AttachedLink, Probes},
+};
 
 /// The kernel's hostname.
 pub fn hostname() -> String {

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Serialize};
+use crate::config::collectives::Selection;
 
 /// Environment variable prefixes (or exact names) the agent may read from a traced process.
 /// Nothing else is ever read into memory beyond the scan, stored or exported.
@@ -69,19 +69,6 @@ pub fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Which processes this agent watches (`[collectives] select`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct Selection {
-    /// Only these pids (empty: no pid filter).
-    pub pids: Vec<u32>,
-    /// Only processes whose cgroup path (from /proc/<pid>/cgroup) starts with this.
-    pub cgroup: Option<String>,
-    /// Only processes in this network namespace: a path such as `/run/netns/NAME` or
-    /// `/proc/<pid>/ns/net`. One agent per namespace plays one agent per host in tests.
-    pub netns: Option<PathBuf>,
-}
-
 /// A resolved selection (the netns inode is looked up once).
 #[derive(Clone, Debug, Default)]
 pub struct Selector {
@@ -90,6 +77,7 @@ pub struct Selector {
     netns_ino: Option<u64>,
 }
 
+/// Looks the selection's network namespace up once.
 impl Selection {
     pub fn resolve(&self) -> std::io::Result<Selector> {
         let netns_ino = match &self.netns {

@@ -324,7 +324,7 @@ impl Receiver {
 /// The configured receiver, bound (None when `[collectives]` is off or `profiler_socket` is
 /// empty); installs the plugin first when `profiler_plugin_install` says where (a failure
 /// there is logged: the receiver works for plugins installed otherwise).
-pub fn bind_configured(cfg: &super::CollectivesConfig) -> Result<Option<Receiver>, String> {
+pub fn bind_configured(cfg: &crate::config::CollectivesConfig) -> Result<Option<Receiver>, String> {
     if !cfg.enabled || cfg.profiler_socket.as_os_str().is_empty() {
         return Ok(None);
     }
@@ -339,7 +339,7 @@ pub fn bind_configured(cfg: &super::CollectivesConfig) -> Result<Option<Receiver
 
 /// `agent check`: where the plugin's records go and whether the plugin to install is there;
 /// (ok, detail). Reads only: binds nothing, copies nothing.
-pub fn check(cfg: &super::CollectivesConfig) -> (bool, String) {
+pub fn check(cfg: &crate::config::CollectivesConfig) -> (bool, String) {
     if !cfg.enabled || cfg.profiler_socket.as_os_str().is_empty() {
         return (true, "off ([collectives] profiler_socket is empty or the probes are off): NCCL collectives are timed at enqueue".into());
     }

@@ -218,7 +218,7 @@ fn the_plugin_is_installed_whole_by_rename() {
 fn check_says_whether_an_agent_listens_and_what_would_be_installed() {
     let dir = std::env::temp_dir().join(format!("sw-prof-check-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = crate::sources::collectives::CollectivesConfig { profiler_socket: dir.join("p.sock"), ..Default::default() };
+    let cfg = crate::config::CollectivesConfig { profiler_socket: dir.join("p.sock"), ..Default::default() };
     let (ok, d) = check(&cfg);
     assert!(ok && d.contains("not bound now"), "{d}");
     let rx = Receiver::bind(&cfg.profiler_socket).expect("bind");
@@ -226,10 +226,10 @@ fn check_says_whether_an_agent_listens_and_what_would_be_installed() {
     assert!(ok && d.contains("an agent listens"), "{d}");
     drop(rx);
     // The test binary has no lib/stepwise/ next to it: nothing to install is a warning.
-    let cfg = crate::sources::collectives::CollectivesConfig { profiler_plugin_install: dir.join("lib.so"), ..cfg };
+    let cfg = crate::config::CollectivesConfig { profiler_plugin_install: dir.join("lib.so"), ..cfg };
     let (ok, d) = check(&cfg);
     assert!(!ok && d.contains("is missing"), "{d}");
-    let off = crate::sources::collectives::CollectivesConfig { profiler_socket: PathBuf::new(), ..Default::default() };
+    let off = crate::config::CollectivesConfig { profiler_socket: PathBuf::new(), ..Default::default() };
     assert!(check(&off).1.contains("timed at enqueue"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,6 +4,10 @@
 
 use serde::Serialize;
 
+/// Library families are configuration vocabulary (`[collectives] libraries`).
+pub use crate::config::collectives::Family;
+use crate::config::collectives::UserProbe;
+
 /// Where an argument lives at function entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arg {
@@ -17,27 +21,6 @@ impl Arg {
         match self {
             Arg::Reg(i) => i,
             Arg::Stack(i) => 6 + i,
-        }
-    }
-}
-
-/// Library families.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "lowercase")]
-pub enum Family {
-    Nccl,
-    Mpi,
-    Gloo,
-    User,
-}
-
-impl Family {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::Nccl => "nccl",
-            Family::Mpi => "mpi",
-            Family::Gloo => "gloo",
-            Family::User => "user",
         }
     }
 }
@@ -300,35 +283,6 @@ pub fn gloo() -> Target {
     Target { family: f, library: "libtorch_cpu.so*".into(), probes }
 }
 
-/// A user-defined probe from config.
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct UserProbe {
-    /// Glob on the library (or executable) file name.
-    pub library: String,
-    pub symbol: String,
-    /// Operation name reported in metrics and the API.
-    pub op: String,
-    /// Argument index (0-based, SysV order; 6 and 7 are the first stack arguments) holding
-    /// the element count, if any.
-    pub count_arg: Option<u8>,
-    /// Bytes per element.
-    #[serde(default = "one")]
-    pub elem_size: u64,
-    /// Argument holding a communicator handle, if any.
-    pub comm_arg: Option<u8>,
-    /// Whether the call blocks until the operation completes (else enter/exit is only issue).
-    #[serde(default = "yes")]
-    pub blocking: bool,
-}
-
-fn one() -> u64 {
-    1
-}
-fn yes() -> bool {
-    true
-}
-
 fn arg_from_index(i: u8) -> Arg {
     if i < 6 {
         Reg(i)
@@ -337,6 +291,7 @@ fn arg_from_index(i: u8) -> Arg {
     }
 }
 
+/// The probe target a `[[collectives.user]]` entry describes.
 impl UserProbe {
     pub fn target(&self) -> Target {
         let mut s = spec(
