@@ -24,8 +24,10 @@ fn can_load_ebpf() -> bool {
 fn config(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("agent.toml");
     let text = format!(
-        "[sources]\nrdma = false\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[store]\nenabled = false\n[collectives]\nenabled = {}\n",
-        can_load_ebpf()
+        "[sources]\nrdma = false\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[store]\nenabled = false\n[collectives]\nenabled = {}\nprofiler_socket = \"{}\"\n",
+        can_load_ebpf(),
+        // Its own profiler socket: agents of tests running in parallel never share one.
+        dir.join("profiler.sock").display()
     );
     std::fs::write(&path, text).expect("write config");
     path
