@@ -119,11 +119,8 @@ fn a_single_host_job_gets_no_network_cause_from_busy_stalled_nics_it_never_uses(
     };
     // The job confines its RDMA traffic to mlx5_0 the way UCX users do: the agent links its
     // ranks to that port's NIC (and, a single-host job, still charges it nothing).
-    let mut job = workloads::mpi_steps(
-        ns.name(),
-        4,
-        &["--steps", "36", "--bytes", "67108864", "--compute-us", "40000", "--marker-socket", sock.to_str().expect("utf8")],
-    );
+    let mut job =
+        workloads::mpi_steps(ns.name(), 4, &["--steps", "36", "--bytes", "67108864", "--compute-us", "40000", "--marker-socket", sock.to_str().expect("utf8")]);
     job.env("UCX_NET_DEVICES", "mlx5_0:1");
     let out = workloads::run_ok(&mut job).expect("mpi job");
     assert!(String::from_utf8_lossy(&out.stdout).contains("summary"));
