@@ -264,7 +264,8 @@ fn from_agent(addr: &str, sel: &Selection, timeout: Duration) -> Result<(Vec<Att
         q += &format!("&step={n}");
     }
     let deadline = std::time::Instant::now() + timeout;
-    let w: fetch::StepsWire = fetch::get_json(&agent, addr, &q, deadline, timeout).map_err(|source| DiagnoseError::Agent { agent: addr.into(), source })?;
+    let w: crate::export::pages::StepsPage =
+        fetch::get_json(&agent, addr, &q, deadline, timeout).map_err(|source| DiagnoseError::Agent { agent: addr.into(), source })?;
     // The agent filters too; filtering again keeps the selection's meaning exact.
     let since = sel.since.unwrap_or(f64::NEG_INFINITY);
     let steps = sel.pick(w.steps.into_iter().filter(|a| a.begin >= since).collect(), |a| a.step, |a| a.seconds);

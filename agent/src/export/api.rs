@@ -609,5 +609,5 @@ fn windows_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response 
         })
         .collect();
     drop(e);
-    Json(super::pages::WindowsPage { host: host_of(s), nics }).into_response()
+    Json(super::pages::WindowsPage { host: Some(host_of(s)), nics }).into_response()
 }

@@ -21,7 +21,7 @@ use crate::{
 pub const MAX_STATES: usize = 256;
 
 /// The wire form of `/api/v1/open` (also what `diagnose --hang` reads back).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OpenWire {
     #[serde(flatten)]
     pub view: HostProgress,
@@ -167,5 +167,22 @@ mod tests {
             assert_eq!(only["comms"].as_array().map(|c| c.iter().map(|x| x["comm"].clone()).collect::<Vec<_>>()), Some(vec!["0000000000000008".into()]));
             assert_eq!(only["hang"]["floor"], "30s", "the agent's [hang] settings are served");
         });
+    }
+
+    #[test]
+    fn the_served_page_reads_back_as_what_diagnose_hang_uses() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        rt.block_on(async {
+            let (st, v) = get(&state(true), "limit=1").await;
+            assert_eq!(st, 200);
+            let w: OpenWire = serde_json::from_value(v.clone()).expect("parse");
+            assert!(w.truncated && w.view.comms.len() == 1 && w.view.comms[0].ranks[0].state.is_some(), "{v}");
+            assert_eq!(serde_json::to_value(&w).expect("json"), v, "nothing lost reading it back");
+        });
+        let w = OpenWire {
+            hangs: vec![Hang { comm: "00000000000000aa".into(), suspected: true, suspected_since: Some(90.0), ..Default::default() }],
+            ..Default::default()
+        };
+        assert_eq!(serde_json::from_str::<OpenWire>(&serde_json::to_string(&w).expect("json")).expect("parse"), w);
     }
 }

@@ -3,42 +3,130 @@
 //! parallel listings of 10 000 markers then raised the agent's peak RSS by ~24 MiB (measured
 //! with 10 000 markers held, flood + listings + 300 idle connections per round: VmHWM 43.9 →
 //! 67.8 MiB in the first round; typed, it stayed at the start-up peak, 44.0 MiB, over 4 rounds).
+//!
+//! The same structs are what `agent diagnose` reads back (`cli/diagnose/fetch.rs`, `--steps`
+//! from an agent): one definition per format. Fields an older agent may not send are `#[serde(default)]`.
+//! Where the agent serves internal records (a call's [`CallRecord`], a network request's
+//! [`NetRecord`]) the page is generic over the element, and the reader names the view it
+//! keeps ([`CallView`], [`NetView`]).
 
-#[derive(Default, serde::Serialize)]
-pub struct CollectivesPage {
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    sources::collectives::history::{CallRecord, NetRecord},
+    timeline::{
+        join::{CallView, Clocking, Timing},
+        links::ProcessLink,
+        Marker, NicInfo, NicSample,
+    },
+};
+
+/// `/api/v1/collectives` (the full format): as served, `CollectivesPage` (every field of
+/// every call); as read back, `CollectivesPage<CallView, NetView>`.
+#[derive(Serialize, Deserialize)]
+pub struct CollectivesPage<C = CallRecord, N = NetRecord> {
     pub host: String,
+    #[serde(default)]
     pub clock_error_seconds: f64,
+    #[serde(default)]
     pub clock_synchronized: bool,
+    #[serde(default)]
     pub evicted: u64,
+    #[serde(default)]
     pub drained_until: f64,
-    pub calls: Vec<crate::sources::collectives::history::CallRecord>,
-    pub net_requests: Vec<crate::sources::collectives::history::NetRecord>,
-    /// The NICs each traced process uses (`timeline::links`).
-    pub links: Vec<crate::timeline::links::ProcessLink>,
+    #[serde(default = "Vec::new")]
+    pub calls: Vec<C>,
+    #[serde(default = "Vec::new")]
+    pub net_requests: Vec<N>,
+    /// The NICs each traced process uses (`timeline::links`); absent from agents older than
+    /// NIC linking: no links, every NIC a candidate.
+    #[serde(default)]
+    pub links: Vec<ProcessLink>,
 }
 
-#[derive(serde::Serialize)]
+// Not derived: the derive would ask `C: Default`, and `CallRecord` has none.
+impl<C, N> Default for CollectivesPage<C, N> {
+    fn default() -> Self {
+        CollectivesPage {
+            host: String::new(),
+            clock_error_seconds: 0.0,
+            clock_synchronized: false,
+            evicted: 0,
+            drained_until: 0.0,
+            calls: Vec::new(),
+            net_requests: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+}
+
+/// A network request as `diagnose` reads it (the part of a [`NetRecord`]'s JSON it uses).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NetView {
+    #[serde(default)]
+    pub bytes: Option<f64>,
+    pub posted: f64,
+    pub completed: f64,
+    /// Absent from agents older than the direction: a receive.
+    #[serde(default)]
+    pub send: bool,
+}
+
+/// `/api/v1/steps`.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepsPage {
     pub host: String,
     pub steps: Vec<crate::attribution::Attribution>,
 }
 
-#[derive(serde::Serialize)]
+/// `/api/v1/markers`.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarkersPage {
+    /// Not read by `diagnose` (each marker names its host, else the calls' host is used).
+    #[serde(default)]
     pub host: String,
-    pub markers: Vec<crate::timeline::Marker>,
+    /// Read without the socket protocol's strictness about extra fields ([`Marker`] refuses
+    /// them): a newer agent's markers still read.
+    #[serde(deserialize_with = "lenient_markers")]
+    pub markers: Vec<Marker>,
+    /// More markers matched than one response carries.
+    #[serde(default)]
     pub truncated: bool,
 }
 
-#[derive(serde::Serialize)]
-pub struct NicSamples {
-    pub nic: crate::timeline::NicInfo,
-    pub samples: Vec<crate::timeline::NicSample>,
+/// [`Marker`]'s fields, extra ones ignored. A remote definition: the compiler holds it to
+/// `Marker`'s fields (one added or removed there fails to build here).
+#[derive(Deserialize)]
+#[serde(remote = "Marker")]
+struct LenientMarker {
+    rank: u32,
+    step: u64,
+    phase: crate::timeline::Phase,
+    #[serde(default)]
+    time: Option<f64>,
+    #[serde(default)]
+    host: Option<String>,
 }
 
-#[derive(serde::Serialize)]
+fn lenient_markers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Marker>, D::Error> {
+    #[derive(Deserialize)]
+    struct Lenient(#[serde(with = "LenientMarker")] Marker);
+    Ok(Vec::<Lenient>::deserialize(d)?.into_iter().map(|m| m.0).collect())
+}
+
+/// One NIC of a [`WindowsPage`].
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct NicSamples {
+    pub nic: NicInfo,
+    pub samples: Vec<NicSample>,
+}
+
+/// `/api/v1/windows`.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct WindowsPage {
-    pub host: String,
+    /// Always sent; absent from older agents (their NICs are then the calls' host's).
+    #[serde(default)]
+    pub host: Option<String>,
     pub nics: Vec<NicSamples>,
 }
 
@@ -46,30 +134,50 @@ pub struct WindowsPage {
 /// (`timeline::join::CallView` less the host, which is the page's), one array per call and
 /// each string once. A call is ~75 bytes of JSON instead of ~350, so `agent diagnose` over
 /// 128 hosts × 8 ranks × 1 000 steps moves ~75 MB instead of ~360 MB.
-#[derive(serde::Serialize)]
-pub struct CompactCollectivesPage {
+///
+/// As served, `CompactCollectivesPage`; as `diagnose` reads it back (it asks for
+/// `format=compact`), `CompactCollectivesPage<NetView>`, which also reads an agent that
+/// ignores the parameter and answers with the full page: its calls land in `calls`, the
+/// tables and rows stay empty. [`CompactCollectivesPage::take_calls`] gives both as views.
+#[derive(Serialize, Deserialize)]
+pub struct CompactCollectivesPage<N = NetRecord> {
     pub host: String,
+    #[serde(default)]
     pub clock_error_seconds: f64,
+    #[serde(default)]
     pub clock_synchronized: bool,
+    #[serde(default)]
     pub evicted: u64,
+    #[serde(default)]
     pub drained_until: f64,
     /// Communicator ids (16 hex digits) the rows name by index.
+    #[serde(default)]
     pub comms: Vec<String>,
     /// Operation names the rows name by index.
+    #[serde(default)]
     pub ops: Vec<String>,
     /// Library names (`nccl`, `mpi`, …) the rows name by index.
+    #[serde(default)]
     pub libraries: Vec<String>,
     /// How calls were timed (`gpu`, `host_completion`, …), named by index.
-    pub timings: Vec<crate::timeline::join::Timing>,
+    #[serde(default)]
+    pub timings: Vec<Timing>,
+    #[serde(default)]
     pub rows: Vec<CallRow>,
-    pub net_requests: Vec<crate::sources::collectives::history::NetRecord>,
-    pub links: Vec<crate::timeline::links::ProcessLink>,
+    #[serde(default = "Vec::new")]
+    pub net_requests: Vec<N>,
+    /// As in [`CollectivesPage::links`].
+    #[serde(default)]
+    pub links: Vec<ProcessLink>,
+    /// The calls of a full page, when the agent answered with one; never sent (empty here).
+    #[serde(default, skip_serializing)]
+    pub calls: Vec<CallView>,
 }
 
 /// One call of a [`CompactCollectivesPage`]: comm (index), seq, op (index), library (index),
 /// bytes, rank, nranks, pid, enter, exit (wall seconds), flags ([`CallRow::GLOBAL`],
 /// [`CallRow::ABORTED`]), timing (index), and the GPU timing's extras (`null` without).
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CallRow(
     pub Option<u32>,
     pub Option<u64>,
@@ -88,7 +196,7 @@ pub struct CallRow(
 
 /// A GPU-timed call's `host_enqueue`, `gpu_offset_error` and `proxy_wait`
 /// (`timeline::join::Clocking` less the timing).
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuClock {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_enqueue: Option<f64>,
@@ -100,7 +208,7 @@ pub struct GpuClock {
 
 impl GpuClock {
     /// `None` when the call has none of the three.
-    pub fn of(c: &crate::timeline::join::Clocking) -> Option<GpuClock> {
+    pub fn of(c: &Clocking) -> Option<GpuClock> {
         let g = GpuClock { host_enqueue: c.host_enqueue, gpu_offset_error: c.gpu_offset_error, proxy_wait: c.proxy_wait };
         (g.host_enqueue.is_some() || g.gpu_offset_error.is_some() || g.proxy_wait.is_some()).then_some(g)
     }
@@ -140,7 +248,7 @@ impl CompactCollectivesPage {
             }
         }
         let (mut comms, mut ops, mut libs) = (Table::default(), Table::default(), Table::default());
-        let mut timings: Vec<crate::timeline::join::Timing> = Vec::new();
+        let mut timings: Vec<Timing> = Vec::new();
         let rows = full
             .calls
             .iter()
@@ -169,6 +277,42 @@ impl CompactCollectivesPage {
             drained_until: full.drained_until,
             net_requests: full.net_requests,
             links: full.links,
+            calls: Vec::new(),
         }
     }
 }
+
+impl<N> CompactCollectivesPage<N> {
+    /// Every call as the join's view: a full page's calls, then the rows (which carry the
+    /// page's host); `Err` names a row that points past a string table.
+    pub fn take_calls(&mut self) -> Result<Vec<CallView>, String> {
+        let mut calls = std::mem::take(&mut self.calls);
+        calls.reserve(self.rows.len());
+        let pick = |t: &[String], i: u32, what: &str| t.get(i as usize).cloned().ok_or_else(|| format!("row names {what} {i} of {}", t.len()));
+        for CallRow(comm, seq, op, library, bytes, rank, nranks, pid, enter, exit, flags, timing, gpu) in std::mem::take(&mut self.rows) {
+            let timing = *self.timings.get(timing as usize).ok_or_else(|| format!("row names timing {timing} of {}", self.timings.len()))?;
+            let gpu = gpu.unwrap_or(GpuClock { host_enqueue: None, gpu_offset_error: None, proxy_wait: None });
+            calls.push(CallView {
+                comm: comm.map(|i| pick(&self.comms, i, "communicator")).transpose()?,
+                comm_global: flags & CallRow::GLOBAL != 0,
+                seq,
+                op: pick(&self.ops, op, "op")?,
+                library: pick(&self.libraries, library, "library")?,
+                bytes,
+                rank,
+                nranks,
+                host: self.host.clone(),
+                pid,
+                enter,
+                exit,
+                aborted: flags & CallRow::ABORTED != 0,
+                clock: Clocking { timing, host_enqueue: gpu.host_enqueue, gpu_offset_error: gpu.gpu_offset_error, proxy_wait: gpu.proxy_wait },
+            });
+        }
+        Ok(calls)
+    }
+}
+
+#[cfg(test)]
+#[path = "pages_tests.rs"]
+mod tests;

@@ -1,5 +1,6 @@
 //! The fan-out: each peer's read-only API (`/api/v1/collectives`, `/markers`, `/windows`,
-//! `/steps`) over plain HTTP/1.1 with a per-peer deadline.
+//! `/steps`) over plain HTTP/1.1 with a per-peer deadline, read into the pages the agent
+//! serves ([`crate::export::pages`]).
 //!
 //! Blocking `ureq` on a bounded pool of threads rather than an async client: `diagnose` is a
 //! one-shot command that waits on the network, a thread per in-flight peer is cheap at the
@@ -10,17 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::{de::DeserializeOwned, Deserialize};
+use serde::de::DeserializeOwned;
 
 use super::cluster::PeerData;
 use crate::{
-    attribution::{Attribution, NetSample},
-    export::pages::{CallRow, GpuClock},
+    attribution::NetSample,
+    export::pages::{CompactCollectivesPage, MarkersPage, NetView, WindowsPage},
     report::PeerFailure,
-    timeline::{
-        join::{CallView, Clocking, Timing},
-        Marker, NicInfo, NicSample, Phase,
-    },
+    timeline::{Marker, NicInfo, Phase},
 };
 
 /// Most calls asked of one peer (the API's own cap).
@@ -87,120 +85,13 @@ pub fn get_json<T: DeserializeOwned>(agent: &ureq::Agent, peer: &str, path: &str
     serde_json::from_slice(&body).map_err(|e| PeerError::Garbage { path: endpoint.into(), error: format!("{e} (body starts {:?})", text(60)) })
 }
 
-/// `/api/v1/collectives`, asked for with `format=compact`: rows and string tables from an
-/// agent that has the format, every call in full from one that ignores the parameter.
-#[derive(Deserialize)]
-struct CollectivesWire {
-    host: String,
-    #[serde(default)]
-    clock_error_seconds: f64,
-    #[serde(default)]
-    clock_synchronized: bool,
-    #[serde(default)]
-    calls: Vec<CallView>,
-    #[serde(default)]
-    comms: Vec<String>,
-    #[serde(default)]
-    ops: Vec<String>,
-    #[serde(default)]
-    libraries: Vec<String>,
-    #[serde(default)]
-    timings: Vec<Timing>,
-    #[serde(default)]
-    rows: Vec<CallRow>,
-    #[serde(default)]
-    net_requests: Vec<NetWire>,
-    /// Absent from agents older than NIC linking: no links, every NIC a candidate.
-    #[serde(default)]
-    links: Vec<crate::timeline::links::ProcessLink>,
-}
-
-impl CollectivesWire {
-    /// Every call as the join's view (rows carry the page's host); `Err` names a row that
-    /// points past a string table.
-    fn take_calls(&mut self) -> Result<Vec<CallView>, String> {
-        let mut calls = std::mem::take(&mut self.calls);
-        calls.reserve(self.rows.len());
-        let pick = |t: &[String], i: u32, what: &str| t.get(i as usize).cloned().ok_or_else(|| format!("row names {what} {i} of {}", t.len()));
-        for CallRow(comm, seq, op, library, bytes, rank, nranks, pid, enter, exit, flags, timing, gpu) in std::mem::take(&mut self.rows) {
-            let timing = *self.timings.get(timing as usize).ok_or_else(|| format!("row names timing {timing} of {}", self.timings.len()))?;
-            let gpu = gpu.unwrap_or(GpuClock { host_enqueue: None, gpu_offset_error: None, proxy_wait: None });
-            calls.push(CallView {
-                comm: comm.map(|i| pick(&self.comms, i, "communicator")).transpose()?,
-                comm_global: flags & CallRow::GLOBAL != 0,
-                seq,
-                op: pick(&self.ops, op, "op")?,
-                library: pick(&self.libraries, library, "library")?,
-                bytes,
-                rank,
-                nranks,
-                host: self.host.clone(),
-                pid,
-                enter,
-                exit,
-                aborted: flags & CallRow::ABORTED != 0,
-                clock: Clocking { timing, host_enqueue: gpu.host_enqueue, gpu_offset_error: gpu.gpu_offset_error, proxy_wait: gpu.proxy_wait },
-            });
-        }
-        Ok(calls)
-    }
-}
-
-#[derive(Deserialize)]
-struct NetWire {
-    #[serde(default)]
-    bytes: Option<f64>,
-    posted: f64,
-    completed: f64,
-    #[serde(default)]
-    send: bool,
-}
-
-/// A marker as served, without the socket protocol's strictness about extra fields.
-#[derive(Deserialize)]
-struct MarkerWire {
-    rank: u32,
-    step: u64,
-    phase: Phase,
-    #[serde(default)]
-    time: Option<f64>,
-    #[serde(default)]
-    host: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct MarkersWire {
-    markers: Vec<MarkerWire>,
-    /// More markers matched than one response carries.
-    #[serde(default)]
-    truncated: bool,
-}
-
-#[derive(Deserialize)]
-struct NicSeries {
-    nic: NicInfo,
-    samples: Vec<NicSample>,
-}
-
-#[derive(Deserialize)]
-struct WindowsWire {
-    #[serde(default)]
-    host: Option<String>,
-    nics: Vec<NicSeries>,
-}
-
-/// `/api/v1/steps` of one agent.
-#[derive(Deserialize)]
-pub struct StepsWire {
-    pub host: String,
-    pub steps: Vec<Attribution>,
-}
-
 /// Everything one peer has since `since`: its calls (required), markers and counter samples
 /// (a failure of those two is noted; the calls are still used).
 pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeout: Duration) -> Result<PeerData, PeerError> {
     let deadline = Instant::now() + timeout;
-    let mut c: CollectivesWire =
+    // Compact rows from an agent that has the format, every call in full from one that
+    // ignores the parameter (both read by `take_calls`).
+    let mut c: CompactCollectivesPage<NetView> =
         get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&until={until:.6}&limit={CALLS_LIMIT}&format=compact"), deadline, timeout)?;
     let calls = c.take_calls().map_err(|error| PeerError::Garbage { path: "/api/v1/collectives".into(), error })?;
     let mut p = PeerData {
@@ -223,7 +114,7 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
         }
         Err(e) => p.notes.push(format!("markers unavailable ({e}); its ranks' markers are missing")),
     }
-    match get_json::<WindowsWire>(agent, peer, &format!("/api/v1/windows?since={since:.6}&until={until:.6}"), deadline, timeout) {
+    match get_json::<WindowsPage>(agent, peer, &format!("/api/v1/windows?since={since:.6}&until={until:.6}"), deadline, timeout) {
         Ok(w) => {
             let host = w.host.unwrap_or_else(|| p.host.clone());
             p.nics = w.nics.into_iter().map(|s| (NicInfo { host: s.nic.host.clone().or_else(|| Some(host.clone())), ..s.nic }, s.samples)).collect();
@@ -253,11 +144,11 @@ fn fetch_markers(
     let mut seen: std::collections::HashSet<(u32, u64, bool, u64, Option<String>)> = std::collections::HashSet::new();
     let (mut out, mut from, mut prev_last) = (Vec::new(), since, f64::NEG_INFINITY);
     for _ in 0..MAX_MARKER_PAGES {
-        let m: MarkersWire = get_json(agent, peer, &format!("/api/v1/markers?since={from:.6}&until={until:.6}&limit={limit}"), deadline, timeout)?;
+        let m: MarkersPage = get_json(agent, peer, &format!("/api/v1/markers?since={from:.6}&until={until:.6}&limit={limit}"), deadline, timeout)?;
         let last = m.markers.last().and_then(|w| w.time).unwrap_or(from);
         for w in m.markers {
             if seen.insert((w.rank, w.step, w.phase == Phase::Begin, w.time.unwrap_or(0.0).to_bits(), w.host.clone())) {
-                out.push(Marker { rank: w.rank, step: w.step, phase: w.phase, time: w.time, host: w.host.or_else(|| Some(host.to_string())) });
+                out.push(Marker { host: w.host.or_else(|| Some(host.to_string())), ..w });
             }
         }
         if !m.truncated {
@@ -333,77 +224,6 @@ pub fn fan_out(peers: &[String], since: f64, until: f64, timeout: Duration, prog
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        export::pages::{CollectivesPage, CompactCollectivesPage},
-        sources::collectives::{decode::Call, decode::CommId, history::CallRecord, targets::Family},
-        timeline::join::ProxyWait,
-    };
-
-    fn record(comm: Option<u64>, rank: Option<u32>, op: &str, clock: Clocking, aborted: bool) -> CallRecord {
-        let call = Call {
-            pid: 7,
-            tid: 8,
-            library: if comm.is_some() { Family::Nccl } else { Family::Mpi },
-            op: op.into(),
-            bytes: rank.map(|r| 1024 * r as u64),
-            comm: comm.map(CommId),
-            comm_global: comm.is_some(),
-            rank,
-            nranks: rank.map(|_| 16),
-            seq: comm.map(|c| c + 3),
-            enter_ns: 1,
-            exit_ns: 2,
-            ret: Some(0),
-            aborted,
-            grouped: false,
-        };
-        CallRecord { call, host: "node-7".into(), enter: 1_764_000_000.25, exit: 1_764_000_000.5, duration: 0.25, clock }
-    }
-
-    #[test]
-    fn compact_rows_read_back_as_the_records_views() {
-        let gpu = Clocking {
-            timing: Timing::Gpu,
-            host_enqueue: Some(1_764_000_000.125),
-            gpu_offset_error: Some(2e-6),
-            proxy_wait: Some(ProxyWait { send_wait: 0.01, recv_gpu_wait: 0.02, ..Default::default() }),
-        };
-        let host = Clocking { timing: Timing::HostEnqueue, ..Default::default() };
-        let records = vec![
-            record(Some(0xabc), Some(3), "all_reduce", gpu, false),
-            record(Some(0xdef), Some(4), "all_gather", host, true),
-            record(None, None, "send", Clocking::default(), false),
-            record(Some(0xabc), Some(5), "all_reduce", host, false),
-        ];
-        let want: Vec<CallView> = records.iter().map(CallRecord::view).collect();
-        let link = crate::timeline::links::ProcessLink {
-            host: "node-7".into(),
-            pid: 42,
-            nics: ["rail0".to_string()].into(),
-            how: [("rail0".to_string(), "tcp 10.0.0.7:4000 → 10.0.0.8:5000".to_string())].into(),
-            complete: true,
-        };
-        let page = CollectivesPage {
-            host: "node-7".into(),
-            clock_error_seconds: 1e-3,
-            clock_synchronized: true,
-            evicted: 0,
-            drained_until: 0.0,
-            calls: records,
-            links: vec![link.clone()],
-            ..Default::default()
-        };
-        let json = serde_json::to_string(&CompactCollectivesPage::from_page(page)).expect("serialize");
-        assert!(json.matches("abc").count() == 1 && json.matches("all_reduce").count() == 1, "each string once: {json}");
-        let mut wire: CollectivesWire = serde_json::from_str(&json).expect("parse");
-        assert_eq!(wire.take_calls().expect("rows"), want);
-        // Which NICs each process uses travels with the calls.
-        assert_eq!(wire.links, vec![link]);
-        // A row naming a string that is not in its table is refused, not guessed.
-        let bad = json.replacen("[0,2751,", "[9,2751,", 1);
-        let mut wire: CollectivesWire = serde_json::from_str(&bad).expect("parse");
-        assert!(wire.take_calls().is_err_and(|e| e.contains("communicator 9")), "{bad}");
-    }
 
     #[test]
     fn markers_are_read_page_by_page_each_once() {
