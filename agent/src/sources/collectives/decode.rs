@@ -60,6 +60,8 @@ pub struct ProcInfo {
     pub ompi_world: Option<u64>,
     /// Its Kubernetes pod, when it runs in one.
     pub pod: Option<super::k8s::Pod>,
+    /// A call of it has returned: its connections are open, so its NIC link can be complete.
+    pub called: bool,
 }
 
 impl ProcInfo {

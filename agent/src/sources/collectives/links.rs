@@ -196,12 +196,14 @@ pub struct Linker {
     last: Option<Instant>,
     rdma: Vec<RdmaPort>,
     known: BTreeMap<u32, (ProcessLink, Instant)>,
+    /// Processes seen by a refresh after one of their calls returned.
+    settled: BTreeSet<u32>,
 }
 
 impl Default for Linker {
     fn default() -> Self {
         let topo = crate::topology::discover(Path::new("/sys"), &BTreeMap::new());
-        Linker { diag: SockDiag::open().ok(), last: None, rdma: RdmaPort::of(&topo), known: BTreeMap::new() }
+        Linker { diag: SockDiag::open().ok(), last: None, rdma: RdmaPort::of(&topo), known: BTreeMap::new(), settled: BTreeSet::new() }
     }
 }
 
@@ -211,9 +213,22 @@ impl Linker {
         self.rdma = ports;
     }
 
-    /// Every kept link, when a refresh of `procs` (pid → allowlisted environment) was due.
-    pub fn refresh<'a>(&mut self, host: &str, proc_root: &Path, procs: impl Iterator<Item = (u32, &'a BTreeMap<String, String>)>) -> Option<Vec<ProcessLink>> {
-        if self.last.is_some_and(|t| t.elapsed() < REFRESH) {
+    /// Every kept link, when a refresh of `procs` (pid → allowlisted environment, whether a
+    /// call of it has returned) was due: every [`REFRESH`], and at once (at the next rescan)
+    /// when a process that has returned from a call was not yet seen since.
+    ///
+    /// A link seen before the process's first call returned is never complete: a job opens its
+    /// connections in its first collective, and a process seen without them would otherwise be
+    /// linked to no NIC at all — every NIC of its steps filtered away.
+    pub fn refresh<'a>(
+        &mut self,
+        host: &str,
+        proc_root: &Path,
+        procs: impl Iterator<Item = (u32, &'a BTreeMap<String, String>, bool)>,
+    ) -> Option<Vec<ProcessLink>> {
+        let procs: Vec<_> = procs.collect();
+        let first_after_call = procs.iter().any(|(pid, _, called)| *called && !self.settled.contains(pid));
+        if self.last.is_some_and(|t| t.elapsed() < REFRESH) && !first_after_call {
             return None;
         }
         let now = Instant::now();
@@ -221,17 +236,21 @@ impl Linker {
         let diag = self.diag.as_mut()?;
         let conns = diag.dump().map(|(c, _)| c).unwrap_or_default();
         let iface_of = crate::sources::tcp::interface_addresses();
-        for (pid, env) in procs {
+        for (pid, env, called) in procs {
             let new = link(host, pid, env, &socket_inodes(proc_root, pid), &conns, &iface_of, &self.rdma);
             let e = self.known.entry(pid).or_insert_with(|| (new.clone(), now));
             e.0.nics.extend(new.nics);
             for (nic, how) in new.how {
                 e.0.how.entry(nic).or_insert(how);
             }
-            e.0.complete = new.complete;
+            e.0.complete = new.complete && called;
             e.1 = now;
+            if called {
+                self.settled.insert(pid);
+            }
         }
         self.known.retain(|_, (_, seen)| now.duration_since(*seen) < KEEP);
+        self.settled.retain(|p| self.known.contains_key(p));
         while self.known.len() > MAX_KEPT {
             let oldest = self.known.iter().min_by_key(|(_, (_, t))| *t).map(|(p, _)| *p);
             oldest.map(|p| self.known.remove(&p));
@@ -329,5 +348,22 @@ mod tests {
         assert!(l2.complete && l2.nics.iter().eq(["ib0", "rail0"].iter()), "{l2:?}");
         // Another process's sockets are not ours.
         assert!(link("h", me, &BTreeMap::new(), &BTreeSet::new(), &conns, &iface_of, &[]).nics.is_empty());
+    }
+
+    #[test]
+    fn a_link_seen_before_the_first_call_returned_is_not_complete() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let _tx = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let mut linker = Linker::default();
+        linker.set_rdma_ports(Vec::new());
+        let me = std::process::id();
+        let env = BTreeMap::new();
+        let first = linker.refresh("h", Path::new("/proc"), [(me, &env, false)].into_iter()).expect("the first refresh is due");
+        assert!(!first[0].complete, "seen before any call returned: every NIC stays a candidate: {first:?}");
+        assert!(linker.refresh("h", Path::new("/proc"), [(me, &env, false)].into_iter()).is_none(), "the next one waits for REFRESH");
+        // Its first call returned: refreshed at once, and complete from then on.
+        let after = linker.refresh("h", Path::new("/proc"), [(me, &env, true)].into_iter()).expect("refreshed after the first call");
+        assert!(after[0].complete, "{after:?}");
+        assert!(linker.refresh("h", Path::new("/proc"), [(me, &env, true)].into_iter()).is_none(), "once per process");
     }
 }

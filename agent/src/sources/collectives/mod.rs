@@ -394,7 +394,7 @@ impl Collectives {
         hist.clock = ClockMap::now();
         self.metrics.clock_error.set(hist.clock.error_seconds);
         for ev in events {
-            let Some(proc) = self.procs.get(&ev.pid) else {
+            let Some(proc) = self.procs.get_mut(&ev.pid) else {
                 if self.gone.contains(&ev.pid) {
                     let t = hist.clock.wall(ev.ts_ns);
                     hist.push_lost(t);
@@ -404,6 +404,7 @@ impl Collectives {
             };
             match self.decoder.feed(ev, proc) {
                 Ok(Decoded::Call(c)) => {
+                    proc.called = true;
                     self.metrics.observe(&c);
                     hist.push_call_timed(c, procs::launch_blocking(&proc.env));
                 }
@@ -578,7 +579,7 @@ impl Collectives {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
         }
         let host = self.history.lock().map(|h| h.host.to_string()).unwrap_or_default();
-        if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, self.procs.iter().map(|(p, i)| (*p, &i.env))) {
+        if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, self.procs.iter().map(|(p, i)| (*p, &i.env, i.called))) {
             if let Ok(mut h) = self.history.lock() {
                 h.links = l;
             }
