@@ -1,37 +1,65 @@
 //! Label values shared by several metric families (a leaf module).
 //!
-//! The `rank` label of per-rank series: the global rank, for the first
-//! [`MAX_RANK_LABELS`] distinct ranks this host has seen, then `other`.
+//! The `rank` label of per-rank series: the global rank, for at most [`MAX_RANK_LABELS`]
+//! distinct ranks at a time per host, then `other`.
 //!
 //! A host only exports the ranks of its own processes (8 on an 8-GPU node), so a fixed cap on
 //! the rank *number* (`rank < 64`) made every rank of node 9 onwards `other`. Capping the
 //! number of distinct *values* keeps each host's series bounded however large the job is,
-//! while every rank keeps its global number on the host that runs it.
+//! while every rank keeps its global number on the host that runs it. A long-lived agent sees
+//! job after job, each with other rank numbers: a value unused for [`RANK_LABEL_IDLE`] gives
+//! its place to a new rank, and the caller removes the old value's series.
 
-use std::{collections::HashSet, sync::Mutex};
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
 /// Distinct rank values with their own label per host.
 pub const MAX_RANK_LABELS: usize = 64;
+/// How long a rank value must have been unused before a new rank may take its place.
+pub const RANK_LABEL_IDLE: Duration = Duration::from_secs(600);
 
 #[derive(Default)]
 pub struct RankLabels {
-    seen: Mutex<HashSet<u32>>,
+    /// Rank → when its label was last used.
+    seen: Mutex<HashMap<u32, Instant>>,
 }
 
 impl RankLabels {
-    /// The label value of `rank`.
-    pub fn label(&self, rank: u32) -> String {
+    /// The label value of `rank`, and the rank whose label it replaced (remove that rank's
+    /// series).
+    pub fn label(&self, rank: u32) -> (String, Option<u32>) {
+        self.label_at(rank, Instant::now())
+    }
+
+    fn label_at(&self, rank: u32, now: Instant) -> (String, Option<u32>) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains(&rank) || seen.len() < MAX_RANK_LABELS && seen.insert(rank) {
-            rank.to_string()
-        } else {
-            "other".into()
+        if let Some(t) = seen.get_mut(&rank) {
+            *t = now;
+            return (rank.to_string(), None);
+        }
+        if seen.len() < MAX_RANK_LABELS {
+            seen.insert(rank, now);
+            return (rank.to_string(), None);
+        }
+        let idle = seen.iter().min_by_key(|(_, t)| **t).filter(|(_, t)| now.saturating_duration_since(**t) >= RANK_LABEL_IDLE).map(|(r, _)| *r);
+        match idle {
+            Some(old) => {
+                seen.remove(&old);
+                seen.insert(rank, now);
+                (rank.to_string(), Some(old))
+            }
+            None => ("other".into(), None),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -40,12 +68,40 @@ mod tests {
         // Node 17 of 128 × 8 GPUs: ranks 136..144.
         for _ in 0..3 {
             for r in 136..144 {
-                assert_eq!(l.label(r), r.to_string());
+                assert_eq!(l.label(r), (r.to_string(), None));
             }
         }
         // A host that somehow sees every rank of the job: at most 64 values, then `other`.
-        let all: HashSet<String> = (0..1024).map(|r| l.label(r)).collect();
+        let all: HashSet<String> = (0..1024).map(|r| l.label(r).0).collect();
         assert_eq!(all.len(), MAX_RANK_LABELS + 1, "64 values plus other");
         assert!(all.contains("other") && all.contains("136"));
+    }
+
+    #[test]
+    fn job_after_job_on_a_long_lived_agent_each_keeps_its_ranks() {
+        let l = RankLabels::default();
+        let t0 = Instant::now();
+        // Ten successive 8-rank jobs on this host, each with other global ranks, an hour apart.
+        for job in 0..10u32 {
+            let now = t0 + Duration::from_secs(3600 * u64::from(job));
+            let mut evicted = Vec::new();
+            for r in job * 100..job * 100 + 8 {
+                let (v, old) = l.label_at(r, now);
+                assert_eq!(v, r.to_string(), "job {job}: rank {r} keeps its number");
+                evicted.extend(old);
+            }
+            // From the ninth job on, the places are full: the oldest job's ranks give theirs.
+            let expect: Vec<u32> = if job >= 8 { ((job - 8) * 100..(job - 8) * 100 + 8).collect() } else { Vec::new() };
+            evicted.sort();
+            assert_eq!(evicted, expect, "job {job}");
+        }
+        // A rank still in use is never evicted: 64 ranks busy now, a 65th is `other`.
+        let l = RankLabels::default();
+        for r in 0..64 {
+            l.label_at(r, t0 + Duration::from_millis(u64::from(r)));
+        }
+        let later = t0 + RANK_LABEL_IDLE / 2;
+        assert_eq!(l.label_at(1000, later), ("other".into(), None));
+        assert_eq!(l.label_at(1000, t0 + RANK_LABEL_IDLE), ("1000".into(), Some(0)), "the least recently used idle rank gives its place");
     }
 }

@@ -193,7 +193,11 @@ impl StepSink for StepMetrics {
         }
         // Per-rank metrics only for ranks on this host (another host's agent exports theirs).
         for r in a.ranks.iter().filter(|r| r.host == self.host) {
-            let rank = m.rank_labels.label(r.rank);
+            let (rank, old) = m.rank_labels.label(r.rank);
+            if let Some(old) = old {
+                m.rank_wait.remove(&RankLabel { rank: old.to_string() });
+                m.rank_late.remove(&RankLabel { rank: old.to_string() });
+            }
             m.rank_wait.get_or_create(&RankLabel { rank: rank.clone() }).inc_by(r.wait_seconds);
             m.rank_late.get_or_create(&RankLabel { rank }).inc_by(r.late_seconds);
         }

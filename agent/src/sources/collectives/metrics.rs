@@ -165,7 +165,10 @@ impl CollectiveMetrics {
             self.aborted.get_or_create(&LibLabels { library: c.library.as_str() }).inc();
         }
         if let Some(r) = c.rank {
-            let rank = self.rank_labels.label(r);
+            let (rank, old) = self.rank_labels.label(r);
+            if let Some(old) = old {
+                self.rank_seconds.remove(&RankLabels { rank: old.to_string() });
+            }
             self.rank_seconds.get_or_create(&RankLabels { rank }).inc_by(secs);
         }
     }
