@@ -114,11 +114,16 @@ pub struct SourcesConfig {
     pub qdisc_per_queue: bool,
     /// TCP retransmissions per interface (`tcp:tcp_retransmit_skb` tracepoint).
     pub tcp: bool,
+    /// PFC priorities (0–7) whose received pause time and frames count as congestion of the
+    /// jobs on a NIC (the RoCE traffic class's priority, e.g. `[3]`). Unset: the priorities
+    /// that carry traffic on that NIC (see [`crate::sources::nic::pfc_counted`]). Link-level
+    /// (global) pause always counts: it stops every priority.
+    pub pfc_priorities: Option<Vec<u8>>,
 }
 
 impl Default for SourcesConfig {
     fn default() -> Self {
-        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true, qdisc_per_queue: false, tcp: true }
+        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true, qdisc_per_queue: false, tcp: true, pfc_priorities: None }
     }
 }
 
@@ -269,6 +274,9 @@ impl Config {
                 value: format!("{nic} = {rate}"),
                 reason: e.to_string(),
             })?;
+        }
+        if let Some(bad) = self.sources.pfc_priorities.iter().flatten().find(|p| **p > 7) {
+            return Err(ConfigError::Invalid { field: "sources.pfc_priorities", value: bad.to_string(), reason: "a PFC priority is 0 to 7".into() });
         }
         self.otlp.validate()?;
         self.api.validate()?;
@@ -449,6 +457,9 @@ mod tests {
         }
         let missing = Config::load(Some(Path::new("/nonexistent/stepwise.toml")), &Overrides::default());
         assert!(matches!(missing, Err(ConfigError::Read { .. })));
+        let c = Config::from_toml("[sources]\npfc_priorities = [3, 8]\n").expect("parses");
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { field: "sources.pfc_priorities", .. })));
+        assert!(Config::from_toml("[sources]\npfc_priorities = [3]\n").expect("parses").validate().is_ok());
     }
 
     #[test]

@@ -130,7 +130,7 @@ pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry:
         out.push(Box::new(rdma::RdmaSource::new(ctx.clone(), registry).with_xmit_wait_tick_seconds(cfg.steps.params.xmit_wait_tick_seconds)));
     }
     if cfg.sources.ethtool {
-        out.push(Box::new(ethtool::EthtoolSource::new(ctx.clone(), registry)));
+        out.push(Box::new(ethtool::EthtoolSource::new(ctx.clone(), registry).with_pfc_priorities(cfg.sources.pfc_priorities.clone())));
     }
     if cfg.sources.netdev {
         out.push(Box::new(netdev::NetdevSource::new(ctx.clone(), registry)));

@@ -83,11 +83,27 @@ pub struct EthtoolSource {
     devs: BTreeMap<String, Dev>,
     generic_names: HashSet<String>,
     last_error: Option<String>,
+    /// `[sources] pfc_priorities` (see [`super::nic::pfc_counted`]).
+    pfc_priorities: Option<Vec<u8>>,
 }
 
 impl EthtoolSource {
+    /// The PFC priorities whose pause counts as congestion (`None`: those carrying traffic).
+    pub fn with_pfc_priorities(mut self, p: Option<Vec<u8>>) -> Self {
+        self.pfc_priorities = p;
+        self
+    }
+
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
-        EthtoolSource { ctx, metrics: Metrics::register(registry), sock: None, devs: BTreeMap::new(), generic_names: HashSet::new(), last_error: None }
+        EthtoolSource {
+            ctx,
+            metrics: Metrics::register(registry),
+            sock: None,
+            devs: BTreeMap::new(),
+            generic_names: HashSet::new(),
+            last_error: None,
+            pfc_priorities: None,
+        }
     }
 
     /// Typed cumulative values of every netdev read at least once.
@@ -232,7 +248,7 @@ impl EthtoolSource {
 
 impl Source for EthtoolSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        super::nic::from_ethtool(self.snapshot())
+        super::nic::from_ethtool(self.snapshot(), self.pfc_priorities.as_deref())
     }
     fn name(&self) -> &'static str {
         SOURCE
