@@ -21,6 +21,7 @@ mod ideal;
 mod in_flight;
 mod rails;
 mod skew;
+pub use skew::use_clock_free;
 mod transport;
 
 use std::collections::BTreeMap;

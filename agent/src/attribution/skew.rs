@@ -144,3 +144,54 @@ pub(super) fn timing_evidence(colls: &[&Collective], causes: &mut [super::Cause]
         }
     }
 }
+
+/// §3.2 without clocks, for a step whose ranks ran on hosts whose clocks are known only to
+/// ± `clock_error`, no better than its wall-clock skew: the readiness skew becomes the
+/// clock-free estimate `free` — over the step's collectives, the spread of the ranks' time
+/// inside the call (a blocking collective completes on every rank together, so the last rank
+/// to arrive spends the least time inside) — and its late rank the one that spent the least
+/// time inside most. What the wall clocks charged beyond it goes to `unexplained`; a larger
+/// clock-free skew takes its excess from `unexplained` only (it cannot exceed what the models
+/// left unexplained beyond the wall-clock figure), so the causes still sum to the step.
+pub fn use_clock_free(a: &mut super::Attribution, free: f64, late: Option<u32>, clock_error: f64) {
+    use super::CauseKind::{ReadinessSkew, Unexplained};
+    let (Some(si), Some(ui)) = (a.causes.iter().position(|c| c.kind == ReadinessSkew), a.causes.iter().position(|c| c.kind == Unexplained)) else {
+        return;
+    };
+    let wall = a.causes[si].seconds;
+    let spare = a.causes[ui].seconds.max(0.0);
+    let skew = free.max(0.0).min(wall + spare);
+    a.causes[si].seconds = skew;
+    a.causes[ui].seconds -= skew - wall;
+    let c = &mut a.causes[si];
+    c.rank = late;
+    c.evidence.insert("estimate".into(), "clock_free".into());
+    c.evidence.insert("wall_clock_seconds".into(), wall.into());
+    c.evidence.insert("clock_error_seconds".into(), clock_error.into());
+    c.evidence.insert("clock_free_seconds".into(), free.into());
+    match late {
+        Some(r) => {
+            c.evidence.insert("late_rank".into(), r.into());
+            if let Some(h) = a.ranks.iter().find(|x| x.rank == r) {
+                c.evidence.insert("late_host".into(), h.host.clone().into());
+            }
+        }
+        None => {
+            c.evidence.remove("late_rank");
+            c.evidence.remove("late_host");
+        }
+    }
+    c.evidence.remove("late_rank_seconds");
+    c.fix = match late {
+        Some(r) if skew > 0.0 => format!(
+            "rank {r} spent the least time inside the step's collectives (clock-free estimate: the hosts' clocks are known to ± {} only): look upstream of the collective on that rank (input pipeline, host jitter, a slower GPU, CPU contention) — the network is not the cause",
+            crate::report::duration(clock_error)
+        ),
+        _ => String::new(),
+    };
+    let total = a.seconds;
+    for c in &mut a.causes {
+        c.share = if total > 0.0 { c.seconds / total } else { 0.0 };
+    }
+    a.causes.sort_by(|x, y| y.seconds.total_cmp(&x.seconds));
+}

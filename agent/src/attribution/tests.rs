@@ -54,6 +54,32 @@ fn straggler_is_readiness_skew_with_the_late_rank_named() {
 }
 
 #[test]
+fn the_clock_free_estimate_replaces_wall_clock_skew_and_the_parts_still_sum() {
+    // Rank 3 on host b, its clock unknown to ± 40 ms: wall clocks say 30 ms late.
+    let c = coll(0, &[(0, "a", 0.020, 0.051), (1, "a", 0.020, 0.051), (2, "a", 0.020, 0.051), (3, "b", 0.050, 0.051)], 4096);
+    let s = step(0.0, 0.052);
+    let cs = [&c];
+    let a0 = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    // Clock-free: 10 ms. The 20 ms the wall clocks charged beyond it are unexplained.
+    let mut a = a0.clone();
+    use_clock_free(&mut a, 0.010, Some(2), 0.040);
+    assert!((a.cause(CauseKind::ReadinessSkew) - 0.010).abs() < 1e-12 && (a.cause(CauseKind::Unexplained) - 0.020).abs() < 1e-12, "{:?}", a.causes);
+    assert!((sum(&a) - 0.052).abs() < 1e-12, "parts sum to the step");
+    let skew = a.causes.iter().find(|c| c.kind == CauseKind::ReadinessSkew).expect("skew");
+    assert_eq!((skew.rank, skew.evidence["estimate"].as_str()), (Some(2), Some("clock_free")));
+    assert!(skew.evidence["wall_clock_seconds"].as_f64().is_some_and(|w| (w - 0.030).abs() < 1e-12), "{:?}", skew.evidence);
+    assert_eq!(skew.evidence["late_host"].as_str(), Some("a"));
+    assert!(skew.fix.contains("rank 2") && skew.fix.contains("clock-free"), "{}", skew.fix);
+    assert!((skew.share - 0.010 / 0.052).abs() < 1e-12);
+    assert!(a.causes.windows(2).all(|w| w[0].seconds >= w[1].seconds), "still largest first");
+    // A larger clock-free skew takes only what was unexplained (nothing here).
+    let mut a = a0.clone();
+    use_clock_free(&mut a, 0.050, Some(3), 0.040);
+    assert!((a.cause(CauseKind::ReadinessSkew) - 0.030).abs() < 1e-12 && a.cause(CauseKind::Unexplained).abs() < 1e-12, "{:?}", a.causes);
+    assert!((sum(&a) - 0.052).abs() < 1e-12);
+}
+
+#[test]
 fn only_causes_with_seconds_carry_a_fix() {
     // The straggler step: readiness skew, compute and ideal communication have seconds; rail
     // imbalance, in-flight limit and congestion have none (no NIC windows at all).

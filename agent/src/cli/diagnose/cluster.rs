@@ -219,14 +219,17 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         let err = clocks.error(&hosts);
         let wall = a.cause(crate::attribution::CauseKind::ReadinessSkew);
         if err > 0.0 && err >= wall {
-            let free = cf.map(duration).unwrap_or_else(|| "n/a".into());
-            a.notes.push(format!(
-                "the hosts' clocks are known to ± {} only, not better than this step's readiness skew ({}): trust the clock-free estimate ({free})",
-                duration(err),
-                duration(wall)
-            ));
+            let why =
+                format!("the hosts' clocks are known to ± {} only, not better than this step's wall-clock readiness skew ({})", duration(err), duration(wall));
+            match cf {
+                Some(free) => {
+                    crate::attribution::use_clock_free(&mut a, free, late, err);
+                    a.notes.push(format!("{why}: readiness skew is the clock-free estimate ({})", duration(free)));
+                }
+                None => a.notes.push(format!("{why}, and no collective of it was seen on two ranks for a clock-free estimate")),
+            }
         }
-        let skew = Skew { wall_seconds: a.cause(crate::attribution::CauseKind::ReadinessSkew), clock_free_seconds: cf, clock_free_late_rank: late };
+        let skew = Skew { wall_seconds: wall, clock_free_seconds: cf, clock_free_late_rank: late };
         steps.push(StepReport { nics: nics_of(&a), skew, attribution: a, collectives: inp.collectives.iter().map(|c| (*c).clone()).collect() });
     }
     // Hosts compared through the collectives carry that bound; the others their own.

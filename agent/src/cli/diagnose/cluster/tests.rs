@@ -150,3 +150,34 @@ fn a_host_whose_clock_reads_40_ms_ahead_is_moved_back_and_the_straggler_stays_ri
         assert_eq!(a.top_problem(1e-3).and_then(|c| c.rank), Some(5));
     }
 }
+
+#[test]
+fn clocks_known_worse_than_the_skew_fall_back_to_the_clock_free_estimate() {
+    // Only the 64 MiB all-reduce: every bound on node-b's clock is as wide as its transfer
+    // (± 35 ms), wider than rank 5's 30 ms. Node-b reads 40 ms ahead.
+    let strip = |mut p: PeerData| {
+        p.calls.retain(|c| c.bytes == Some(64 << 20));
+        p
+    };
+    let mut b = strip(peer("node-b", 4..8, true));
+    for c in &mut b.calls {
+        c.enter += 0.040;
+        c.exit += 0.040;
+    }
+    for m in &mut b.markers {
+        m.time = m.time.map(|t| t + 0.040);
+    }
+    let peers = [strip(peer("node-a", 0..4, true)), b];
+    let an = analyze(&peers, &sel(None, None), &Params::default()).expect("steps");
+    assert!(an.clocks.hosts[0].error_seconds >= 0.030, "{:?}", an.clocks);
+    assert_eq!(an.steps.len(), STEPS as usize);
+    for s in &an.steps {
+        let a = &s.attribution;
+        let skew = a.causes.iter().find(|c| c.kind == CauseKind::ReadinessSkew).expect("skew");
+        assert_eq!(skew.evidence["estimate"].as_str(), Some("clock_free"), "{:?}", a.causes);
+        assert!((skew.seconds - 0.030).abs() < 1e-6, "the clock-free 30 ms: {:?}", a.causes);
+        assert_eq!(skew.rank, Some(5));
+        assert!((a.causes.iter().map(|c| c.seconds).sum::<f64>() - a.seconds).abs() < 1e-9, "parts sum to the step");
+        assert!(a.notes.iter().any(|n| n.contains("readiness skew is the clock-free estimate")), "{:?}", a.notes);
+    }
+}
