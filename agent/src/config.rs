@@ -116,7 +116,7 @@ pub struct SourcesConfig {
     pub tcp: bool,
     /// PFC priorities (0–7) whose received pause time and frames count as congestion of the
     /// jobs on a NIC (the RoCE traffic class's priority, e.g. `[3]`). Unset: the priorities
-    /// that carry traffic on that NIC (see [`crate::sources::nic::pfc_counted`]). Link-level
+    /// that carry traffic on that NIC (see [`crate::sources::ethtool::pfc::pfc_counted`]). Link-level
     /// (global) pause always counts: it stops every priority.
     pub pfc_priorities: Option<Vec<u8>>,
 }

@@ -9,6 +9,7 @@
 pub mod ioctl;
 mod metrics;
 pub mod names;
+pub mod pfc;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -83,7 +84,7 @@ pub struct EthtoolSource {
     devs: BTreeMap<String, Dev>,
     generic_names: HashSet<String>,
     last_error: Option<String>,
-    /// `[sources] pfc_priorities` (see [`super::nic::pfc_counted`]).
+    /// `[sources] pfc_priorities` (see [`pfc::pfc_counted`]).
     pfc_priorities: Option<Vec<u8>>,
 }
 
@@ -248,7 +249,7 @@ impl EthtoolSource {
 
 impl Source for EthtoolSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        super::nic::from_ethtool(self.snapshot(), self.pfc_priorities.as_deref())
+        pfc::nic_parts(self.snapshot(), self.pfc_priorities.as_deref())
     }
     fn name(&self) -> &'static str {
         SOURCE

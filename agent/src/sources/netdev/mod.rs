@@ -277,7 +277,7 @@ impl NetdevSource {
 
 impl Source for NetdevSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        super::nic::from_netdev(self.snapshot(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
+        nic_parts(self.snapshot(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
     }
     fn name(&self) -> &'static str {
         SOURCE
@@ -347,6 +347,25 @@ impl Source for NetdevSource {
 fn rtnl_failure(ctx: &SourceContext, e: RtnlError) -> SourceError {
     ctx.errors.inc(SOURCE, kind::NETLINK);
     SourceError::Io { source_name: SOURCE, what: "rtnetlink RTM_GETLINK dump".into(), err: std::io::Error::other(e) }
+}
+
+/// Every netdev but `lo` as a per-NIC sample, with its link rate.
+fn nic_parts(devs: Vec<NetdevSnapshot>, rate_of: impl Fn(&str) -> Option<f64>) -> Vec<super::nic::NicPart> {
+    devs.into_iter()
+        .filter(|d| d.netdev != "lo")
+        .map(|d| {
+            let rate = rate_of(&d.netdev);
+            (
+                super::nic::info(d.netdev.clone(), None, rate),
+                crate::timeline::NicSample {
+                    tx_bytes: d.transmit_bytes as f64,
+                    rx_bytes: d.receive_bytes as f64,
+                    drops: (d.transmit_drops + d.receive_drops) as f64,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -345,7 +345,7 @@ impl QdiscSource {
 
 impl Source for QdiscSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        super::nic::from_qdisc(self.snapshot())
+        nic_parts(self.snapshot())
     }
     fn name(&self) -> &'static str {
         SOURCE
@@ -442,6 +442,17 @@ impl Source for QdiscSource {
             .collect();
         serde_json::json!({ "qdiscs": qs, "cap": MAX_QDISCS, "last_error": self.last_error })
     }
+}
+
+/// Root qdiscs (and their children) per netdev: drops add up, backlog is the largest.
+fn nic_parts(qs: Vec<QdiscSnapshot>) -> Vec<super::nic::NicPart> {
+    let mut per: std::collections::BTreeMap<String, crate::timeline::NicSample> = std::collections::BTreeMap::new();
+    for q in qs.into_iter().filter(|q| q.present) {
+        let e = per.entry(q.netdev.clone()).or_default();
+        e.drops += q.drops as f64;
+        e.backlog_bytes = e.backlog_bytes.max(q.backlog_bytes as f64);
+    }
+    per.into_iter().map(|(n, s)| (super::nic::info(n, None, None), s)).collect()
 }
 
 #[cfg(test)]

@@ -396,7 +396,7 @@ impl RdmaSource {
 
 impl Source for RdmaSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        super::nic::from_rdma(self.ports())
+        nic_parts(self.ports())
     }
     fn name(&self) -> &'static str {
         SOURCE
@@ -498,4 +498,28 @@ impl Source for RdmaSource {
             .collect();
         obj([("devices", Value::Array(devices)), ("counter_names", self.counter_names.len().into())])
     }
+}
+
+/// The ports' counters as per-NIC samples (named by netdev, else `device/port`).
+fn nic_parts(ports: Vec<PortCounters>) -> Vec<super::nic::NicPart> {
+    ports
+        .into_iter()
+        .filter(|p| p.present)
+        .map(|p| {
+            let name = p.netdev.clone().unwrap_or_else(|| format!("{}/{}", p.device, p.port));
+            (
+                super::nic::info(name, Some(p.rail), p.rate_bytes_per_second),
+                crate::timeline::NicSample {
+                    tx_bytes: p.transmit_bytes as f64,
+                    rx_bytes: p.receive_bytes as f64,
+                    ecn_marked: p.ecn_marked_packets as f64,
+                    cnp_sent: p.cnp_sent as f64,
+                    cnp_handled: p.cnp_handled as f64,
+                    xmit_wait_ticks: p.transmit_wait_ticks as f64,
+                    retransmits: p.retransmits as f64,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
 }
