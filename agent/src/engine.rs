@@ -47,7 +47,8 @@ pub struct Engine {
     host: String,
     log: CounterLog,
     markers: VecDeque<Marker>,
-    steps: VecDeque<Attribution>,
+    /// The latest steps, also served by the API ([`RecentSteps`]).
+    recent: RecentSteps,
     /// (job key, step id, begin in µs for marker steps) already attributed → the step's end.
     done: BTreeMap<(String, u64, i64), f64>,
     rates: HashMap<String, f64>,
@@ -74,7 +75,7 @@ pub struct Engine {
 
 mod sink;
 
-pub use sink::{FinishedStep, StepMetrics, StepSink, StoreQueue, StoredStep, STEP_BUCKETS, STORE_QUEUE_MAX};
+pub use sink::{FinishedStep, RecentSteps, StepMetrics, StepSink, StoreQueue, StoredStep, STEP_BUCKETS, STORE_QUEUE_MAX};
 
 pub fn wall_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0) + crate::testclock::offset_seconds()
@@ -115,7 +116,7 @@ impl Engine {
             host,
             log: CounterLog::new(4096),
             markers: VecDeque::new(),
-            steps: VecDeque::new(),
+            recent: RecentSteps::new(cfg.history),
             done: BTreeMap::new(),
             rates,
             metrics: sink::StepMetrics::register(registry, step_host, cfg.slow_step),
@@ -143,6 +144,7 @@ impl Engine {
         cfg.marker_socket = self.cfg.marker_socket.clone();
         self.rates = rates;
         self.metrics.set_slow_step(cfg.slow_step);
+        self.recent.set_cap(cfg.history);
         self.cfg = cfg;
         Ok(())
     }
@@ -238,8 +240,14 @@ impl Engine {
         self.log.samples(t0, t1)
     }
 
-    pub fn steps(&self) -> impl Iterator<Item = &Attribution> {
-        self.steps.iter()
+    /// Copies of the latest attributed steps, oldest first.
+    pub fn steps(&self) -> Vec<Attribution> {
+        self.recent.select(|_| true)
+    }
+
+    /// The latest steps, shared: what `/api/v1/steps` reads without the engine lock.
+    pub fn recent_steps(&self) -> RecentSteps {
+        self.recent.clone()
     }
 
     /// Attributes every step that ended at least `grace` ago, whose probe events and counter
@@ -311,13 +319,10 @@ impl Engine {
             let mine: Vec<Collective> = inputs.collectives.into_iter().cloned().collect();
             let done = FinishedStep { job: &f.job, attribution: &att, collectives: &mine, windows: &inputs.windows, step_windows: &step_windows };
             self.metrics.step(&done);
+            self.recent.step(&done);
             for sink in &mut self.sinks {
                 sink.step(&done);
             }
-            if self.steps.len() >= self.cfg.history.max(1) {
-                self.steps.pop_front();
-            }
-            self.steps.push_back(att);
             self.done.insert(key, step.end);
             self.last_attributed = self.last_attributed.max(step.end);
         }

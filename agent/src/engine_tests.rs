@@ -38,7 +38,7 @@ fn markers_make_steps_without_collective_probes() {
     }
     // `[collectives] enabled = false`: no call history is ever set.
     e.tick(wall_now(), 0);
-    let ids: Vec<u64> = e.steps().map(|a| a.step).collect();
+    let ids: Vec<u64> = e.steps().iter().map(|a| a.step).collect();
     assert_eq!(ids, [0, 1, 2, 3], "every marked step is attributed");
 }
 

@@ -235,7 +235,7 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
         }
         h.lock().expect("history").drained_until = t + 100.0;
         e.tick(t + 50.0, 0);
-        let daemon: Vec<Attribution> = e.steps().cloned().collect();
+        let daemon: Vec<Attribution> = e.steps();
         assert!(daemon.len() >= 9, "case {case}: {} steps", daemon.len());
 
         let views = h.lock().expect("history").calls_since(0.0, 1 << 20).iter().map(|c| c.view()).collect();

@@ -85,7 +85,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let (engine, store_queue) = engine(&cfg, &mut registry)?;
     let mut state = api::AppState::new(registry);
     state.watchdog = Some(watchdog.clone());
-    state.engine = Some(engine.clone());
+    state.set_engine(engine.clone());
     if let Some(Ok(c)) = &coll {
         state.probes_ready = Some(c.ready_handle());
         state.probes_detail = Some(c.status_handle());

@@ -1,6 +1,7 @@
 //! Where an attributed step goes: one interface, [`StepSink`], that the step metrics
-//! ([`StepMetrics`]), the history store ([`StoreQueue`], written by the sampler thread) and the
-//! OTLP exporter (`export::otlp`) implement. Sinks run under the engine lock, so none may
+//! ([`StepMetrics`]), the recent steps the API serves ([`RecentSteps`]), the history store
+//! ([`StoreQueue`], written by the sampler thread) and the OTLP exporter (`export::otlp`)
+//! implement. Sinks run under the engine lock, so none may
 //! block: the store's sink only queues, OTLP try-sends into a bounded channel.
 
 use std::{
@@ -38,6 +39,48 @@ pub struct FinishedStep<'a> {
 /// Receives every step as it is attributed.
 pub trait StepSink: Send {
     fn step(&mut self, s: &FinishedStep<'_>);
+}
+
+/// The latest attributed steps (`[steps] history` of them) for `/api/v1/steps`: written by
+/// its sink under the engine lock, read by the API under this queue's own lock only.
+#[derive(Clone)]
+pub struct RecentSteps {
+    steps: Arc<Mutex<VecDeque<Attribution>>>,
+    cap: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RecentSteps {
+    pub fn new(cap: usize) -> RecentSteps {
+        RecentSteps { steps: Arc::default(), cap: Arc::new(cap.max(1).into()) }
+    }
+
+    /// Keeps at most `cap` steps from the next one on (`[steps] history`, reloadable).
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap.max(1), Ordering::Relaxed);
+    }
+
+    /// Copies of the kept steps that `keep` selects, oldest first.
+    pub fn select(&self, keep: impl Fn(&Attribution) -> bool) -> Vec<Attribution> {
+        let q = match self.steps.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        q.iter().filter(|a| keep(a)).cloned().collect()
+    }
+}
+
+impl StepSink for RecentSteps {
+    fn step(&mut self, s: &FinishedStep<'_>) {
+        let mut q = match self.steps.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        let cap = self.cap.load(Ordering::Relaxed);
+        while q.len() >= cap {
+            q.pop_front();
+        }
+        q.push_back(s.attribution.clone());
+    }
 }
 
 /// A step as the store writes it.

@@ -74,10 +74,10 @@ fn a_step_waits_for_the_probe_consumer_to_drain_past_its_end() {
     // step's calls may still be in the ring, so it is not attributed yet.
     h.lock().expect("history").drained_until = 100.3;
     e.tick(102.0, 0);
-    assert_eq!(e.steps().count(), 0, "attributed before its events were in");
+    assert_eq!(e.steps().len(), 0, "attributed before its events were in");
     h.lock().expect("history").drained_until = 101.9;
     e.tick(102.1, 0);
-    let steps: Vec<&Attribution> = e.steps().collect();
+    let steps: Vec<Attribution> = e.steps();
     assert_eq!(steps.len(), 1);
     assert_eq!(steps[0].collectives, 1, "{:?}", steps[0]);
     assert!(!steps[0].incomplete, "{:?}", steps[0].notes);
@@ -91,9 +91,9 @@ fn a_step_closed_at_max_wait_is_incomplete_and_says_why() {
     h.lock().expect("history").drained_until = 99.0;
     record_step(&mut e, &h, 1, 100.0);
     e.tick(110.0, 0);
-    assert_eq!(e.steps().count(), 0, "closed before max_wait (10 s)");
+    assert_eq!(e.steps().len(), 0, "closed before max_wait (10 s)");
     e.tick(110.6, 0);
-    let a = e.steps().next().expect("closed at max_wait");
+    let a = e.steps().into_iter().next().expect("closed at max_wait");
     assert!(a.incomplete, "a step closed early must not look complete");
     assert!(a.notes.iter().any(|n| n.contains("max_wait") && n.contains("behind")), "{:?}", a.notes);
 }
@@ -120,7 +120,7 @@ fn a_step_holding_lost_events_of_an_exited_process_is_incomplete() {
         g.push_lost(101.3);
     }
     e.tick(103.0, 0);
-    let steps: Vec<&Attribution> = e.steps().collect();
+    let steps: Vec<Attribution> = e.steps();
     assert_eq!(steps.len(), 2);
     let (one, two) = (steps.iter().find(|a| a.step == 1).expect("step 1"), steps.iter().find(|a| a.step == 2).expect("step 2"));
     assert!(!one.incomplete, "{:?}", one.notes);

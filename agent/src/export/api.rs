@@ -27,8 +27,10 @@ pub struct AppState {
     pub topology: Arc<RwLock<serde_json::Value>>,
     /// Collective call history, when the probes run.
     pub collectives: Arc<RwLock<Option<crate::sources::collectives::SharedHistory>>>,
-    /// Steps, markers and counter windows.
+    /// Markers and counter windows (set with [`AppState::set_engine`]).
     pub engine: Option<Arc<std::sync::Mutex<crate::engine::Engine>>>,
+    /// The engine's latest steps, read without its lock.
+    pub steps: Option<crate::engine::RecentSteps>,
     /// The token `POST /api/v1/markers` must carry; `None` (the default) refuses it.
     pub markers_token: Option<crate::config::Secret>,
     /// Collective probes: start-up probing done (readiness waits for it when they run).
@@ -44,6 +46,12 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The step engine whose markers, windows and latest steps the API serves.
+    pub fn set_engine(&mut self, e: Arc<std::sync::Mutex<crate::engine::Engine>>) {
+        self.steps = Some(e.lock().unwrap_or_else(|p| p.into_inner()).recent_steps());
+        self.engine = Some(e);
+    }
+
     pub fn new(registry: Registry) -> Self {
         AppState {
             registry: Arc::new(registry),
@@ -52,6 +60,7 @@ impl AppState {
             topology: Arc::new(RwLock::new(serde_json::json!({}))),
             collectives: Arc::new(RwLock::new(None)),
             engine: None,
+            steps: None,
             markers_token: None,
             probes_ready: None,
             probes_detail: None,
@@ -450,17 +459,15 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
 }
 
 fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Response {
-    let e = match engine_of(s) {
-        Ok(e) => e,
-        Err(r) => return r,
+    let Some(recent) = &s.steps else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "step engine not running\n").into_response();
     };
-    let mut v: Vec<crate::attribution::Attribution> = e.steps().filter(|a| a.begin >= since && q.step.is_none_or(|id| a.step == id)).cloned().collect();
+    let mut v = recent.select(|a| a.begin >= since && q.step.is_none_or(|id| a.step == id));
     if let Some(k) = q.slowest {
         v.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         v.truncate(k);
     }
     v.truncate(limit);
-    drop(e);
     Json(super::pages::StepsPage { host: host_of(s), steps: v }).into_response()
 }
 

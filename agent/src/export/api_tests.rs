@@ -25,7 +25,7 @@ fn state(markers: usize) -> AppState {
         engine.add_marker(Marker { rank: (i % 64) as u32, step: (i / 64) as u64, phase: Phase::Begin, time: Some(t0 + i as f64 * 1e-3), host: None });
     }
     let mut s = AppState::new(registry);
-    s.engine = Some(Arc::new(Mutex::new(engine)));
+    s.set_engine(Arc::new(Mutex::new(engine)));
     s
 }
 

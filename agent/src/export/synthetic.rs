@@ -190,7 +190,7 @@ impl Job {
         let mut state = AppState::new(registry);
         state.ready.store(true, std::sync::atomic::Ordering::Relaxed);
         state.collectives = Arc::new(std::sync::RwLock::new(Some(shared)));
-        state.engine = Some(Arc::new(Mutex::new(engine)));
+        state.set_engine(Arc::new(Mutex::new(engine)));
         state
     }
 

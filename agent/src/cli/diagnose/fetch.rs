@@ -242,7 +242,7 @@ mod tests {
             engine.add_marker(Marker { rank: (i % 64) as u32, step: (i / 128) as u64, phase, time: Some(t0 + i as f64 * 1e-3), host: None });
         }
         let mut state = AppState::new(registry);
-        state.engine = Some(std::sync::Arc::new(std::sync::Mutex::new(engine)));
+        state.set_engine(std::sync::Arc::new(std::sync::Mutex::new(engine)));
         let agents = Agents::serve(vec![state], 1).expect("serve");
         let peer = agents.addrs[0].to_string();
         let deadline = Instant::now() + Duration::from_secs(30);
