@@ -144,25 +144,11 @@ fn marker_steps_hold_every_collective_that_began_inside_them() {
 }
 
 /// The same recorded host, through the daemon's engine and through cluster `diagnose`: the
-/// two answers are identical step for step.
+/// two answers are identical step for step, over every combination of a straggler or none,
+/// NIC links or none, marker steps or period steps, one communicator or a second (per-host)
+/// one, with pseudo-random compute, lateness and NIC bytes.
 #[test]
 fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
-    use std::sync::{Arc, Mutex};
-
-    use prometheus_client::registry::Registry;
-
-    use crate::{
-        cli::diagnose::{cluster::PeerData, Selection},
-        config::StepsConfig,
-        engine::Engine,
-        sources::collectives::{
-            decode::{Call, CommId},
-            history::{ClockMap, History},
-            targets::Family,
-        },
-        timeline::links::ProcessLink,
-        timeline::{NicInfo, NicSample},
-    };
     // Deterministic pseudo-random straggler delays, compute times and NIC bytes.
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut rnd = move || {
@@ -171,98 +157,142 @@ fn the_daemon_and_the_cluster_attribute_the_same_inputs_identically() {
         seed ^= seed << 17;
         (seed >> 11) as f64 / (1u64 << 53) as f64
     };
-    for case in 0..4 {
-        let mut h = History::new("h".into(), 1 << 16);
-        h.clock = ClockMap { offset_ns: 0, error_seconds: 0.0, synchronized: true };
-        let h = Arc::new(Mutex::new(h));
-        let mut e = Engine::new(StepsConfig::default(), "h".into(), &mut Registry::default()).expect("engine");
-        e.set_calls(h.clone());
-        let mut t = 1000.0;
-        let mut samples: Vec<NicSample> = Vec::new();
-        let info = NicInfo { name: "eth0".into(), host: None, rail: Some(0), rate_bytes_per_second: Some(1.25e9) };
-        let (mut tx, mut rx) = (0.0, 0.0);
-        let other = NicInfo { name: "eth1".into(), rail: Some(1), ..info.clone() };
-        let mut other_samples: Vec<NicSample> = Vec::new();
-        // Cases 2 and 3: the job's processes are linked to eth0 (their sockets), so eth1's
-        // traffic is not theirs; cases 0 and 1: no links, every NIC a candidate.
-        let links: Vec<ProcessLink> = if case >= 2 {
-            (0..4u32)
-                .map(|r| ProcessLink { host: "h".into(), pid: 100 + r, nics: ["eth0".to_string()].into(), how: Default::default(), complete: true })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        h.lock().expect("history").links = links.clone();
-        for k in 0..12u64 {
-            let compute = 0.05 + 0.05 * rnd();
-            for rank in 0..4u32 {
-                let late = if rank == (k % 4) as u32 && case % 2 == 0 { 0.03 * rnd() } else { 0.002 * rnd() };
-                let (enter, exit) = (t + compute + late, t + compute + 0.035 + 0.001 * rank as f64);
-                let call = Call {
-                    pid: 100 + rank,
-                    tid: 100 + rank,
-                    library: Family::Nccl,
-                    op: "all_reduce".into(),
-                    bytes: Some(1 << 20),
-                    comm: Some(CommId(0xfeed)),
-                    comm_global: true,
-                    rank: Some(rank),
-                    nranks: Some(8),
-                    seq: Some(k),
-                    enter_ns: (enter * 1e9) as u64,
-                    exit_ns: (exit * 1e9) as u64,
-                    ret: Some(0),
-                    aborted: false,
-                    grouped: false,
-                };
-                h.lock().expect("history").push_call(call);
-            }
-            // Counters every 10 ms; the NIC carries the cross-host share during transfers.
-            let end = t + compute + 0.04;
-            while samples.last().map_or(t, |s| s.time) < end {
-                let time = samples.last().map_or(t, |s| s.time) + 0.01;
-                let busy = time > t + compute + 0.03;
-                tx += if busy { 3e6 + 1e6 * rnd() } else { 1e3 };
-                rx += if busy { 3e6 } else { 1e3 };
-                let s = NicSample { time, tx_bytes: tx, rx_bytes: rx, ..Default::default() };
-                // eth1 carries another job's steady 10 MB per 10 ms, with a queue.
-                let o = NicSample { time, tx_bytes: 1e9 * time, rx_bytes: 1e9 * time, backlog_bytes: 9e4, ..Default::default() };
-                e.push_samples(time, vec![(info.clone(), s.clone()), (other.clone(), o.clone())]);
-                samples.push(s);
-                other_samples.push(o);
-            }
-            t = end;
+    for case in 0..16 {
+        let case = Case { straggler: case & 1 == 0, linked: case & 2 != 0, markers: case & 4 != 0, two_comms: case & 8 != 0 };
+        let (daemon, peer) = record(&case, &mut rnd);
+        assert!(daemon.len() >= 9, "{case:?}: {} steps", daemon.len());
+        let begins: Vec<f64> = peer.markers.iter().filter(|m| m.phase == Phase::Begin).filter_map(|m| m.time).collect();
+        if case.markers {
+            assert!(daemon.iter().all(|d| begins.contains(&d.begin)), "{case:?}: marker steps begin at their markers");
         }
-        h.lock().expect("history").drained_until = t + 100.0;
-        e.tick(t + 50.0, 0);
-        let daemon: Vec<Attribution> = e.steps();
-        assert!(daemon.len() >= 9, "case {case}: {} steps", daemon.len());
-
-        let views = h.lock().expect("history").calls_since(0.0, 1 << 20).iter().map(|c| c.view()).collect();
-        let peer = PeerData {
-            peer: "127.0.0.1:9477".into(),
-            host: "h".into(),
-            clock_synchronized: true,
-            calls: views,
-            nics: vec![
-                (NicInfo { host: Some("h".into()), ..info.clone() }, samples.clone()),
-                (NicInfo { host: Some("h".into()), ..other.clone() }, other_samples),
-            ],
-            links,
-            ..Default::default()
-        };
         let sel = Selection { step: None, slowest: None, since: None, since_label: None };
         let cluster = crate::cli::diagnose::cluster::analyze(&[peer], &sel, &Params::default()).expect("analysis");
         let cluster: BTreeMap<u64, Attribution> = cluster.steps.into_iter().map(|s| (s.attribution.step, s.attribution)).collect();
         for d in &daemon {
             let mut d = d.clone();
-            let Some(c) = cluster.get(&d.step) else { panic!("case {case}: step {} not in the cluster's answer", d.step) };
+            let Some(c) = cluster.get(&d.step) else { panic!("{case:?}: step {} not in the cluster's answer", d.step) };
             // The daemon adds host-level notes (none here) only; everything else is equal.
             d.notes.retain(|n| c.notes.contains(n));
-            assert_eq!(&d, c, "case {case} step {}", d.step);
+            assert_eq!(&d, c, "{case:?} step {}", d.step);
+            assert_eq!(d.collectives, if case.two_comms { 2 } else { 1 }, "{case:?} step {}: its collectives", d.step);
             // Linked, eth1's traffic is no cause of this job's; unlinked, it is congestion.
             let cong = d.cause(CauseKind::Congestion);
-            assert!(if case >= 2 { cong == 0.0 } else { cong > 0.0 }, "case {case} step {}: congestion {cong}", d.step);
+            assert!(if case.linked { cong == 0.0 } else { cong > 0.0 }, "{case:?} step {}: congestion {cong}", d.step);
         }
+    }
+}
+
+use crate::cli::diagnose::{cluster::PeerData, Selection};
+
+#[derive(Debug)]
+struct Case {
+    straggler: bool,
+    linked: bool,
+    markers: bool,
+    two_comms: bool,
+}
+
+/// 12 steps of a 4-rank job on host `h` (one all-reduce of 1 MiB per step, and with
+/// `two_comms` a 64 KiB all-reduce of ranks 0–1 on a second communicator after it), counters
+/// of its NIC eth0 and of eth1 (another job's steady traffic with a queue), fed to an engine;
+/// the engine's steps and the same data as one peer's answer.
+fn record(case: &Case, rnd: &mut impl FnMut() -> f64) -> (Vec<Attribution>, PeerData) {
+    use std::sync::{Arc, Mutex};
+
+    use prometheus_client::registry::Registry;
+
+    use crate::{
+        config::StepsConfig,
+        engine::Engine,
+        sources::collectives::history::{ClockMap, History},
+        timeline::links::ProcessLink,
+        timeline::{NicInfo, NicSample},
+    };
+    let mut h = History::new("h".into(), 1 << 16);
+    h.clock = ClockMap { offset_ns: 0, error_seconds: 0.0, synchronized: true };
+    let h = Arc::new(Mutex::new(h));
+    let mut e = Engine::new(StepsConfig::default(), "h".into(), &mut Registry::default()).expect("engine");
+    e.set_calls(h.clone());
+    let mut t = 1000.0;
+    let info = NicInfo { name: "eth0".into(), host: None, rail: Some(0), rate_bytes_per_second: Some(1.25e9) };
+    let other = NicInfo { name: "eth1".into(), rail: Some(1), ..info.clone() };
+    let (mut samples, mut other_samples, mut markers): (Vec<NicSample>, Vec<NicSample>, Vec<Marker>) = Default::default();
+    let (mut tx, mut rx) = (0.0, 0.0);
+    // Linked: the job's processes use eth0 (their sockets), so eth1's traffic is not theirs;
+    // else every NIC is a candidate.
+    let link = |r: u32| ProcessLink { host: "h".into(), pid: 100 + r, nics: ["eth0".to_string()].into(), how: Default::default(), complete: true };
+    let links: Vec<ProcessLink> = if case.linked { (0..4u32).map(link).collect() } else { Vec::new() };
+    h.lock().expect("history").links = links.clone();
+    for k in 0..12u64 {
+        let compute = 0.05 + 0.05 * rnd();
+        for rank in 0..4u32 {
+            let late = if rank == (k % 4) as u32 && case.straggler { 0.03 * rnd() } else { 0.002 * rnd() };
+            let (enter, exit) = (t + compute + late, t + compute + 0.035 + 0.001 * rank as f64);
+            h.lock().expect("history").push_call(call(0xfeed, k, rank, 8, 1 << 20, enter, exit));
+            if case.two_comms && rank < 2 {
+                let (enter, exit) = (exit + 0.001 * rnd(), t + compute + 0.039);
+                h.lock().expect("history").push_call(call(0xbeef, k, rank, 2, 1 << 16, enter, exit));
+            }
+            if case.markers {
+                markers.push(Marker { rank, step: k + 1, phase: Phase::Begin, time: Some(t), host: None });
+                markers.push(Marker { rank, step: k + 1, phase: Phase::End, time: Some(t + compute + 0.04), host: None });
+            }
+        }
+        // Counters every 10 ms; the NIC carries the cross-host share during transfers.
+        let end = t + compute + 0.04;
+        while samples.last().map_or(t, |s| s.time) < end {
+            let time = samples.last().map_or(t, |s| s.time) + 0.01;
+            let busy = time > t + compute + 0.03;
+            tx += if busy { 3e6 + 1e6 * rnd() } else { 1e3 };
+            rx += if busy { 3e6 } else { 1e3 };
+            let s = NicSample { time, tx_bytes: tx, rx_bytes: rx, ..Default::default() };
+            // eth1 carries another job's steady 10 MB per 10 ms, with a queue.
+            let o = NicSample { time, tx_bytes: 1e9 * time, rx_bytes: 1e9 * time, backlog_bytes: 9e4, ..Default::default() };
+            e.push_samples(time, vec![(info.clone(), s.clone()), (other.clone(), o.clone())]);
+            samples.push(s);
+            other_samples.push(o);
+        }
+        t = end + 0.001;
+    }
+    for m in &markers {
+        e.add_marker(m.clone());
+    }
+    h.lock().expect("history").drained_until = t + 100.0;
+    e.tick(t + 50.0, 0);
+    let views = h.lock().expect("history").calls_since(0.0, 1 << 20).iter().map(|c| c.view()).collect();
+    let peer = PeerData {
+        peer: "127.0.0.1:9477".into(),
+        host: "h".into(),
+        clock_synchronized: true,
+        calls: views,
+        markers,
+        nics: vec![(NicInfo { host: Some("h".into()), ..info }, samples), (NicInfo { host: Some("h".into()), ..other }, other_samples)],
+        links,
+        ..Default::default()
+    };
+    (e.steps(), peer)
+}
+
+fn call(comm: u64, seq: u64, rank: u32, nranks: u32, bytes: u64, enter: f64, exit: f64) -> crate::sources::collectives::decode::Call {
+    use crate::sources::collectives::{
+        decode::{Call, CommId},
+        targets::Family,
+    };
+    Call {
+        pid: 100 + rank,
+        tid: 100 + rank,
+        library: Family::Nccl,
+        op: "all_reduce".into(),
+        bytes: Some(bytes),
+        comm: Some(CommId(comm)),
+        comm_global: true,
+        rank: Some(rank),
+        nranks: Some(nranks),
+        seq: Some(seq),
+        enter_ns: (enter * 1e9) as u64,
+        exit_ns: (exit * 1e9) as u64,
+        ret: Some(0),
+        aborted: false,
+        grouped: false,
     }
 }
