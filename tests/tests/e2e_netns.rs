@@ -896,4 +896,20 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
         let got = median(steps.iter().map(|st| cause_seconds(st, "compute")).collect());
         assert!(within(got, want, 0.15), "healthy server {k}: compute {:.1} ms vs the workload's {:.1} ms", got * 1e3, want * 1e3);
     }
+
+    // Cluster mode, the same pipeline over both agents' answers: the 8 ranks joined, and no
+    // cause but compute and ideal communication above the thresholds (unexplained included:
+    // the remote ranks' lateness, unexplained on one host, is readiness skew once joined).
+    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
+    let (code, text, err) = scenarios::diagnose(&s, &["--peers", &peers, "--json", "--slowest", "10", "--since", "5m"]).expect("diagnose runs");
+    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
+    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let dsteps: Vec<Value> = rep["steps"].as_array().expect("steps").iter().filter(|st| st["step"].as_u64() != Some(0)).cloned().collect();
+    eprintln!("healthy/diagnose --peers:\n{}", summarize(&dsteps));
+    assert!(dsteps.len() >= steps_n as usize - 2, "diagnose --peers: {} steps\n{text}", dsteps.len());
+    for st in &dsteps {
+        assert_eq!(st["ranks"].as_array().map(Vec::len), Some(8), "diagnose joins the 8 ranks of both servers: {}", st["ranks"]);
+    }
+    scenarios::assert_parts_sum(&dsteps);
+    assert_no_false_causes(&dsteps, &[], "healthy, diagnose --peers", &disturbance(&out, &(0..8).collect::<Vec<u32>>()));
 }
