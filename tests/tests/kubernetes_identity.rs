@@ -87,6 +87,16 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
         assert!(l.contains("pod=\"llama-worker-0\"") && l.contains("namespace=\"training\""), "pod and namespace from the log directory: {l}");
     }
     assert!(seen.iter().all(|l| !l.contains("coredns")), "another pod's name never leaks in: {seen:?}");
+    // What `diagnose --hang` names a missing rank by: its pod, in /api/v1/open.
+    let pods_open = || -> Option<Vec<String>> {
+        let v: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/open").ok()?.body).ok()?;
+        let ranks = v["view"]["comms"].as_array()?.iter().flat_map(|c| c["ranks"].as_array().cloned().unwrap_or_default());
+        Some(ranks.filter_map(|r| r["state"]["pod"].as_str().map(String::from)).collect())
+    };
+    wait_for(Duration::from_secs(20), "both ranks' pod in /api/v1/open", || {
+        pods_open().filter(|p| p.iter().filter(|x| *x == "training/llama-worker-0").count() >= 2)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", pods_open()));
 
     let out = child.wait_with_output().expect("job");
     assert!(out.status.success(), "job: {}", String::from_utf8_lossy(&out.stderr));

@@ -34,7 +34,7 @@ pub struct OpenWire {
 }
 
 /// Fills `state` of every live rank (each process read once, at most [`MAX_STATES`]).
-fn fill_states(view: &mut HostProgress, proc_root: &std::path::Path) -> HashMap<u32, ProcState> {
+fn fill_states(view: &mut HostProgress, proc_root: &std::path::Path, pod_logs: &std::path::Path) -> HashMap<u32, ProcState> {
     let inside: HashSet<u32> = view.comms.iter().flat_map(|c| c.ranks.iter()).filter(|r| r.open.is_some()).map(|r| r.pid).collect();
     let mut states: HashMap<u32, Option<ProcState>> = HashMap::new();
     for r in view.comms.iter_mut().flat_map(|c| c.ranks.iter_mut()).filter(|r| r.exited.is_none()) {
@@ -43,7 +43,13 @@ fn fill_states(view: &mut HostProgress, proc_root: &std::path::Path) -> HashMap<
         }
         r.state = states
             .entry(r.pid)
-            .or_insert_with(|| exits::proc_state(proc_root, r.pid).map(|s| ProcState { in_probed_call: inside.contains(&r.pid), ..s }))
+            .or_insert_with(|| {
+                let pod = crate::sources::collectives::k8s::pod_of(proc_root, r.pid, pod_logs).map(|p| match (p.namespace, p.name) {
+                    (Some(ns), Some(name)) => format!("{ns}/{name}"),
+                    _ => format!("uid {}", p.uid),
+                });
+                exits::proc_state(proc_root, r.pid).map(|s| ProcState { in_probed_call: inside.contains(&r.pid), pod, ..s })
+            })
             .clone();
     }
     states.into_iter().filter_map(|(p, s)| s.map(|s| (p, s))).collect()
@@ -59,7 +65,7 @@ pub fn page(s: &AppState, comm: Option<&str>, limit: usize) -> Response {
             Ok(h) => h,
             Err(p) => p.into_inner(),
         };
-        (h.progress.snapshot(&h.host, h.drained_until), h.proc_root.clone())
+        (h.progress.snapshot(&h.host, h.drained_until), (h.proc_root.clone(), h.pod_logs.clone()))
     };
     view.comms.retain(|c| comm.is_none_or(|id| c.comm == id));
     // The longest-open first, then the rest.
@@ -67,7 +73,7 @@ pub fn page(s: &AppState, comm: Option<&str>, limit: usize) -> Response {
     view.comms.sort_by(|a, b| oldest(a).total_cmp(&oldest(b)));
     let truncated = view.comms.len() > limit;
     view.comms.truncate(limit);
-    let states = fill_states(&mut view, &proc_root);
+    let states = fill_states(&mut view, &proc_root.0, &proc_root.1);
     let (cfg, mut hangs) = match &s.engine {
         Some(e) => {
             let e = match e.lock() {

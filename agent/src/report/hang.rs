@@ -61,6 +61,15 @@ pub fn doing(m: &Missing) -> String {
     }
 }
 
+/// The missing rank's host, and its Kubernetes pod when it runs in one.
+fn place(m: &Missing) -> String {
+    let host = m.host.clone().unwrap_or_else(|| "?".into());
+    match m.state.as_ref().and_then(|s| s.pod.as_deref()) {
+        Some(pod) => format!("{host}, pod {pod}"),
+        None => host,
+    }
+}
+
 fn headline(h: &Hang) -> String {
     let verdict = if h.suspected { "SUSPECTED HUNG" } else { "open" };
     let inside = h.inside.len();
@@ -95,7 +104,7 @@ pub fn text(rep: &HangReport) -> String {
             .map(|m| {
                 vec![
                     rank_name(m.rank),
-                    m.host.clone().unwrap_or_else(|| "?".into()),
+                    place(m),
                     m.pid.map(|p| p.to_string()).unwrap_or_default(),
                     m.last_done_seq.map(|s| format!("#{s}")).unwrap_or_else(|| "none".into()),
                     doing(m),
@@ -140,7 +149,7 @@ pub fn html(rep: &HangReport) -> String {
                 out,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 rank_name(m.rank),
-                escape(m.host.as_deref().unwrap_or("?")),
+                escape(&place(m)),
                 m.pid.map(|p| p.to_string()).unwrap_or_default(),
                 m.last_done_seq.map(|s| format!("#{s}")).unwrap_or_else(|| "none".into()),
                 escape(&doing(m))
@@ -173,6 +182,7 @@ mod tests {
             state: Some(ProcState {
                 state: "T (stopped)".into(),
                 threads: vec![ThreadState { tid: 42, name: "mpi_steps".into(), state: "T (stopped)".into(), wchan: "do_signal_stop".into() }],
+                pod: Some("training/llama-worker-2".into()),
                 ..Default::default()
             }),
         };
@@ -203,7 +213,7 @@ mod tests {
     fn text_names_the_missing_ranks_their_hosts_and_what_they_do() {
         let t = text(&report());
         assert!(t.contains("all_reduce #5 on communicator 00000000000000aa (mpi): SUSPECTED HUNG — 0 of 4 rank(s) inside for 12.0 s (threshold 2.0 s)"), "{t}");
-        assert!(t.contains("node-b") && t.contains("#4"), "{t}");
+        assert!(t.contains("node-b, pod training/llama-worker-2") && t.contains("#4"), "{t}");
         assert!(t.contains("state T (stopped), waiting in mpi_steps:do_signal_stop"), "{t}");
         assert!(t.contains("exited (signal 9 (SIGKILL)) inside all_reduce #5"), "{t}");
         assert!(t.ends_with("1 communicator(s) suspected hung\n"));
@@ -215,8 +225,9 @@ mod tests {
         assert_eq!(v["suspected"], 1);
         assert_eq!(v["hangs"][0]["missing"][1]["why"], "not_arrived");
         assert_eq!(v["hangs"][0]["missing"][1]["state"]["state"], "T (stopped)");
+        assert_eq!(v["hangs"][0]["missing"][1]["state"]["pod"], "training/llama-worker-2");
         let h = html(&report());
-        assert!(h.contains("SUSPECTED HUNG") && h.contains("do_signal_stop") && h.ends_with("</html>\n"));
+        assert!(h.contains("SUSPECTED HUNG") && h.contains("do_signal_stop") && h.contains("pod training/llama-worker-2") && h.ends_with("</html>\n"));
         let mut quiet = report();
         quiet.hangs.clear();
         assert!(text(&quiet).contains("no open collective"));

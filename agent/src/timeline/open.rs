@@ -141,6 +141,10 @@ pub struct ProcState {
     pub threads: Vec<ThreadState>,
     /// Threads beyond those listed.
     pub more_threads: usize,
+    /// Its Kubernetes pod as `namespace/name` (or the pod UID when the name is not readable),
+    /// when it runs in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// Threads listed per process at most.

@@ -116,7 +116,7 @@ pub fn proc_state(proc_root: &Path, pid: u32) -> Option<ProcState> {
             Some(ThreadState { tid, name: read(&t.join("comm")).unwrap_or_default().trim().to_string(), state: state_label(letter), wchan })
         })
         .collect();
-    Some(ProcState { state: state_label(letter), in_probed_call: false, threads, more_threads: more })
+    Some(ProcState { state: state_label(letter), in_probed_call: false, threads, more_threads: more, pod: None })
 }
 
 #[cfg(test)]

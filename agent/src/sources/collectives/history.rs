@@ -129,6 +129,8 @@ pub struct History {
     pub progress: super::progress::Progress,
     /// Root of procfs the traced processes' states are read from.
     pub proc_root: std::path::PathBuf,
+    /// The kubelet's pod log directory (`[collectives] pod_logs`), for a rank's pod name.
+    pub pod_logs: std::path::PathBuf,
     /// The NCCL profiler plugin's calls and processes ([`super::profiler`]).
     pub plugin: super::profiler::PluginStore,
     /// The NICs each traced process uses ([`super::links`]), as last refreshed.
@@ -157,6 +159,7 @@ impl History {
             lost: VecDeque::new(),
             progress: Default::default(),
             proc_root: "/proc".into(),
+            pod_logs: "/var/log/pods".into(),
             plugin: Default::default(),
             links: Vec::new(),
         }

@@ -142,6 +142,7 @@ impl Collectives {
         let host = cfg.host.clone().unwrap_or_else(hostname);
         let mut hist = History::new(host, cfg.history);
         hist.proc_root = cfg.proc_root.clone();
+        hist.pod_logs = cfg.pod_logs.clone();
         let history = Arc::new(Mutex::new(hist));
         Ok(Collectives {
             targets,
