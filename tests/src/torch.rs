@@ -66,24 +66,35 @@ impl GlooJob {
     /// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and gloo on
     /// the namespace's loopback. `ip netns exec` and `env` exec: each process is the rank.
     pub fn start(ns: &str, dir: &Path, name: &str, n: u32, args: &[&str]) -> Result<GlooJob> {
+        let ranks: Vec<(String, u32, Vec<String>)> = (0..n).map(|r| (ns.to_string(), r, vec!["GLOO_SOCKET_IFNAME=lo".to_string()])).collect();
+        GlooJob::start_across(dir, name, "127.0.0.1", &ranks, args)
+    }
+
+    /// Starts one rank per `(namespace, rank, extra VAR=value environment)`, the rendezvous
+    /// at `master` (rank 0's address): a job across namespace "servers", each rank's gloo
+    /// pinned to its server's interface by `GLOO_SOCKET_IFNAME` in its environment.
+    pub fn start_across(dir: &Path, name: &str, master: &str, ranks: &[(String, u32, Vec<String>)], args: &[&str]) -> Result<GlooJob> {
         let py = python()?;
         let port = free_port().to_string();
-        let mut ranks = Vec::new();
-        for r in 0..n {
+        let n = ranks.len();
+        let mut out = Vec::new();
+        for (ns, r, env) in ranks {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", ns, "env"])
                 .arg(format!("RANK={r}"))
                 .arg(format!("LOCAL_RANK={r}"))
                 .arg(format!("WORLD_SIZE={n}"))
                 .arg(format!("LOCAL_WORLD_SIZE={n}"))
-                .args(["MASTER_ADDR=127.0.0.1", &format!("MASTER_PORT={port}"), "GLOO_SOCKET_IFNAME=lo", "OMP_NUM_THREADS=1"])
+                .arg(format!("MASTER_ADDR={master}"))
+                .args([&format!("MASTER_PORT={port}"), "OMP_NUM_THREADS=1"])
+                .args(env)
                 .arg(&py)
                 .args(["-W", "ignore::UserWarning"])
                 .arg(steps_script())
                 .args(args);
-            ranks.push((r, Proc::spawn(&format!("{name} rank {r}"), &mut c, dir.join(format!("{name}-{r}.log")))?));
+            out.push((*r, Proc::spawn(&format!("{name} rank {r}"), &mut c, dir.join(format!("{name}-{r}.log")))?));
         }
-        Ok(GlooJob { ranks })
+        Ok(GlooJob { ranks: out })
     }
 
     /// Every rank's output so far, rank by rank.

@@ -90,7 +90,7 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
     // What `diagnose --hang` names a missing rank by: its pod, in /api/v1/open.
     let pods_open = || -> Option<Vec<String>> {
         let v: serde_json::Value = serde_json::from_str(&agent.get("/api/v1/open").ok()?.body).ok()?;
-        let ranks = v["view"]["comms"].as_array()?.iter().flat_map(|c| c["ranks"].as_array().cloned().unwrap_or_default());
+        let ranks = v["comms"].as_array()?.iter().flat_map(|c| c["ranks"].as_array().cloned().unwrap_or_default());
         Some(ranks.filter_map(|r| r["state"]["pod"].as_str().map(String::from)).collect())
     };
     wait_for(Duration::from_secs(20), "both ranks' pod in /api/v1/open", || {
