@@ -77,8 +77,8 @@ pub fn link(
     let specs: Vec<(&str, String)> =
         [("NCCL_SOCKET_IFNAME", ""), ("GLOO_SOCKET_IFNAME", "=")].iter().filter_map(|(k, exact)| env.get(*k).map(|v| (*k, format!("{exact}{v}")))).collect();
     for c in conns.iter().filter(|c| inodes.contains(&c.inode)) {
-        let Some(iface) = c.local.and_then(|a| iface_of.get(&a)) else { continue };
-        if iface == "lo" || !specs.iter().all(|(_, v)| ifname_matches(v, iface)) {
+        let Some(iface) = crate::sources::tcp::nic_of(c, iface_of) else { continue };
+        if !specs.iter().all(|(_, v)| ifname_matches(v, iface)) {
             continue;
         }
         l.nics.insert(iface.to_string());
@@ -319,24 +319,31 @@ mod tests {
 
     #[test]
     fn a_real_connection_links_this_process_to_its_interface() {
-        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
-        let port = l.local_addr().expect("addr").port();
-        let _tx = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        // 127.0.0.1 → 127.0.0.2 (loopback's source address for any 127/8 peer): two local
+        // addresses, so each can play a NIC's address.
+        let l = TcpListener::bind("127.0.0.2:0").expect("listen");
+        let _tx = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (_rx, _) = l.accept().expect("accept");
         let (conns, _) = SockDiag::open().expect("sock_diag").dump().expect("dump");
         let me = std::process::id();
         let inodes = socket_inodes(Path::new("/proc"), me);
         let ours: Vec<&TcpConn> = conns.iter().filter(|c| inodes.contains(&c.inode)).collect();
         assert!(ours.len() >= 2, "both ends of our connection are ours: {ours:?}");
-        // Loopback is not a NIC; the same connection on a named interface is.
         let env = BTreeMap::new();
-        let iface_of: BTreeMap<IpAddr, String> = [(IpAddr::V4(Ipv4Addr::LOCALHOST), "lo".to_string())].into();
+        let (a1, a2) = (IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+        // Loopback is not a NIC.
+        let iface_of: BTreeMap<IpAddr, String> = [(a1, "lo".to_string()), (a2, "lo".to_string())].into();
         let link0 = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
         assert!(link0.nics.is_empty() && link0.complete, "{link0:?}");
-        let iface_of: BTreeMap<IpAddr, String> = [(IpAddr::V4(Ipv4Addr::LOCALHOST), "rail0".to_string())].into();
+        // Both ends at this host's addresses: routed over lo whatever interface holds them.
+        let iface_of: BTreeMap<IpAddr, String> = [(a1, "rail0".to_string()), (a2, "rail1".to_string())].into();
+        let own = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
+        assert!(own.nics.is_empty(), "a connection to this host's own address uses no NIC: {own:?}");
+        // The peer elsewhere: the local address's interface is the NIC.
+        let iface_of: BTreeMap<IpAddr, String> = [(a1, "rail0".to_string())].into();
         let l1 = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
         assert_eq!(l1.nics.iter().collect::<Vec<_>>(), ["rail0"]);
-        assert!(l1.how["rail0"].starts_with("tcp 127.0.0.1:"), "{l1:?}");
+        assert!(l1.how["rail0"].starts_with("tcp 127.0.0.1:") && l1.how["rail0"].contains("→ 127.0.0.2:"), "{l1:?}");
         // NCCL_SOCKET_IFNAME excluding it, or an RDMA host (incomplete).
         let env: BTreeMap<String, String> = [("NCCL_SOCKET_IFNAME".to_string(), "^rail".to_string())].into();
         assert!(link("h", me, &env, &inodes, &conns, &iface_of, &[]).nics.is_empty());
