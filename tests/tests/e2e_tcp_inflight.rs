@@ -261,9 +261,9 @@ fn real_gloo_through_the_long_rtt_line_is_explained_and_little_holds() {
     let lines = workloads::parse_steps(&out);
     let ar = median(lines.iter().filter(|l| l.step >= 1).map(|l| l.allreduce_us * 1e-6).collect());
     eprintln!("gloo all-reduce through the line: {:.1} ms (median, steps >= 1)", ar * 1e3);
-    for k in 0..2 {
+    for (k, b) in before.iter().enumerate() {
         let after = little_and_tx(&s, k);
-        let (little, tx) = (after.0 - before[k].0, after.1 - before[k].1);
+        let (little, tx) = (after.0 - b.0, after.1 - b.1);
         eprintln!("gloo server {k}: Little's-law bytes {little:.0} vs NIC tx bytes {tx:.0} ({:+.1} %)", (little / tx - 1.0) * 100.0);
         assert!(tx > STEPS as f64 * BYTES as f64 / 2.0, "server {k}: the NIC carried the job's bytes: {tx}");
         assert!(
