@@ -205,6 +205,9 @@ impl Engine {
             if let Some(r) = self.rates.get(&name) {
                 info.rate_bytes_per_second = Some(*r);
             }
+            if let Some(r) = info.rate_bytes_per_second {
+                self.metrics.nic_rate(&name, r);
+            }
             info.host = Some(self.host.clone());
             s.time = time;
             self.log.push(info, s);

@@ -104,6 +104,21 @@ fn rail_ratios_are_not_exported_before_the_first_step() {
     assert!(!text.contains("stepwise_rail_bytes_share"), "the old name is gone");
 }
 
+#[test]
+fn each_nic_exports_the_rate_attribution_uses() {
+    let mut registry = Registry::default();
+    let cfg = StepsConfig { nic_rates: [("dl0".to_string(), "200Mbit/s".to_string())].into(), ..Default::default() };
+    let mut e = Engine::new(cfg, "h".into(), &mut registry).expect("engine");
+    let part = |name: &str, rate: Option<f64>| (NicInfo { name: name.into(), host: None, rail: None, rate_bytes_per_second: rate }, NicSample::default());
+    // dl0: a TUN device that reports no speed, its rate from [steps] nic_rates; eth0 its
+    // reported 10 Gb/s; veth9 nothing known: no series (0 would read as a dead link).
+    e.push_samples(1.0, vec![part("dl0", None), part("eth0", Some(1.25e9)), part("veth9", None)]);
+    let text = exposition(&registry);
+    assert!(text.lines().any(|l| l == "stepwise_nic_rate_bytes_per_second{nic=\"dl0\"} 25000000.0"), "{text}");
+    assert!(text.lines().any(|l| l == "stepwise_nic_rate_bytes_per_second{nic=\"eth0\"} 1250000000.0"), "{text}");
+    assert!(!text.contains("nic=\"veth9\""), "{text}");
+}
+
 /// A 1 024-rank job on 128 hosts × 8 ranks, rank 777 (host 97) late: each host's agent
 /// exports only its own 8 ranks, under their global numbers, so no host exceeds 16 per-rank
 /// series, and the dashboards' straggler query (`topk(1, stepwise_rank_late_seconds_total)`

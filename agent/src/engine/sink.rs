@@ -146,6 +146,10 @@ struct RankLabel {
 struct RailLabel {
     rail: String,
 }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NicLabel {
+    nic: String,
+}
 
 /// Upper bounds (`le`) of `stepwise_step_duration_seconds`, in seconds: written out so each
 /// label is the exact decimal (an exponential series prints float noise such as
@@ -168,6 +172,8 @@ pub struct StepMetrics {
     /// family is empty (a 0 would read as "less than balanced", 1 is balanced).
     imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     rank_labels: crate::labels::RankLabels,
+    /// The nominal rate attribution uses per NIC (the dashboards' "vs rate" line).
+    nic_rate: Family<NicLabel, Gauge<f64, AtomicU64>>,
     /// This host: per-rank series only for its ranks.
     host: String,
     /// `[steps] slow_step` (0: 1.5 × the median of `recent`).
@@ -176,6 +182,11 @@ pub struct StepMetrics {
 }
 
 impl StepMetrics {
+    /// Records the nominal rate attribution uses for `nic` (NICs of unknown rate have none).
+    pub fn nic_rate(&self, nic: &str, bytes_per_second: f64) {
+        self.nic_rate.get_or_create(&NicLabel { nic: nic.to_string() }).set(bytes_per_second);
+    }
+
     pub fn register(r: &mut Registry, host: String, slow_step: Duration) -> StepMetrics {
         let m = StepMetrics {
             duration: Histogram::new(STEP_BUCKETS.iter().copied()),
@@ -187,11 +198,17 @@ impl StepMetrics {
             rail_share: Family::default(),
             imbalance: Family::default(),
             rank_labels: Default::default(),
+            nic_rate: Family::default(),
             host,
             slow_step,
             recent: VecDeque::new(),
         };
         r.register("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
+        r.register(
+            "stepwise_nic_rate_bytes_per_second",
+            "Nominal rate of each NIC as attribution uses it: [steps] nic_rates, else the rate its source reports (netdev speed, RDMA port rate)",
+            m.nic_rate.clone(),
+        );
         r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
         r.register("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
         r.register("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
