@@ -114,9 +114,9 @@ fn each_nic_exports_the_rate_attribution_uses() {
     // reported 10 Gb/s; veth9 nothing known: no series (0 would read as a dead link).
     e.push_samples(1.0, vec![part("dl0", None), part("eth0", Some(1.25e9)), part("veth9", None)]);
     let text = exposition(&registry);
-    assert!(text.lines().any(|l| l == "stepwise_nic_rate_bytes_per_second{nic=\"dl0\"} 25000000.0"), "{text}");
-    assert!(text.lines().any(|l| l == "stepwise_nic_rate_bytes_per_second{nic=\"eth0\"} 1250000000.0"), "{text}");
-    assert!(!text.contains("nic=\"veth9\""), "{text}");
+    assert!(text.lines().any(|l| l == "stepwise_nic_rate_bytes_per_second{netdev=\"dl0\"} 25000000.0"), "{text}");
+    assert!(text.lines().any(|l| l == "stepwise_nic_rate_bytes_per_second{netdev=\"eth0\"} 1250000000.0"), "{text}");
+    assert!(!text.contains("netdev=\"veth9\""), "{text}");
 }
 
 /// A 1 024-rank job on 128 hosts × 8 ranks, rank 777 (host 97) late: each host's agent

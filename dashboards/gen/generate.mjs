@@ -318,7 +318,7 @@ const DASHBOARDS = [
           target('B', `sum by (instance, netdev) (rate(stepwise_netdev_transmit_bytes_total{${SEL}}[${RI}])) and on(instance, netdev) stepwise_tcp_connections{${SEL}}`, '{{instance}} {{netdev}} counter tx'),
           target(
             'C',
-            `max by (instance, netdev) (label_replace(stepwise_nic_rate_bytes_per_second{${SEL}}, "netdev", "$1", "nic", "(.*)")) and on(instance, netdev) stepwise_tcp_connections{${SEL}}`,
+            `max by (instance, netdev) (stepwise_nic_rate_bytes_per_second{${SEL}}) and on(instance, netdev) stepwise_tcp_connections{${SEL}}`,
             '{{instance}} {{netdev}} rate',
           ),
         ],

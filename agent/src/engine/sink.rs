@@ -148,7 +148,9 @@ struct RailLabel {
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NicLabel {
-    nic: String,
+    /// The NIC's name as attribution knows it: its netdev, or `device/port` for an RDMA port
+    /// without one.
+    netdev: String,
 }
 
 /// Upper bounds (`le`) of `stepwise_step_duration_seconds`, in seconds: written out so each
@@ -184,7 +186,7 @@ pub struct StepMetrics {
 impl StepMetrics {
     /// Records the nominal rate attribution uses for `nic` (NICs of unknown rate have none).
     pub fn nic_rate(&self, nic: &str, bytes_per_second: f64) {
-        self.nic_rate.get_or_create(&NicLabel { nic: nic.to_string() }).set(bytes_per_second);
+        self.nic_rate.get_or_create(&NicLabel { netdev: nic.to_string() }).set(bytes_per_second);
     }
 
     pub fn register(r: &mut Registry, host: String, slow_step: Duration) -> StepMetrics {

@@ -10,7 +10,7 @@ use std::{path::Path, process::Command, time::Duration};
 use anyhow::{bail, Context, Result};
 
 use super::{deploy::CAPS, run_ok, stdout, tools::Tools, write};
-use crate::tasks::root;
+use crate::tasks::{cargo, root, sh};
 
 /// What `gcr.io/distroless/cc-debian12` provides besides the dynamic loader: glibc and libgcc.
 const RUNTIME_LIBS: &[&str] = &["libc.so.6", "libm.so.6", "libgcc_s.so.1", "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2"];
@@ -47,7 +47,8 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     run_like_the_pod(t, work, agent)
 }
 
-/// The recipe: multi-stage, the project's toolchain, one binary into a glibc base, uid 0.
+/// The recipe: multi-stage, the project's toolchain, the binary and the NCCL profiler plugin
+/// into a glibc base, uid 0.
 fn shape(recipe: &str) -> Result<()> {
     let froms: Vec<&str> = recipe.lines().filter(|l| l.starts_with("FROM ")).collect();
     let rust = stdout(&run_ok(Command::new("rustc").arg("--version"))?);
@@ -68,8 +69,13 @@ fn shape(recipe: &str) -> Result<()> {
     if froms.get(1).is_none_or(|f| !f.contains("distroless/cc")) {
         errs.push("the runtime stage is a glibc-only base (distroless/cc)".into());
     }
-    if copies.len() != 1 || !copies[0].ends_with(" /usr/local/bin/agent") {
-        errs.push(format!("the runtime stage copies exactly the one binary to /usr/local/bin/agent: {copies:?}"));
+    // The binary, and the NCCL profiler plugin where the agent looks for the one it ships
+    // (`<binary's prefix>/lib/stepwise/`, `sources::collectives::profiler::bundled_plugin`).
+    let wanted = [" /usr/local/bin/agent", " /usr/local/lib/stepwise/libnccl-profiler-stepwise.so"];
+    if copies.len() != wanted.len() || !wanted.iter().all(|w| copies.iter().any(|c| c.ends_with(w))) {
+        errs.push(format!(
+            "the runtime stage copies exactly the binary to /usr/local/bin/agent and the profiler plugin to /usr/local/lib/stepwise/: {copies:?}"
+        ));
     }
     for l in ["ENTRYPOINT [\"/usr/local/bin/agent\"]", "CMD [\"run\", \"--config\", \"/etc/stepwise/agent.toml\"]", "USER 0:0", "EXPOSE 9477"] {
         if !recipe.lines().any(|x| x.trim() == l) {
@@ -79,7 +85,7 @@ fn shape(recipe: &str) -> Result<()> {
     if !errs.is_empty() {
         bail!("deploy/Dockerfile:\n  {}", errs.join("\n  "));
     }
-    eprintln!("Dockerfile: 2 stages (rust {minor} + nightly rust-src + bpf-linker@{linker} → distroless/cc), one binary, ENTRYPOINT/CMD as the DaemonSet runs it, uid 0");
+    eprintln!("Dockerfile: 2 stages (rust {minor} + nightly rust-src + bpf-linker@{linker} → distroless/cc), the binary and the profiler plugin, ENTRYPOINT/CMD as the DaemonSet runs it, uid 0");
     Ok(())
 }
 
@@ -97,7 +103,21 @@ fn libraries(agent: &Path) -> Result<()> {
 }
 
 /// The binary as the pod runs it: see the module comment.
+/// The image's `/usr/local` under `work/image`: the binary in `bin/`, the NCCL profiler plugin
+/// (built here, as the image's build stage builds it) in `lib/stepwise/`, where the agent looks
+/// for the plugin it ships.
+fn image_layout(work: &Path, agent: &Path) -> Result<std::path::PathBuf> {
+    sh(cargo().args(["build", "-p", "nccl-profiler", "--lib"]))?;
+    let prefix = work.join("image/usr/local");
+    std::fs::create_dir_all(prefix.join("bin"))?;
+    std::fs::create_dir_all(prefix.join("lib/stepwise"))?;
+    std::fs::copy(agent, prefix.join("bin/agent"))?;
+    std::fs::copy(root().join("target/debug/libnccl_profiler.so"), prefix.join("lib/stepwise/libnccl-profiler-stepwise.so"))?;
+    Ok(prefix.join("bin/agent"))
+}
+
 fn run_like_the_pod(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
+    let agent = &image_layout(work, agent)?;
     let base = stdout(&run_ok(Command::new(&t.kubectl).arg("kustomize").arg(root().join("deploy/kubernetes")))?);
     let docs = t.yaml_docs(&base)?;
     let toml = docs.iter().find(|d| d["kind"] == "ConfigMap").and_then(|d| d["data"]["agent.toml"].as_str()).context("ConfigMap agent.toml")?;
@@ -110,8 +130,8 @@ fn run_like_the_pod(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     let rw = work.join("pod-rw");
     std::fs::create_dir_all(&rw)?;
     let rw_s = rw.to_str().context("work dir is not UTF-8")?;
-    let cfg =
-        cfg.replace("/var/lib/stepwise/agent.db", &format!("{rw_s}/state/agent.db")).replace("/run/stepwise/markers.sock", &format!("{rw_s}/run/markers.sock"));
+    // The hostPath /run/stepwise: markers, the profiler socket, the plugin's install target.
+    let cfg = cfg.replace("/var/lib/stepwise/agent.db", &format!("{rw_s}/state/agent.db")).replace("/run/stepwise/", &format!("{rw_s}/run/"));
     let cfg_file = write(work, "pod-agent.toml", &cfg)?;
     let caps = std::iter::once("-all".to_string()).chain(CAPS.iter().map(|c| format!("+{}", c.to_ascii_lowercase()))).collect::<Vec<_>>().join(",");
     let script = format!(
@@ -156,10 +176,13 @@ fn run_like_the_pod(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
         Ok(st) if st.success() => {}
         other => bail!("the pod-like agent did not stop cleanly on SIGTERM: {other:?}\n{stderr}"),
     }
+    if !stderr.contains("installed the NCCL profiler plugin") {
+        bail!("the pod-like agent did not install the NCCL profiler plugin it ships into the hostPath:\n{stderr}");
+    }
     if stderr.contains("WARN") && stderr.lines().filter(|l| l.contains("WARN")).any(|l| !l.contains("no NIC") && !l.contains("not available on this host")) {
         eprintln!("(warnings from the pod-like run:\n{})", stderr.lines().filter(|l| l.contains("WARN")).collect::<Vec<_>>().join("\n"));
     }
-    eprintln!("the binary ran as the pod runs it (ConfigMap agent.toml, env -i, uid 0 with {CAPS:?}, read-only /): ready, eBPF embedded, probes up, clean exit on SIGTERM");
+    eprintln!("the binary ran as the pod runs it (ConfigMap agent.toml, env -i, uid 0 with {CAPS:?}, read-only /): ready, eBPF embedded, probes up, the profiler plugin installed, clean exit on SIGTERM");
     Ok(())
 }
 
