@@ -18,38 +18,83 @@ use std::{
 
 /// Distinct rank values with their own label per host.
 pub const MAX_RANK_LABELS: usize = 64;
+/// Distinct communicators with their own label per host (the per-communicator in-flight
+/// series): a host's ranks rarely belong to more than a few at once (data, tensor, pipeline
+/// parallel groups).
+pub const MAX_COMM_LABELS: usize = 16;
 /// How long a rank value must have been unused before a new rank may take its place.
 pub const RANK_LABEL_IDLE: Duration = Duration::from_secs(600);
 
-#[derive(Default)]
-pub struct RankLabels {
-    /// Rank → when its label was last used.
-    seen: Mutex<HashMap<u32, Instant>>,
+/// At most `max` distinct values of `K` with their own label at a time, then `other`; a value
+/// unused for [`RANK_LABEL_IDLE`] gives its place to a new one.
+pub struct BoundedLabels<K> {
+    max: usize,
+    /// Value → when its label was last used.
+    seen: Mutex<HashMap<K, Instant>>,
 }
 
-impl RankLabels {
-    /// The label value of `rank`, and the rank whose label it replaced (remove that rank's
-    /// series).
-    pub fn label(&self, rank: u32) -> (String, Option<u32>) {
-        self.label_at(rank, Instant::now())
+/// The `rank` label: the global rank.
+pub type RankLabels = BoundedLabels<u32>;
+/// The `comm` label: NCCL's communicator hash.
+pub type CommLabels = BoundedLabels<u64>;
+
+impl Default for RankLabels {
+    fn default() -> Self {
+        BoundedLabels::new(MAX_RANK_LABELS)
+    }
+}
+
+impl Default for CommLabels {
+    fn default() -> Self {
+        BoundedLabels::new(MAX_COMM_LABELS)
+    }
+}
+
+/// How a value is written as a label.
+pub trait LabelValue: Copy + Eq + std::hash::Hash {
+    fn text(self) -> String;
+}
+
+impl LabelValue for u32 {
+    fn text(self) -> String {
+        self.to_string()
+    }
+}
+
+impl LabelValue for u64 {
+    /// A communicator hash: 16 hex digits, as NCCL logs `commHash`.
+    fn text(self) -> String {
+        format!("{self:016x}")
+    }
+}
+
+impl<K: LabelValue> BoundedLabels<K> {
+    pub fn new(max: usize) -> Self {
+        BoundedLabels { max, seen: Mutex::new(HashMap::new()) }
     }
 
-    fn label_at(&self, rank: u32, now: Instant) -> (String, Option<u32>) {
+    /// The label value of `v`, and the value whose label it replaced (remove that value's
+    /// series).
+    pub fn label(&self, v: K) -> (String, Option<K>) {
+        self.label_at(v, Instant::now())
+    }
+
+    fn label_at(&self, v: K, now: Instant) -> (String, Option<K>) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = seen.get_mut(&rank) {
+        if let Some(t) = seen.get_mut(&v) {
             *t = now;
-            return (rank.to_string(), None);
+            return (v.text(), None);
         }
-        if seen.len() < MAX_RANK_LABELS {
-            seen.insert(rank, now);
-            return (rank.to_string(), None);
+        if seen.len() < self.max {
+            seen.insert(v, now);
+            return (v.text(), None);
         }
         let idle = seen.iter().min_by_key(|(_, t)| **t).filter(|(_, t)| now.saturating_duration_since(**t) >= RANK_LABEL_IDLE).map(|(r, _)| *r);
         match idle {
             Some(old) => {
                 seen.remove(&old);
-                seen.insert(rank, now);
-                (rank.to_string(), Some(old))
+                seen.insert(v, now);
+                (v.text(), Some(old))
             }
             None => ("other".into(), None),
         }
@@ -103,5 +148,15 @@ mod tests {
         let later = t0 + RANK_LABEL_IDLE / 2;
         assert_eq!(l.label_at(1000, later), ("other".into(), None));
         assert_eq!(l.label_at(1000, t0 + RANK_LABEL_IDLE), ("1000".into(), Some(0)), "the least recently used idle rank gives its place");
+    }
+
+    #[test]
+    fn communicators_are_hex_hashes_sixteen_at_a_time() {
+        let l = CommLabels::default();
+        assert_eq!(l.label(0xfeed), ("000000000000feed".into(), None));
+        for c in 1..MAX_COMM_LABELS as u64 {
+            assert_eq!(l.label(c << 32).1, None);
+        }
+        assert_eq!(l.label(99), ("other".into(), None), "a 17th communicator while 16 are in use");
     }
 }

@@ -337,6 +337,20 @@ const DASHBOARDS = [
         ],
         { unit: 'bytes', min: 0, overrides: [rightAxis('B', 's')] },
       ),
+      timeseries(
+        'NCCL: requests in flight N and N·m/T',
+        "Little's law for NCCL's network transport. Per communicator, from the profiler plugin's proxy steps (every request of the processes that load it): N = mean send requests in flight (SendWait time per second), and N·m/T, the bytes per second they carried (right axis). Per NIC, from the sampled ncclIb* probes: N over the sampled seconds. N near 1 while the transfer runs far below the NIC's rate is the in-flight limit of attribution.",
+        [
+          target('A', `sum by (instance, comm) (rate(stepwise_proxy_request_occupancy_seconds_total{${SEL}, direction="send"}[${RI}]))`, '{{instance}} comm {{comm}} N'),
+          target(
+            'B',
+            `sum by (instance, nic) (rate(stepwise_net_request_occupancy_seconds_total{${SEL}, direction="send"}[${RI}])) / on(instance) group_left sum by (instance) (rate(stepwise_net_sampled_seconds_total{${SEL}}[${RI}]))`,
+            '{{instance}} {{nic}} N (sampled)',
+          ),
+          target('C', `sum by (instance, comm) (rate(stepwise_proxy_request_bytes_total{${SEL}, direction="send"}[${RI}]))`, '{{instance}} comm {{comm}} N·m/T'),
+        ],
+        { unit: 'none', min: 0, overrides: [rightAxis('C', 'Bps')] },
+      ),
     ],
   },
   {

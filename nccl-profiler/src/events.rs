@@ -53,6 +53,9 @@ pub struct CollSlot {
     gpu_end: AtomicU64,
     kernel_stops: AtomicU32,
     waits: [AtomicU64; 6],
+    /// Network requests of the proxy steps, [send, recv]: how many, and their bytes.
+    requests: [AtomicU64; 2],
+    request_bytes: [AtomicU64; 2],
 }
 
 #[repr(align(64))]
@@ -105,6 +108,8 @@ impl Context {
                 gpu_end: AtomicU64::new(0),
                 kernel_stops: AtomicU32::new(0),
                 waits: Default::default(),
+                requests: Default::default(),
+                request_bytes: Default::default(),
             })
             .collect();
         let steps =
@@ -172,7 +177,7 @@ impl Context {
         s.gpu_start.store(u64::MAX, Relaxed);
         s.gpu_end.store(0, Relaxed);
         s.kernel_stops.store(0, Relaxed);
-        for w in &s.waits {
+        for w in s.waits.iter().chain(&s.requests).chain(&s.request_bytes) {
             w.store(0, Relaxed);
         }
         s.emitted.store(false, Release);
@@ -207,6 +212,8 @@ impl Context {
             offset_ns,
             offset_error_ns,
             proxy_wait_ns: [0; 6],
+            requests: s.requests.each_ref().map(|v| v.load(Relaxed)),
+            request_bytes: s.request_bytes.each_ref().map(|v| v.load(Relaxed)),
             func: m[0],
             datatype: m[1],
             algo: m[2],
@@ -256,21 +263,41 @@ impl Context {
     }
 }
 
-/// A proxy step entered NCCL state `state` (or stopped: `None`): the time spent in the state it
-/// leaves is added to its collective's total.
-pub fn step_state(st: &StepSlot, state: Option<i32>) {
+/// Index into [`wire::PROXY_STATES`] of SendWait (a send posted to the network, until it
+/// completes) and RecvWait (a receive posted, until data arrived).
+const SEND_WAIT: u32 = 2;
+const RECV_WAIT: u32 = 3;
+
+/// A proxy step entered NCCL state `state` (or stopped: `None`), with the state's `transSize`
+/// when NCCL gave one: the time spent in the state it leaves is added to its collective's
+/// total. A step entering SendWait is one send request of `transSize` bytes; a step leaving
+/// RecvWait is one completed receive of the size the next state carries.
+pub fn step_state(st: &StepSlot, state: Option<i32>, trans_size: Option<u64>) {
     let next = state.and_then(|v| wire::PROXY_STATES.iter().position(|p| p.1 as i32 == v)).map_or(0, |k| k as u32 + 1);
     let now = monotonic_ns();
     let prev = st.state.swap(next, AcqRel);
     let since = st.since_ns.swap(now, AcqRel);
     let coll = st.coll.load(Relaxed);
-    if prev == 0 || coll.is_null() {
+    if coll.is_null() {
         return;
     }
     // SAFETY: step slots only ever point at collective slots of the same context, which live
     // as long as the context (NCCL uses no handle after finalize).
     let c = unsafe { &*coll };
-    if let Some(w) = c.waits.get(prev as usize - 1) {
+    let request = if prev == next {
+        None
+    } else if next == SEND_WAIT + 1 {
+        Some(0)
+    } else if prev == RECV_WAIT + 1 {
+        Some(1)
+    } else {
+        None
+    };
+    if let Some(d) = request {
+        c.requests[d].fetch_add(1, Relaxed);
+        c.request_bytes[d].fetch_add(trans_size.unwrap_or(0), Relaxed);
+    }
+    if let Some(w) = prev.checked_sub(1).and_then(|k| c.waits.get(k as usize)) {
         w.fetch_add(now.saturating_sub(since), Relaxed);
     }
 }

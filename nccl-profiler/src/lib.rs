@@ -323,7 +323,7 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
                 c.kernel_stop(s);
             }
         }
-        Some(Handle::Step(st)) => events::step_state(st, None),
+        Some(Handle::Step(st)) => events::step_state(st, None, None),
         Some(Handle::ProxyOp(_)) | None => {}
     }
     OK
@@ -339,7 +339,11 @@ unsafe extern "C" fn record_event_state(h: *mut c_void, state: c_int, args: *mut
                 c.kernel_stop_state(s, t);
             }
         }
-        Some(Handle::Step(st)) => events::step_state(st, Some(state)),
+        Some(Handle::Step(st)) => {
+            // SAFETY: a proxy step's state args are `proxyStep.transSize` (a size_t at offset 0).
+            let size = (!args.is_null()).then(|| unsafe { *(args as *const usize) } as u64);
+            events::step_state(st, Some(state), size)
+        }
         _ => {}
     }
     OK

@@ -75,9 +75,19 @@ fn a_collective_is_recorded_when_its_last_channel_stops() {
         let op = start(ctx, &mut child(EV_PROXY_OP, coll, 0));
         let step = start(ctx, &mut child(EV_PROXY_STEP, op, 0));
         assert!(!op.is_null() && !step.is_null());
-        (ncclProfiler_v5.record_event_state)(step, 9, null_mut()); // SendWait
+        let mut size = 0usize;
+        (ncclProfiler_v5.record_event_state)(step, 8, (&mut size as *mut usize).cast()); // SendGPUWait
+        size = 1 << 20;
+        (ncclProfiler_v5.record_event_state)(step, 9, (&mut size as *mut usize).cast()); // SendWait
         std::thread::sleep(std::time::Duration::from_millis(3));
         (ncclProfiler_v5.stop_event)(step);
+        // A receive step: posted (RecvWait), data in (RecvFlushWait, transSize), to the GPU.
+        let recv = start(ctx, &mut child(EV_PROXY_STEP, op, 1));
+        (ncclProfiler_v5.record_event_state)(recv, 10, (&mut size as *mut usize).cast());
+        size = 1 << 19;
+        (ncclProfiler_v5.record_event_state)(recv, 11, (&mut size as *mut usize).cast());
+        (ncclProfiler_v5.record_event_state)(recv, 12, (&mut size as *mut usize).cast());
+        (ncclProfiler_v5.stop_event)(recv);
         (ncclProfiler_v5.stop_event)(op);
         let now = crate::clock::realtime_ns();
         let k0 = start(ctx, &mut child(EV_KERNEL_CH, coll, 5_000_200));
@@ -96,7 +106,7 @@ fn a_collective_is_recorded_when_its_last_channel_stops() {
         assert_eq!((rec.gpu_start_ptimer, rec.gpu_end_ptimer), (5_000_100, 9_500_000));
         assert_eq!((rec.n_channels, rec.kernel_stops, rec.flags), (2, 2, FLAG_COMPLETE));
         assert!(rec.proxy_wait_ns[2] >= 3_000_000, "send_wait {}", rec.proxy_wait_ns[2]);
-        assert_eq!(rec.proxy_wait_ns[0], 0);
+        assert_eq!((rec.requests, rec.request_bytes), ([1, 1], [1 << 20, 1 << 19]), "one send request of 1 MiB, one receive of 512 KiB");
         // Offset ≈ host − pTimer at the callbacks: the GPU start maps to about `now`.
         let host = rec.gpu_start_host_ns().expect("mapped");
         assert!((host - now as i128).abs() < 50_000_000, "{host} vs {now}");
@@ -165,9 +175,9 @@ fn the_event_mask_follows_the_nccl_version_and_the_environment() {
 }
 
 #[test]
-fn a_communicator_preallocates_half_a_mebibyte() {
+fn a_communicator_preallocates_640_kib() {
     let bytes = events::COLL_SLOTS * std::mem::size_of::<events::CollSlot>() + events::STEP_SLOTS * std::mem::size_of::<events::StepSlot>();
-    assert_eq!(std::mem::size_of::<events::CollSlot>(), 128);
+    assert_eq!(std::mem::size_of::<events::CollSlot>(), 192);
     assert_eq!(std::mem::size_of::<events::StepSlot>(), 64);
-    assert_eq!(bytes, 512 << 10, "docs/profiler-plugin.md says about 0.5 MiB");
+    assert_eq!(bytes, 640 << 10, "docs/profiler-plugin.md says 640 KiB");
 }

@@ -4,14 +4,14 @@
 //! ```text
 //! header (48 bytes)
 //!   0  u32 magic "SWPF" (0x46505753)     4  u16 version (1)
-//!   6  u16 header bytes (48)              8  u16 record bytes (136)
+//!   6  u16 header bytes (48)              8  u16 record bytes (168; 136 before the request totals)
 //!  10  u16 records in this datagram      12  u32 pid of the traced process
 //!  16  u32 NCCL version (ncclGetVersion, e.g. 22907; 0 unknown)
 //!  20  u32 event mask the plugin asked NCCL for
 //!  24  u64 records dropped so far: the ring was full
 //!  32  u64 records dropped so far: not delivered (no agent, or its queue stayed full)
 //!  40  u64 records sent so far (before this datagram)
-//! record (136 bytes) × n, see [`Record`]
+//! record (168 bytes) × n, see [`Record`]
 //! ```
 //!
 //! A receiver refuses a datagram whose magic or version it does not know, or whose sizes do not
@@ -22,8 +22,10 @@
 pub const MAGIC: u32 = 0x4650_5753;
 pub const VERSION: u16 = 1;
 pub const HEADER_BYTES: usize = 48;
-pub const RECORD_BYTES: usize = 136;
-/// Records per datagram at most (about 8.7 KB: well under the default `wmem_default`).
+pub const RECORD_BYTES: usize = 168;
+/// The first plugins' records: no request totals (they decode as zero).
+pub const MIN_RECORD_BYTES: usize = 136;
+/// Records per datagram at most (about 10.8 KB: well under the default `wmem_default`).
 pub const MAX_RECORDS: usize = 64;
 
 /// Proxy step states whose time is totalled per collective, in [`Record::proxy_wait_ns`]
@@ -66,6 +68,12 @@ pub struct Record {
     pub offset_error_ns: u64,
     /// Time proxy steps spent in each of [`PROXY_STATES`], ns, summed over steps.
     pub proxy_wait_ns: [u64; 6],
+    /// Network requests the proxy steps posted, [send, recv]: a send step entering SendWait,
+    /// a receive step leaving RecvWait. With `proxy_wait_ns`'s send_wait / recv_wait (their
+    /// summed occupancy) they give Little's N, m and T of the collective's transfers.
+    pub requests: [u64; 2],
+    /// Their bytes (NCCL's `transSize`), [send, recv].
+    pub request_bytes: [u64; 2],
     pub func: u8,
     pub datatype: u8,
     pub algo: u8,
@@ -100,15 +108,18 @@ impl Record {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&[self.func, self.datatype, self.algo, self.proto, self.n_channels, self.kernel_stops, self.flags, 0]);
+        for v in self.requests.iter().chain(&self.request_bytes) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
 
-    /// Reads one record from exactly [`RECORD_BYTES`] or more (later versions' extra bytes are
-    /// ignored); `None` when too short.
+    /// Reads one record from [`MIN_RECORD_BYTES`] or more (fields past the end read as 0;
+    /// later versions' extra bytes are ignored); `None` when too short.
     pub fn decode(b: &[u8]) -> Option<Record> {
-        if b.len() < RECORD_BYTES {
+        if b.len() < MIN_RECORD_BYTES {
             return None;
         }
-        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u = |i: usize| b.get(i..i + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_le_bytes);
         let i32_at = |i: usize| i32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
         let mut proxy_wait_ns = [0u64; 6];
         for (k, w) in proxy_wait_ns.iter_mut().enumerate() {
@@ -127,6 +138,8 @@ impl Record {
             offset_ns: u(64) as i64,
             offset_error_ns: u(72),
             proxy_wait_ns,
+            requests: [u(136), u(144)],
+            request_bytes: [u(152), u(160)],
             func: b[128],
             datatype: b[129],
             algo: b[130],
@@ -208,7 +221,7 @@ pub fn decode(b: &[u8]) -> Result<(Header, Vec<Record>), DecodeError> {
         return Err(DecodeError::Version(u16_at(4)));
     }
     let (header, record, records) = (u16_at(6) as usize, u16_at(8) as usize, u16_at(10) as usize);
-    if header < HEADER_BYTES || record < RECORD_BYTES || header + record * records != b.len() {
+    if header < HEADER_BYTES || record < MIN_RECORD_BYTES || header + record * records != b.len() {
         return Err(DecodeError::Sizes { header, record, records, len: b.len() });
     }
     let h =
@@ -299,6 +312,8 @@ mod tests {
             offset_ns: -12_345,
             offset_error_ns: 3_000,
             proxy_wait_ns: [1, 2, 3, 4, 5, 6 + i],
+            requests: [7 + i, 8],
+            request_bytes: [(7 + i) << 16, 8 << 16],
             func: 1,
             datatype: 8,
             algo: 2,
@@ -320,6 +335,24 @@ mod tests {
         assert_eq!(h2, h);
         assert_eq!(r2, recs);
         assert_eq!(r2[3].gpu_start_host_ns(), Some(5_000_000_003 - 12_345));
+    }
+
+    #[test]
+    fn the_first_plugins_shorter_records_still_decode() {
+        let h = Header { pid: 7, ..Default::default() };
+        let mut buf = Vec::new();
+        encode(&h, &[sample(1), sample(2)], &mut buf);
+        // The same datagram as a 136-byte-record plugin sent it.
+        let mut old = buf[..HEADER_BYTES].to_vec();
+        old[8..10].copy_from_slice(&(MIN_RECORD_BYTES as u16).to_le_bytes());
+        for k in 0..2 {
+            let at = HEADER_BYTES + k * RECORD_BYTES;
+            old.extend_from_slice(&buf[at..at + MIN_RECORD_BYTES]);
+        }
+        let (_, recs) = decode(&old).expect("decode");
+        let want = Record { requests: [0; 2], request_bytes: [0; 2], ..sample(2) };
+        assert_eq!(recs[1], want);
+        assert_eq!(decode(&old[..old.len() - 1]).map(|_| ()), Err(DecodeError::Sizes { header: 48, record: 136, records: 2, len: old.len() - 1 }));
     }
 
     #[test]

@@ -393,7 +393,11 @@ const UP_OFFSET_MS: u64 = 505;
 fn two_rank_job(s: &Servers, dir: &Path, name: &str, env: &[(&str, String)], args: &[String]) -> scenarios::Job {
     let ranks: Vec<RankSpec> = (0..2u32)
         .map(|r| {
-            let mut e: Vec<(String, String)> = vec![("NCCL_ABI_IFACE_ADDR".into(), rail_addr(r as usize, 0).to_string())];
+            // The plugin (when a job loads it) reports to its own server's agent.
+            let mut e: Vec<(String, String)> = vec![
+                ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(r as usize, 0).to_string()),
+                ("STEPWISE_PROFILER_SOCKET".into(), dir.join(format!("profiler-{r}.sock")).display().to_string()),
+            ];
             e.extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
             RankSpec { ns: s.ns(r as usize).to_string(), rank: r, env: e, args: Vec::new() }
         })
@@ -645,8 +649,20 @@ const IF_STEPS: u64 = 8;
 const IF_CHUNK: u64 = 16 * 1024;
 const IF_RTT_US: u64 = 2000;
 
-/// The exported in-flight sums of one agent (`stepwise_net_request_*`, send side) and its rail's
-/// transmitted bytes.
+/// How the in-flight scenario's NCCL calls are timed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Timing {
+    /// `CUDA_LAUNCH_BLOCKING=1`: calls return when the collective is done; in-flight figures
+    /// from the sampled `ncclIb*` probes.
+    Blocking,
+    /// As real NCCL: calls only enqueue; the profiler plugin times the collectives on the
+    /// (simulated) GPU and its proxy steps give every network request.
+    AsyncPlugin,
+}
+
+/// The exported in-flight sums of one agent, send side, and its rail's transmitted bytes:
+/// blocking, the sampled requests (`stepwise_net_request_*`, over the sampled seconds);
+/// with the plugin, the proxy's (`stepwise_proxy_request*`, every request, over wall time).
 #[derive(Clone, Copy, Debug, Default)]
 struct NetSums {
     occupancy: f64,
@@ -654,19 +670,38 @@ struct NetSums {
     bytes: f64,
     count: f64,
     rail_tx: f64,
+    /// Blocking: bytes of the requests labelled with the rail's NIC (the process's link).
+    on_rail: f64,
+}
+
+/// Every series of `name` whose labels include `labels`, summed.
+fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    stepwise_tests::harness::samples(text, name).iter().filter(|(l, _)| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))).map(|(_, v)| v).sum()
 }
 
 impl NetSums {
-    fn scrape(s: &Servers, k: usize) -> NetSums {
+    fn scrape(s: &Servers, k: usize, mode: Timing) -> NetSums {
         let m = s.get(&s.agents[k].addr, "/metrics").map(|r| r.body).unwrap_or_default();
-        let v = |name: &str, l: &[(&str, &str)]| stepwise_tests::harness::sample(&m, name, l).unwrap_or(0.0);
         let send = [("direction", "send")];
-        NetSums {
-            occupancy: v("stepwise_net_request_occupancy_seconds_total", &send),
-            sampled: v("stepwise_net_sampled_seconds_total", &[]),
-            bytes: v("stepwise_net_request_bytes_total", &send),
-            count: v("stepwise_net_request_seconds_count", &send),
-            rail_tx: v("stepwise_netdev_transmit_bytes_total", &[("netdev", &rail_dev(0))]),
+        let rail = rail_dev(0);
+        let rail_tx = total(&m, "stepwise_netdev_transmit_bytes_total", &[("netdev", &rail)]);
+        match mode {
+            Timing::Blocking => NetSums {
+                occupancy: total(&m, "stepwise_net_request_occupancy_seconds_total", &send),
+                sampled: total(&m, "stepwise_net_sampled_seconds_total", &[]),
+                bytes: total(&m, "stepwise_net_request_bytes_total", &send),
+                count: total(&m, "stepwise_net_request_seconds_count", &send),
+                rail_tx,
+                on_rail: total(&m, "stepwise_net_request_bytes_total", &[("direction", "send"), ("nic", &rail)]),
+            },
+            Timing::AsyncPlugin => NetSums {
+                occupancy: total(&m, "stepwise_proxy_request_occupancy_seconds_total", &send),
+                sampled: now(),
+                bytes: total(&m, "stepwise_proxy_request_bytes_total", &send),
+                count: total(&m, "stepwise_proxy_requests_total", &send),
+                rail_tx,
+                on_rail: 0.0,
+            },
         }
     }
     fn minus(self, b: &NetSums) -> NetSums {
@@ -676,6 +711,7 @@ impl NetSums {
             bytes: self.bytes - b.bytes,
             count: self.count - b.count,
             rail_tx: self.rail_tx - b.rail_tx,
+            on_rail: self.on_rail - b.on_rail,
         }
     }
 }
@@ -683,9 +719,14 @@ impl NetSums {
 /// Little's law from `/metrics` alone, over each job: m = the chunk, T ≥ the round trip, the
 /// requests' bytes are what the rail carried, and window 16 keeps many times the requests of
 /// window 1 in flight.
-fn check_exported_in_flight(exported: &BTreeMap<u32, Vec<NetSums>>) {
+fn check_exported_in_flight(exported: &BTreeMap<u32, Vec<NetSums>>, mode: Timing) {
     for (k, (&w1, &w16)) in exported[&1].iter().zip(&exported[&16]).enumerate() {
         for (w, d) in [(1, w1), (16, w16)] {
+            if mode == Timing::Blocking {
+                // The requests carry no device: the NIC is the process's link (its socket on
+                // the rail), known from shortly after its first collective returned.
+                assert!(d.on_rail > 0.5 * d.bytes, "window {w} server {k}: the sampled requests are labelled with the rail's NIC: {d:?}");
+            }
             let (n, m, t) = (d.occupancy / d.sampled, d.bytes / d.count, d.occupancy / d.count);
             eprintln!(
                 "exported in flight, window {w} server {k}: N {n:.2}, m {m:.0} B, T {:.2} ms, N·m/T {:.2} MB/s over {:.2} s sampled; requests {:.2} MB vs rail tx {:.2} MB",
@@ -695,7 +736,7 @@ fn check_exported_in_flight(exported: &BTreeMap<u32, Vec<NetSums>>) {
                 d.bytes / 1e6,
                 d.rail_tx / 1e6
             );
-            assert!(d.count > 0.0 && d.sampled > 0.0, "window {w} server {k}: sampled requests exported: {d:?}");
+            assert!(d.count > 0.0 && d.sampled > 0.0, "window {w} server {k}: requests exported ({mode:?}): {d:?}");
             assert!(within(m, IF_CHUNK as f64, 0.01), "window {w} server {k}: m = the {IF_CHUNK}-byte chunk: {d:?}");
             assert!(t >= IF_RTT_US as f64 * 1e-6, "window {w} server {k}: T ≥ the {IF_RTT_US} µs round trip: {d:?}");
             assert!(within(d.bytes, d.rail_tx, 0.15), "window {w} server {k}: the requests' bytes are the rail's (Little's law, N·m/T × time): {d:?}");
@@ -708,6 +749,17 @@ fn check_exported_in_flight(exported: &BTreeMap<u32, Vec<NetSums>>) {
 
 #[test]
 fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
+    in_flight_scenario(Timing::Blocking);
+}
+
+/// The same in NCCL's asynchronous mode with the profiler plugin: the collectives are timed
+/// on the (simulated) GPU, and N, m, T come from every proxy step, per communicator.
+#[test]
+fn in_flight_async_with_the_profiler_plugin_is_measured_from_the_proxy_steps() {
+    in_flight_scenario(Timing::AsyncPlugin);
+}
+
+fn in_flight_scenario(mode: Timing) {
     let _g = serial();
     let dir = setup();
     let mut s = Servers::new(1, 9000, Some(Shape::mbit(IF_MBIT, 64, 4096))).expect("servers");
@@ -743,12 +795,16 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
     let mut runs = BTreeMap::new();
     let mut exported = BTreeMap::new();
     for window in [1u32, 16] {
-        let env = [("NCCL_ABI_RTT_US", IF_RTT_US.to_string()), ("NCCL_ABI_WINDOW", window.to_string()), ("NCCL_ABI_CHUNK", IF_CHUNK.to_string())];
-        let before: Vec<NetSums> = (0..2).map(|k| NetSums::scrape(&s, k)).collect();
+        let mut env = vec![("NCCL_ABI_RTT_US", IF_RTT_US.to_string()), ("NCCL_ABI_WINDOW", window.to_string()), ("NCCL_ABI_CHUNK", IF_CHUNK.to_string())];
+        if mode == Timing::AsyncPlugin {
+            env.push(("CUDA_LAUNCH_BLOCKING", "0".into()));
+            env.push(("NCCL_PROFILER_PLUGIN", workloads::profiler_plugin().expect("plugin").display().to_string()));
+        }
+        let before: Vec<NetSums> = (0..2).map(|k| NetSums::scrape(&s, k, mode)).collect();
         let t0 = now();
         let o = two_rank_job(&s, dir.path(), &format!("w{window}"), &env, &a).wait(Duration::from_secs(60)).expect("job");
         let t1 = now();
-        exported.insert(window, (0..2).map(|k| NetSums::scrape(&s, k).minus(&before[k])).collect::<Vec<_>>());
+        exported.insert(window, (0..2).map(|k| NetSums::scrape(&s, k, mode).minus(&before[k])).collect::<Vec<_>>());
         let per: Vec<Vec<Value>> = (0..2).map(|k| steps_between(&s, k, t0, t1, IF_STEPS as usize - 1)).collect();
         if verbose() {
             for (k, st) in per.iter().enumerate() {
@@ -761,7 +817,7 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
         }
         runs.insert(window, (o, per));
     }
-    check_exported_in_flight(&exported);
+    check_exported_in_flight(&exported, mode);
     let ar = |o: &JobOutput| median(o.lines.iter().filter(|l| l.step >= 1).map(|l| l.allreduce_us * 1e-6).collect());
     let (a1, a16) = (ar(&runs[&1].0), ar(&runs[&16].0));
     let excess = a1 - a16;
@@ -774,6 +830,12 @@ fn in_flight_window_of_one_is_the_in_flight_limit_sixteen_is_not() {
             let (top, _) = top_problem(st);
             assert_eq!(top, "in_flight_limit", "window 1 server {k} step {}: top cause\n{}", st["step"], summarize(std::slice::from_ref(st)));
             let ev = &cause(st, "in_flight_limit")["evidence"];
+            let (source, timing) = match mode {
+                Timing::Blocking => ("sampled_requests", "host_completion"),
+                Timing::AsyncPlugin => ("nccl_proxy_steps", "gpu"),
+            };
+            assert_eq!(ev["source"], source, "window 1 server {k}: N, m, T measured by {source}: {ev}");
+            assert_eq!(st["timing"], timing, "window 1 server {k}: timed by {timing}: {}", st["timing"]);
             let n = ev["in_flight_requests"].as_f64().unwrap_or(0.0);
             assert!((0.7..=1.3).contains(&n), "window 1: N ≈ 1 request in flight: {ev}");
             assert!(ev["request_bytes"].as_f64().is_some_and(|m| within(m, IF_CHUNK as f64, 0.01)), "window 1: m = the {IF_CHUNK}-byte chunk: {ev}");

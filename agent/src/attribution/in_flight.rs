@@ -1,23 +1,28 @@
 //! In-flight limits (docs/models.md §2): a transfer held below the path's rate because too few
 //! requests (RDMA) or too few bytes (TCP) were outstanding — `V/(N·m/T) − V/B`.
 //!
-//! Inputs: the sampled `ncclIb*` requests of the step (N: time-averaged outstanding, m: mean
-//! payload, T: mean occupancy), else the TCP connections' in-flight samples of the NICs'
-//! windows (bytes in flight / RTT, and what limited them); the path's rate. Evidence: N, m,
-//! T, the window bound and the path rate (TCP: the limit that held and its share of time).
+//! Inputs, the first that measured the transfer: the NCCL profiler plugin's proxy steps of
+//! the collective (every network request of every rank that loaded the plugin: N = Σ
+//! SendWait / the transfer window, m = bytes / requests, T = SendWait / requests); the sampled
+//! `ncclIb*` requests of the step (N: time-averaged outstanding, m: mean payload, T: mean
+//! occupancy); the TCP connections' in-flight samples of the NICs' windows (bytes in flight /
+//! RTT, and what limited them). Evidence: N, m, T, the window bound, the path rate and which
+//! source measured them (TCP: the limit that held and its share of time).
 
 use std::collections::BTreeMap;
 
 use super::{transport, NetSample};
 use crate::{
     model::concurrency,
-    timeline::NicWindow,
+    timeline::{Collective, NicWindow},
     units::{Bytes, BytesPerSecond, Seconds},
 };
 
 /// In-flight evidence from sampled transport requests overlapping a transfer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InFlight {
+    /// `nccl_proxy_steps` (the profiler plugin) or `sampled_requests` (the `ncclIb*` probes).
+    pub source: &'static str,
     pub requests: usize,
     pub mean_outstanding: f64,
     pub mean_payload_bytes: f64,
@@ -42,13 +47,35 @@ impl InFlight {
         let n = busy / span;
         let m = reqs.iter().map(|r| r.bytes).sum::<f64>() / reqs.len() as f64;
         let t = reqs.iter().map(|r| r.completed - r.posted).sum::<f64>() / reqs.len() as f64;
-        if n <= 0.0 || m <= 0.0 || t <= 0.0 {
+        InFlight::of("sampled_requests", reqs.len(), n, m, t, path)
+    }
+
+    /// N, m, T of the profiler plugin's proxy steps of collective `c` over its transfer
+    /// [t0, t1] (send side, summed over the ranks that reported them); `None` with fewer than
+    /// four requests.
+    pub fn from_proxy(c: &Collective, t0: f64, t1: f64, path: f64) -> Option<InFlight> {
+        let span = t1 - t0;
+        let waits: Vec<_> = c.arrivals.iter().filter_map(|a| a.clock.proxy_wait.as_ref()).filter(|w| w.send_requests > 0.0).collect();
+        let requests: f64 = waits.iter().map(|w| w.send_requests).sum();
+        if span <= 0.0 || requests < 4.0 {
+            return None;
+        }
+        let busy: f64 = waits.iter().map(|w| w.send_wait).sum();
+        let bytes: f64 = waits.iter().map(|w| w.send_bytes).sum();
+        let n = busy / (span * waits.len() as f64);
+        InFlight::of("nccl_proxy_steps", requests as usize, n, bytes / requests, busy / requests, path)
+    }
+
+    /// §2.2 with N requests of m bytes each outstanding for T.
+    fn of(source: &'static str, requests: usize, n: f64, m: f64, t: f64, path: f64) -> Option<InFlight> {
+        if !(n > 0.0 && m > 0.0 && t > 0.0) {
             return None;
         }
         let slots = n.round().max(1.0) as u64;
         let model = concurrency::inflight(Bytes(m), Seconds(t), BytesPerSecond(path), Some(slots), None).ok()?;
         Some(InFlight {
-            requests: reqs.len(),
+            source,
+            requests,
             mean_outstanding: n,
             mean_payload_bytes: m,
             mean_occupancy_seconds: t,
@@ -61,6 +88,7 @@ impl InFlight {
         let w = (self.requests + o.requests).max(1) as f64;
         let avg = |a: f64, b: f64| (a * self.requests as f64 + b * o.requests as f64) / w;
         InFlight {
+            source: if self.source == o.source { self.source } else { "mixed" },
             requests: self.requests + o.requests,
             mean_outstanding: avg(self.mean_outstanding, o.mean_outstanding),
             mean_payload_bytes: avg(self.mean_payload_bytes, o.mean_payload_bytes),
@@ -72,6 +100,7 @@ impl InFlight {
 
     pub fn to_evidence(&self) -> BTreeMap<String, serde_json::Value> {
         [
+            ("source", serde_json::json!(self.source)),
             ("requests_sampled", serde_json::json!(self.requests)),
             ("in_flight_requests", serde_json::json!(self.mean_outstanding)),
             ("request_bytes", serde_json::json!(self.mean_payload_bytes)),
@@ -94,6 +123,7 @@ pub(super) struct Charge {
 
 /// What the in-flight limit cost one transfer.
 pub(super) struct Transfer<'a> {
+    pub coll: &'a Collective,
     pub net: &'a [NetSample],
     pub wins: &'a [&'a NicWindow],
     /// [last arrival, last exit] of the collective.
@@ -111,7 +141,8 @@ pub(super) struct Transfer<'a> {
 impl Charge {
     /// Seconds the transfer lost to an in-flight limit, at most `left`.
     pub fn add(&mut self, t: &Transfer<'_>, left: f64) -> f64 {
-        if let Some(inf) = InFlight::measure(t.net, t.t0, t.t1, t.rate) {
+        let rdma = InFlight::from_proxy(t.coll, t.t0, t.t1, t.rate).or_else(|| InFlight::measure(t.net, t.t0, t.t1, t.rate));
+        if let Some(inf) = rdma {
             let extra = (t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate)).max(0.0).min(left.max(0.0));
             self.rdma = Some(self.rdma.as_ref().map_or(inf.clone(), |e| e.merge(&inf)));
             return extra;

@@ -222,6 +222,7 @@ impl<'a> Acc<'a> {
         left -= rail;
         self.s[CauseKind::RailImbalance as usize] += rail;
         let t = in_flight::Transfer {
+            coll: c,
             net: d.net,
             wins: &r.wins,
             t0: c_last,

@@ -140,7 +140,7 @@ pub(super) fn timing_evidence(colls: &[&Collective], causes: &mut [super::Cause]
     }
     if let Some(w) = proxy_wait_total(colls) {
         if let Some(i) = find(causes, super::CauseKind::InFlightLimit) {
-            causes[i].evidence.insert("nccl_proxy_wait_seconds".into(), serde_json::to_value(w).unwrap_or_default());
+            causes[i].evidence.insert("nccl_proxy_wait_seconds".into(), w.waits());
         }
     }
 }

@@ -156,6 +156,38 @@ fn few_requests_in_flight_is_an_in_flight_limit() {
 }
 
 #[test]
+fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_requests() {
+    // As above, measured by NCCL's proxy on both ranks: 100 sends of 64 KiB, one at a time,
+    // 1 ms each in SendWait; no sampled ncclIb requests.
+    let mut c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
+    for a in &mut c.arrivals {
+        a.clock.proxy_wait =
+            Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 100.0, send_bytes: 6_553_600.0, recv_wait: 0.1, ..Default::default() });
+    }
+    let s = step(0.0, 0.1);
+    let wins = vec![vec![nic("eth0", "a", 6_553_600.0, 1e9)]];
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+    assert!(a.cause(CauseKind::InFlightLimit) > 0.08, "{:?}", a.causes);
+    assert!((sum(&a) - 0.1).abs() < 1e-12);
+    let top = a.top_problem(1e-3).expect("top");
+    assert_eq!(top.kind, CauseKind::InFlightLimit);
+    let ev = |k: &str| top.evidence.get(k).cloned().unwrap_or_default();
+    assert_eq!(ev("source"), "nccl_proxy_steps");
+    assert!(ev("in_flight_requests").as_f64().is_some_and(|n| (n - 1.0).abs() < 1e-9), "N = 1: {:?}", top.evidence);
+    assert!(ev("request_bytes").as_f64().is_some_and(|m| m == 65536.0) && ev("slot_occupancy_seconds").as_f64().is_some_and(|t| (t - 0.001).abs() < 1e-12));
+    assert_eq!(ev("nccl_proxy_wait_seconds")["send_wait"], 0.2, "the waits, without the request totals: {:?}", top.evidence);
+    assert!(ev("nccl_proxy_wait_seconds").get("send_requests").is_none());
+    // Too few requests to measure: no proxy figure, nothing charged without another source.
+    for a in &mut c.arrivals {
+        a.clock.proxy_wait = Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 1.0, send_bytes: 6_553_600.0, ..Default::default() });
+    }
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+    assert_eq!(a.cause(CauseKind::InFlightLimit), 0.0, "{:?}", a.causes);
+}
+
+#[test]
 fn healthy_step_has_no_problem_causes_and_negative_remainders_stay_visible() {
     let c = coll(0, &[(0, "a", 0.010, 0.0110), (1, "b", 0.010, 0.0110)], 1_000_000);
     let s = step(0.0, 0.012);

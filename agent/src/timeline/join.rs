@@ -48,6 +48,17 @@ pub struct ProxyWait {
     pub recv_flush_wait: f64,
     /// Receive: waiting for the GPU to consume the data.
     pub recv_gpu_wait: f64,
+    /// Network requests the proxy steps posted (a send step entering SendWait, a receive
+    /// leaving RecvWait) and their bytes: with `send_wait` / `recv_wait`, whose sums are
+    /// their occupancy, Little's N, m and T of the transfer (docs/models.md §2).
+    #[serde(default)]
+    pub send_requests: f64,
+    #[serde(default)]
+    pub send_bytes: f64,
+    #[serde(default)]
+    pub recv_requests: f64,
+    #[serde(default)]
+    pub recv_bytes: f64,
 }
 
 impl ProxyWait {
@@ -58,6 +69,22 @@ impl ProxyWait {
         self.recv_wait += o.recv_wait;
         self.recv_flush_wait += o.recv_flush_wait;
         self.recv_gpu_wait += o.recv_gpu_wait;
+        self.send_requests += o.send_requests;
+        self.send_bytes += o.send_bytes;
+        self.recv_requests += o.recv_requests;
+        self.recv_bytes += o.recv_bytes;
+    }
+
+    /// The six wait states' seconds (without the request totals), as evidence.
+    pub fn waits(&self) -> serde_json::Value {
+        serde_json::json!({
+            "send_gpu_wait": self.send_gpu_wait,
+            "send_peer_wait": self.send_peer_wait,
+            "send_wait": self.send_wait,
+            "recv_wait": self.recv_wait,
+            "recv_flush_wait": self.recv_flush_wait,
+            "recv_gpu_wait": self.recv_gpu_wait,
+        })
     }
 }
 

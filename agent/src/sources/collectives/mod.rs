@@ -411,7 +411,7 @@ impl Collectives {
                 }
                 Ok(Decoded::Net(n)) => {
                     self.metrics.net_requests.inc();
-                    self.net_metrics.observe(&n);
+                    self.net_metrics.observe(&n, net_metrics::nic_label(&hist.links, n.pid));
                     hist.push_net(n);
                 }
                 Ok(Decoded::Nothing) => {}

@@ -90,13 +90,18 @@ pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMa
         None => (enqueue, enqueue, Timing::HostEnqueue),
     };
     let w = r.proxy_wait_ns.map(|n| n as f64 * 1e-9);
-    let proxy_wait = w.iter().any(|v| *v > 0.0).then(|| ProxyWait {
+    let any = w.iter().any(|v| *v > 0.0) || r.requests.iter().any(|n| *n > 0);
+    let proxy_wait = any.then(|| ProxyWait {
         send_gpu_wait: w[0],
         send_peer_wait: w[1],
         send_wait: w[2],
         recv_wait: w[3],
         recv_flush_wait: w[4],
         recv_gpu_wait: w[5],
+        send_requests: r.requests[0] as f64,
+        send_bytes: r.request_bytes[0] as f64,
+        recv_requests: r.requests[1] as f64,
+        recv_bytes: r.request_bytes[1] as f64,
     });
     let mono = |t: f64| ((t * 1e9) as i128 - clock.offset_ns).max(0) as u64;
     let call = Call {
@@ -218,6 +223,7 @@ pub struct ProfilerMetrics {
     plugin_drops: Family<ReasonLabel, Counter>,
     processes: Family<TimingLabel, Gauge>,
     offset_error: Gauge<f64, AtomicU64>,
+    proxy: super::net_metrics::ProxyMetrics,
 }
 
 impl ProfilerMetrics {
@@ -228,6 +234,7 @@ impl ProfilerMetrics {
             plugin_drops: Family::default(),
             processes: Family::default(),
             offset_error: Gauge::default(),
+            proxy: super::net_metrics::ProxyMetrics::register(r),
         };
         r.register("stepwise_profiler_records", "Collective records received from the NCCL profiler plugin", m.records.clone());
         r.register("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
@@ -413,6 +420,9 @@ pub fn handle_datagram(h: &mut super::history::History, b: &[u8], m: &ProfilerMe
             let (host, clock, cap) = (h.host.clone(), h.clock, h.capacity());
             let (full, unsent) = h.plugin.push(&hd, &recs, &host, &clock, cap, now);
             m.records.inc_by(recs.len() as u64);
+            for r in &recs {
+                m.proxy.observe(r);
+            }
             m.plugin_drops.get_or_create(&ReasonLabel { reason: "ring_full" }).inc_by(full);
             m.plugin_drops.get_or_create(&ReasonLabel { reason: "unsent" }).inc_by(unsent);
         }

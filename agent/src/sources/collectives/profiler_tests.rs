@@ -16,6 +16,8 @@ fn rec(rank: i32, seq: u64, start_ms: u64, end_ms: u64) -> Record {
         offset_ns: 5_000_000_000,
         offset_error_ns: 20_000,
         proxy_wait_ns: [0, 0, 3_000_000, 0, 0, 0],
+        requests: [4, 0],
+        request_bytes: [4 << 20, 0],
         func: 1,
         datatype: 8,
         algo: 2,
@@ -76,7 +78,9 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     assert!((g.enter - 1000.030).abs() < 1e-6 && (g.exit - 1000.042).abs() < 1e-6, "{} {}", g.enter, g.exit);
     assert!((g.clock.host_enqueue.expect("enqueue") - 1000.028).abs() < 1e-6);
     assert_eq!(g.clock.gpu_offset_error, Some(20e-6));
-    assert!((g.clock.proxy_wait.expect("waits").send_wait - 0.003).abs() < 1e-12);
+    let w = g.clock.proxy_wait.expect("waits");
+    assert!((w.send_wait - 0.003).abs() < 1e-12);
+    assert_eq!((w.send_requests, w.send_bytes, w.recv_requests), (4.0, f64::from(4 << 20), 0.0), "the proxy's requests reach the join");
     assert_eq!((g.op.as_str(), g.library.as_str(), g.bytes, g.rank, g.nranks), ("all_reduce", "nccl", Some(4 << 20), Some(0), Some(4)));
     assert_eq!(g.comm.as_deref(), Some(comm_of(0xabcdef, 1).to_string().as_str()));
     // The API's JSON reads back to the same view (the diagnose fan-out path).
@@ -94,6 +98,7 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     assert!(text.contains("stepwise_profiler_datagrams_refused_total 1"), "{text}");
     assert!(text.contains("stepwise_profiler_plugin_drops_total{reason=\"ring_full\"} 3"), "{text}");
     assert!(text.contains("stepwise_profiler_plugin_processes{timing=\"gpu\"} 1"), "{text}");
+    assert!(text.contains("stepwise_proxy_requests_total{comm=\"0000000000abcdef\",direction=\"send\"} 8"), "both records' requests, per communicator: {text}");
     // 30 s later the process no longer counts as active.
     assert_eq!(h.plugin.active(1040.0), (0, 0));
 }
