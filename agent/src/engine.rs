@@ -163,7 +163,7 @@ impl Engine {
     /// Judges this host's open calls as of the probe consumer's watermark.
     fn judge_hangs(&mut self, now: f64) {
         let Some(calls) = &self.calls else { return };
-        let view = {
+        let (mut view, proc_root) = {
             let h = match calls.lock() {
                 Ok(h) => h,
                 Err(p) => p.into_inner(),
@@ -171,8 +171,10 @@ impl Engine {
             if h.drained_until <= 0.0 {
                 return;
             }
-            h.progress.snapshot(&h.host, h.drained_until)
+            (h.progress.snapshot(&h.host, h.drained_until), h.proc_root.clone())
         };
+        // Whether a rank inside a long-open call is stopped (the rule's "not progressing").
+        crate::sources::collectives::exits::fill_inside_states(&mut view, &proc_root, self.hang.config().floor.as_secs_f64());
         self.hang.update(&view, now);
     }
 

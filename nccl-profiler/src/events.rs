@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*
 use crate::{
     clock::{monotonic_ns, realtime_ns, OffsetEstimator},
     ring::Ring,
-    wire::{self, Record, FLAG_COMPLETE, FLAG_EVICTED, FLAG_NO_KERNEL},
+    wire::{self, Record, FLAG_COMPLETE, FLAG_EVICTED, FLAG_NO_KERNEL, FLAG_STARTED},
 };
 
 /// NCCL's event types (`nccl_profiler.h`).
@@ -196,6 +196,11 @@ impl Context {
         if s.emitted.swap(true, AcqRel) {
             return;
         }
+        self.ring.push(&self.record_of(s, flags));
+    }
+
+    /// The slot's record as it stands.
+    fn record_of(&self, s: &CollSlot, flags: u8) -> Record {
         let m = s.meta.load(Relaxed).to_le_bytes();
         let start = s.gpu_start.load(Relaxed);
         let (offset_ns, offset_error_ns) = self.clock.estimate().unwrap_or((0, u64::MAX));
@@ -225,15 +230,21 @@ impl Context {
         for (o, w) in r.proxy_wait_ns.iter_mut().zip(&s.waits) {
             *o = w.load(Relaxed);
         }
-        self.ring.push(&r);
+        r
     }
 
-    /// A channel's kernel started at GPU time `ptimer`: the KernelCh handle.
+    /// A channel's kernel started at GPU time `ptimer`: the KernelCh handle. The first
+    /// channel's start also sends a [`FLAG_STARTED`] progress record.
     pub fn kernel_start(&self, s: &CollSlot, ptimer: u64) -> usize {
         let now = realtime_ns();
-        s.gpu_start.fetch_min(ptimer, Relaxed);
+        let first = s.gpu_start.fetch_min(ptimer, Relaxed) == u64::MAX;
         self.clock.observe_upper(now, ptimer);
         self.clock.observe_lower(now, s.enqueue_ns.load(Relaxed), ptimer);
+        if first && !s.emitted.load(Acquire) {
+            let mut r = self.record_of(s, FLAG_STARTED);
+            (r.gpu_start_ptimer, r.gpu_end_ptimer, r.kernel_stops) = (ptimer, 0, 0);
+            self.ring.push(&r);
+        }
         (s as *const CollSlot as usize) | TAG_KERNEL
     }
 

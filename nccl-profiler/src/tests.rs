@@ -91,7 +91,11 @@ fn a_collective_is_recorded_when_its_last_channel_stops() {
         (ncclProfiler_v5.stop_event)(op);
         let now = crate::clock::realtime_ns();
         let k0 = start(ctx, &mut child(EV_KERNEL_CH, coll, 5_000_200));
+        // The first channel's start is sent at once: the GPU reached the collective.
+        let started = r.pop().expect("a progress record at the first channel's start");
+        assert_eq!((started.seq, started.flags, started.gpu_start_ptimer, started.gpu_end_ptimer), (41, FLAG_STARTED, 5_000_200, 0));
         let k1 = start(ctx, &mut child(EV_KERNEL_CH, coll, 5_000_100));
+        assert!(r.pop().is_none(), "one progress record per collective");
         let mut end = 9_000_000u64;
         (ncclProfiler_v5.record_event_state)(k0, STATE_KERNEL_CH_STOP, (&mut end as *mut u64).cast());
         (ncclProfiler_v5.stop_event)(k0);

@@ -39,6 +39,10 @@ pub const FLAG_COMPLETE: u8 = 1;
 pub const FLAG_EVICTED: u8 = 2;
 /// No KernelCh events were asked for (the event mask): host enqueue time only.
 pub const FLAG_NO_KERNEL: u8 = 4;
+/// A progress record: the collective's first channel started on the GPU (`gpu_start_ptimer`
+/// set, no end); its full record follows when the last channel stops. A rank whose GPU never
+/// starts a collective that its peers' GPUs are inside is what a GPU-side hang looks like.
+pub const FLAG_STARTED: u8 = 8;
 
 /// One collective on one rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -208,7 +208,10 @@ fn every_panel_query_returns_series_from_real_agents() {
     std::fs::write(
         &cfg_a,
         format!(
-            "interval = \"100ms\"\n[sources]\nnetdev = false\nqdisc = false\ntcp = false\n[collectives.select]\nnetns = \"/run/netns/{}\"\n[steps]\nmarker_socket = \"{}\"\n",
+            "interval = \"100ms\"\n[sources]\nnetdev = false\nqdisc = false\ntcp = false\n\
+             [collectives]\nlibrary_dirs = [\"{}\"]\nsample_every = \"100ms\"\nsample_window = \"10m\"\n\
+             [collectives.select]\nnetns = \"/run/netns/{}\"\n[steps]\nmarker_socket = \"{}\"\n",
+            stepwise_tests::workloads::build().expect("workloads").display(),
             job_ns.name(),
             sock.display()
         ),
@@ -219,7 +222,16 @@ fn every_panel_query_returns_series_from_real_agents() {
     let agent_a = start(
         d,
         &launch_a,
-        &["--config", cfg_a.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8"), "--db", d.join("a.db").to_str().expect("utf8")],
+        &[
+            "--config",
+            cfg_a.to_str().expect("utf8"),
+            "--sysfs-root",
+            sys.to_str().expect("utf8"),
+            "--db",
+            d.join("a.db").to_str().expect("utf8"),
+            "--profiler-socket",
+            d.join("profiler.sock").to_str().expect("utf8"),
+        ],
     );
 
     // Host B: its own namespace with a shaped link to a third one.
@@ -306,6 +318,11 @@ fn every_panel_query_returns_series_from_real_agents() {
     let late2: f64 = truth.values().filter(|(_, r)| *r == 2).map(|(s, _)| s).sum();
     assert!(late2 > 0.2, "rank 2 was late in the job: {truth:?}");
     straggler::settle();
+    // Phase 3: an asynchronous NCCL-ABI job with the profiler plugin (its proxy requests per
+    // communicator) and the sampled ncclIb probes (their requests per NIC).
+    nccl_job(d, &job_ns, &d.join("profiler.sock"));
+    prom.wait_series("stepwise_proxy_requests_total > 0", 1, Duration::from_secs(15)).expect("proxy requests scraped");
+    prom.wait_series("stepwise_net_request_bytes_total > 0", 1, Duration::from_secs(15)).expect("sampled requests scraped");
     // Prometheus must have scraped the agents after the last step was attributed.
     prom.wait_series("stepwise_steps_total > 50", 1, Duration::from_secs(15)).expect("steps scraped");
     if let Err(e) = prom.wait_series("stepwise_tcp_retransmits_total > 0", 1, Duration::from_secs(15)) {
@@ -442,6 +459,43 @@ fn the_minimum_grafana_version_in_the_docs_matches_the_dashboards_schema_version
             let stated = rest.find(" or newer").filter(|&e| e < 20).map(|e| &rest[..e + " or newer".len()]);
             assert!(stated.is_none_or(|s| s == want), "{doc}: states {stated:?}, but the dashboards need {want}");
         }
+    }
+}
+
+/// A 2-rank `nccl_steps` job, asynchronous, with the profiler plugin reporting to `sock`:
+/// 4 requests of 16 KiB in flight over a 1 ms round trip, for about 4 s.
+fn nccl_job(d: &Path, ns: &Netns, sock: &Path) {
+    let bin = stepwise_tests::workloads::build().expect("build").join("nccl_steps");
+    let plugin = stepwise_tests::workloads::profiler_plugin().expect("plugin");
+    let id = d.join("nccl.id");
+    let mut ranks: Vec<stepwise_tests::harness::Proc> = (0..2u32)
+        .map(|r| {
+            let mut c = Command::new("ip");
+            c.args([
+                "netns",
+                "exec",
+                ns.name(),
+                "env",
+                "-u",
+                "CUDA_LAUNCH_BLOCKING",
+                "STEPS_COMPUTE=sleep",
+                "NCCL_ABI_WINDOW=4",
+                "NCCL_ABI_CHUNK=16384",
+                "NCCL_ABI_RTT_US=1000",
+            ]);
+            c.arg(format!("STEPWISE_PROFILER_SOCKET={}", sock.display())).arg(format!("NCCL_PROFILER_PLUGIN={}", plugin.display()));
+            c.arg(&bin).args(["--rank", &r.to_string(), "--nranks", "2", "--id-file"]).arg(&id);
+            c.args(["--steps", "40", "--bytes", "262144", "--compute-us", "50000"]);
+            stepwise_tests::harness::Proc::spawn(&format!("nccl{r}"), &mut c, d.join(format!("nccl{r}.log"))).expect("spawn rank")
+        })
+        .collect();
+    let end = Instant::now() + Duration::from_secs(60);
+    while ranks.iter_mut().any(|p| p.alive()) {
+        assert!(Instant::now() < end, "the NCCL job did not finish:\n{}", ranks.iter().map(|p| p.log_text()).collect::<Vec<_>>().join("\n"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for p in &ranks {
+        assert!(p.log_text().contains("summary tool=nccl_steps"), "the rank finished its steps:\n{}", p.log_text());
     }
 }
 

@@ -5,6 +5,8 @@
 //!   suspected within 2 × the threshold, rank 2 named with state `T (stopped)` and its last
 //!   completed sequence number; after SIGCONT the suspicion clears and the step is readiness
 //!   skew on rank 2;
+//! - a rank SIGSTOPped *inside* a collective (all ranks are inside; one cannot progress):
+//!   named `not_progressing`, state `T (stopped)`; cleared after SIGCONT;
 //! - a rank SIGKILLed inside a collective (mpirun `--enable-recovery` keeps the others
 //!   waiting): reported exited by signal 9, inside that call;
 //! - two network-namespace hosts with one agent each (the NCCL-ABI library): `diagnose
@@ -160,6 +162,55 @@ fn sigkilled_rank_inside_a_collective_is_reported_exited_while_the_others_wait()
     for p in [pids[0], pids[2], stopped] {
         signal(p, "KILL");
     }
+}
+
+#[test]
+fn a_rank_stopped_inside_a_collective_is_named_not_progressing() {
+    let s = setup("inside");
+    // Rank 1 arrives 1.5 s late at step 5 (under the 2 s floor): rank 2 waits inside
+    // all_reduce #5 long enough to be stopped there, and then every rank is inside.
+    let args = ["--steps", "10", "--compute-us", "20000", "--delay-rank", "1", "--delay-us", "1500000", "--delay-every", "6"];
+    let mut job = spawn_mpi(&s, "inside", &[], &args);
+    let text = wait_line(&mut job, "init rank=3 ", Duration::from_secs(120));
+    drop(text);
+    let pid2 = pid_of(&line_fields(&job.log_text(), "init rank=2 ").expect("init line"));
+    let inside5 = |v: &Value, rank: u64| {
+        v["comms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ranks"].as_array().cloned().unwrap_or_default())
+            .any(|r| rank_of(&r) == Some(rank) && r["open"]["seq"] == 5)
+    };
+    wait_for(Duration::from_secs(60), "rank 2 inside #5 before rank 1", || {
+        let v = open_of(&s.agent);
+        (inside5(&v, 2) && !inside5(&v, 1)).then_some(())
+    })
+    .expect("rank 2 inside");
+    signal(pid2, "STOP");
+    let t_stop = now();
+    let found = wait_for(Duration::from_secs(60), "rank 2 suspected, not progressing", || {
+        let h = suspected_with(&open_of(&s.agent), 2)?;
+        (missing(&h, 2)["why"] == "not_progressing" && h["missing"].as_array().map(Vec::len) == Some(1)).then(|| (h, now()))
+    });
+    let (h, seen) = found.unwrap_or_else(|e| panic!("{e}: {}", open_of(&s.agent)));
+    let threshold = h["threshold_seconds"].as_f64().expect("threshold");
+    let lat = latency(&h, seen);
+    println!("inside: suspected {lat:.2} s after the first entry into all_reduce #5 ({:.2} s after the stop), threshold {threshold:.2} s: {h}", seen - t_stop);
+    assert!(lat <= 2.0 * threshold, "suspected after {lat:.2} s, more than 2 × the {threshold:.2} s threshold");
+    assert_eq!((h["seq"].as_u64(), h["op"].as_str()), (Some(5), Some("all_reduce")), "{h}");
+    let m = missing(&h, 2);
+    assert_eq!((m["pid"].as_u64(), m["state"]["state"].as_str()), (Some(pid2 as u64), Some("T (stopped)")), "{m}");
+    assert_eq!(m["last_done_seq"].as_u64(), Some(4), "{m}");
+    assert!(!inside_ranks(&h).contains(&2), "a stopped rank is not counted as inside: {h}");
+    signal(pid2, "CONT");
+    let st = wait_for(Duration::from_secs(120), "job exit", || job.child.try_wait().ok().flatten()).expect("job ends");
+    assert!(st.success(), "{}", job.log_text());
+    wait_for(Duration::from_secs(30), "suspicion cleared", || {
+        let v = open_of(&s.agent);
+        (!v["hangs"].as_array().is_some_and(|a| a.iter().any(|x| x["suspected"] == true))).then_some(())
+    })
+    .expect("cleared");
 }
 
 #[test]

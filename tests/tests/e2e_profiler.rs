@@ -21,6 +21,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod support;
+
 use stepwise_tests::{
     harness::{sample, wait_for, Agent, Proc},
     netns::Netns,
@@ -64,6 +66,11 @@ fn setup() -> Setup {
 }
 
 fn with_agent(b: Bare) -> Setup {
+    with_agent_config(b, "")
+}
+
+/// An agent whose configuration ends with `extra` (TOML sections).
+fn with_agent_config(b: Bare, extra: &str) -> Setup {
     let Bare { tmp, dir, ns, profiler_sock, marker_sock } = b;
     let lib = workloads::build().expect("workloads build");
     let cfg = dir.join("agent.toml");
@@ -71,7 +78,7 @@ fn with_agent(b: Bare) -> Setup {
         &cfg,
         format!(
             "interval = \"100ms\"\n[sources]\nrdma = false\nethtool = false\n[collectives]\nlibrary_dirs = [\"{}\"]\nprofiler_socket = \"{}\"\n\
-             [collectives.select]\nnetns = \"/run/netns/{}\"\n[steps]\nmarker_socket = \"{}\"\ngrace = \"2s\"\n",
+             [collectives.select]\nnetns = \"/run/netns/{}\"\n[steps]\nmarker_socket = \"{}\"\ngrace = \"2s\"\n{extra}",
             lib.display(),
             profiler_sock.display(),
             ns.name(),
@@ -93,6 +100,11 @@ fn run_job(s: &Setup, plugin: bool, args: &[&str]) -> Vec<String> {
 
 /// Starts the ranks: (directory, namespace, profiler socket, marker socket).
 fn spawn_job(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path), plugin: bool, steps: usize, args: &[&str]) -> Vec<Proc> {
+    spawn_job_env(b, plugin, steps, args, &[])
+}
+
+/// [`spawn_job`] with extra `KEY=value` environment entries for every rank.
+fn spawn_job_env(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path), plugin: bool, steps: usize, args: &[&str], env: &[&str]) -> Vec<Proc> {
     let (dir, ns, profiler_sock, marker_sock) = b;
     let bin = workloads::build().expect("build").join("nccl_steps");
     let id = dir.join("job.id");
@@ -100,7 +112,7 @@ fn spawn_job(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path), pl
     let mut procs: Vec<Proc> = Vec::new();
     for r in 0..4u32 {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns, "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]);
+        c.args(["netns", "exec", ns, "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]).args(env);
         c.arg(format!("STEPWISE_PROFILER_SOCKET={}", profiler_sock.display()));
         if plugin {
             c.arg(format!("NCCL_PROFILER_PLUGIN={}", workloads::profiler_plugin().expect("plugin").display()));
@@ -247,6 +259,38 @@ fn without_the_plugin_enqueue_times_name_no_straggler() {
     assert!(t.contains("timing: host_enqueue") && t.contains("host-only timing"), "{t}");
     let status = s.agent.status().expect("status");
     assert_eq!(status["collectives_detail"]["profiler"]["active_gpu"], 0);
+}
+
+/// Issue 15: rank 2's GPU stops before step 5's all-reduce (10 minutes of simulated GPU work)
+/// while every host call has returned — the collectives are asynchronous, so no call is open
+/// on any host. The other GPUs are inside the all-reduce waiting for it: the plugin's
+/// progress records show the hang, and rank 2 is named as not arrived with its last
+/// completed collective.
+#[test]
+fn a_gpu_that_stops_is_a_hang_seen_from_the_gpu_side() {
+    use support::hang::{inside_ranks, latency, missing, now, open_of, suspected_with, HANG};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = with_agent_config(bare(), HANG);
+    let b = (s.dir.as_path(), s.ns.name(), s.profiler_sock.as_path(), s.marker_sock.as_path());
+    let args = ["--compute-us", "20000", "--gpu-compute-ms", "5", "--gpu-delay-rank", "2", "--gpu-delay-ms", "600000", "--gpu-delay-every", "6"];
+    // The library's own no-progress timeout (10 s) would fail the waiting ranks first.
+    let procs = spawn_job_env(b, true, 12, &args, &["NCCL_ABI_TIMEOUT_MS=600000"]);
+    let (h, seen) = wait_for(Duration::from_secs(60), "GPU-side hang suspected", || suspected_with(&open_of(&s.agent), 2).map(|h| (h, now())))
+        .unwrap_or_else(|e| panic!("{e}\n{}", serde_json::to_string_pretty(&open_of(&s.agent)).unwrap_or_default()));
+    let lat = latency(&h, seen);
+    let threshold = h["threshold_seconds"].as_f64().expect("threshold");
+    println!("GPU-side hang: suspected {lat:.2} s after the first GPU entered all-reduce #{} (threshold {threshold:.1} s): {h}", h["seq"]);
+    assert_eq!((h["op"].as_str(), h["seq"].as_u64()), (Some("all_reduce"), Some(5)), "{h}");
+    assert_eq!(inside_ranks(&h), [0, 1, 3], "the other GPUs are inside: {h}");
+    let m = missing(&h, 2);
+    assert_eq!((m["why"].as_str(), m["last_done_seq"].as_u64()), (Some("not_arrived"), Some(4)), "{m}");
+    assert!(lat <= 2.0 * threshold, "detected {lat:.2} s after entry, threshold {threshold:.1} s");
+    // Every host call of the job returned: the only communicator with anything open is the
+    // GPU side's (the uprobes' view of the same communicator has no open call).
+    let view = open_of(&s.agent);
+    let hangs = view["hangs"].as_array().expect("hangs");
+    assert_eq!(hangs.len(), 1, "only the GPU side shows an open collective: {view}");
+    drop(procs);
 }
 
 #[test]

@@ -5,10 +5,11 @@
 //! host's joined (`agent diagnose --hang`), for each communicator with an open call it finds
 //! the oldest open call, the ranks that have not arrived in it, and says whether the
 //! communicator is suspected hung ([`crate::config::HangConfig`]): some rank inside longer
-//! than `max(floor, k × median)` and at least one rank missing — still before the call, or
-//! exited. All ranks inside a slow call is a slow call, not a hang: with host-side probes
-//! alone a rank that is inside cannot be told from one that is progressing. [`detector`] adds
-//! the daemon's hysteresis and metrics.
+//! than `max(floor, k × median)` and at least one rank missing — still before the call,
+//! exited, or inside it but not progressing: its process is stopped (SIGSTOP, a debugger),
+//! which the view's process states say. All ranks inside a slow call and running is a slow
+//! call, not a hang: with host-side probes alone a rank that is inside and running cannot be
+//! told from one that is progressing. [`detector`] adds the daemon's hysteresis and metrics.
 
 pub mod detector;
 
@@ -27,6 +28,9 @@ use crate::{
 pub enum Why {
     /// Its process exited (before or inside the call).
     Exited,
+    /// Inside the call, but its process is stopped (state `T`/`t`: SIGSTOP, a debugger): it
+    /// cannot progress, and the others cannot finish without it.
+    NotProgressing,
     /// Alive, and still before the call (its last completed call is an earlier one).
     NotArrived,
     /// A rank of the communicator no answering host has seen (on a host not asked, or never
@@ -148,16 +152,26 @@ pub fn evaluate(views: &[HostProgress], cfg: &HangConfig, count_unseen: bool) ->
         };
         for (r, as_of) in j.ranks.values() {
             let arrived = r.open.as_ref().is_some_and(|o| o.seq >= seq) || r.last_done.as_ref().is_some_and(|d| d.seq >= seq);
+            // Stopped inside this very call: it holds the others.
+            let stuck = r.open.as_ref().is_some_and(|o| o.seq == seq)
+                && r.last_done.as_ref().is_none_or(|d| d.seq < seq)
+                && r.state.as_ref().is_some_and(|s| s.state.starts_with(['T', 't']));
             match &r.open {
-                Some(o) if arrived => {
+                Some(o) if arrived && !stuck => {
                     h.inside.push(Inside { rank: r.rank, host: r.host.clone(), pid: r.pid, since: o.since, seconds: (as_of - o.since).max(0.0) })
                 }
-                _ if arrived => {}
+                _ if arrived && r.open.is_none() => {}
                 _ => h.missing.push(Missing {
                     rank: r.rank,
                     host: Some(r.host.clone()),
                     pid: Some(r.pid),
-                    why: if r.exited.is_some() { Why::Exited } else { Why::NotArrived },
+                    why: if r.exited.is_some() {
+                        Why::Exited
+                    } else if stuck {
+                        Why::NotProgressing
+                    } else {
+                        Why::NotArrived
+                    },
                     last_done_seq: r.last_done.as_ref().map(|d| d.seq),
                     last_done_at: r.last_done.as_ref().map(|d| d.exit),
                     aborted: r.aborted.clone(),

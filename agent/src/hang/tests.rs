@@ -53,6 +53,26 @@ fn a_rank_that_never_arrived_is_named_once_past_the_threshold() {
 }
 
 #[test]
+fn a_stopped_rank_inside_the_call_is_not_progressing() {
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0 + r as f64 * 0.1)), Some(6))).collect();
+    let state = |s: &str| Some(ProcState { state: s.into(), ..Default::default() });
+    for r in &mut ranks {
+        r.state = state("S (sleeping)");
+    }
+    ranks[2].state = state("T (stopped)");
+    let h = evaluate(&[view("a", 103.0, 0.01, ranks.clone())], &cfg(), false);
+    let h = &h[0];
+    assert!(h.suspected, "{h:?}");
+    assert_eq!(h.inside.iter().filter_map(|i| i.rank).collect::<Vec<_>>(), [0, 1, 3]);
+    let m = &h.missing[0];
+    assert_eq!((m.rank, m.why, m.state.as_ref().map(|s| s.state.as_str())), (Some(2), Why::NotProgressing, Some("T (stopped)")));
+    // Before the threshold it is listed but not suspected; running again, it is inside.
+    assert!(!evaluate(&[view("a", 101.0, 0.01, ranks.clone())], &cfg(), false)[0].suspected);
+    ranks[2].state = state("R (running)");
+    assert!(!evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0].suspected);
+}
+
+#[test]
 fn a_slow_call_every_rank_is_inside_is_not_a_hang() {
     let all_in = (0..4).map(|r| rank(r, "a", Some((7, 100.0 + r as f64 * 0.1)), Some(6))).collect();
     let h = evaluate(&[view("a", 200.0, 0.01, all_in)], &cfg(), false);

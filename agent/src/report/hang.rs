@@ -44,6 +44,7 @@ pub fn doing(m: &Missing) -> String {
             }
         }
         Why::NotSeen => "not seen on any host asked".into(),
+        Why::NotProgressing => format!("inside the call but not progressing (state {})", m.state.as_ref().map_or("unknown", |s| s.state.as_str())),
         Why::NotArrived => match &m.state {
             Some(s) => {
                 let mut w: Vec<String> = s.threads.iter().filter(|t| !t.wchan.is_empty()).map(|t| format!("{}:{}", t.name, t.wchan)).collect();

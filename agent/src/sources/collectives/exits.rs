@@ -119,6 +119,21 @@ pub fn proc_state(proc_root: &Path, pid: u32) -> Option<ProcState> {
     Some(ProcState { state: state_label(letter), in_probed_call: false, threads, more_threads: more, pod: None })
 }
 
+/// For the hang rule's "not progressing" leg: the scheduler state (letter only, no threads) of
+/// every live rank inside a call open longer than `older_than` seconds as of the view. Cheap:
+/// one `stat` read per such process, and only while a call has been open that long.
+pub fn fill_inside_states(view: &mut crate::timeline::open::HostProgress, proc_root: &Path, older_than: f64) {
+    let as_of = view.as_of;
+    for r in view.comms.iter_mut().flat_map(|c| c.ranks.iter_mut()) {
+        if r.exited.is_some() || r.open.as_ref().is_none_or(|o| as_of - o.since <= older_than) {
+            continue;
+        }
+        let stat = crate::sources::fsread::read_to_string(&proc_root.join(r.pid.to_string()).join("stat")).ok();
+        let letter = stat.as_deref().and_then(|s| stat_fields(s).first().and_then(|f| f.chars().next()));
+        r.state = letter.map(|l| ProcState { state: state_label(l), in_probed_call: true, ..Default::default() });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

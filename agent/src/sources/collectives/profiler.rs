@@ -147,7 +147,7 @@ impl PluginStore {
         p.dropped_unsent = p.dropped_unsent.max(h.dropped_unsent);
         p.records += recs.len() as u64;
         p.last_seen = now;
-        for r in recs {
+        for r in recs.iter().filter(|r| r.flags & wire::FLAG_STARTED == 0) {
             let c = call_of(r, h.pid, host, clock);
             if c.clock.timing == Timing::Gpu {
                 p.offset_error_seconds = c.clock.gpu_offset_error;
@@ -422,6 +422,7 @@ pub fn handle_datagram(h: &mut super::history::History, b: &[u8], m: &ProfilerMe
             m.records.inc_by(recs.len() as u64);
             for r in &recs {
                 m.proxy.observe(r);
+                gpu_progress(&mut h.progress, r, hd.pid, &host, &clock);
             }
             m.plugin_drops.get_or_create(&ReasonLabel { reason: "ring_full" }).inc_by(full);
             m.plugin_drops.get_or_create(&ReasonLabel { reason: "unsent" }).inc_by(unsent);
@@ -430,6 +431,18 @@ pub fn handle_datagram(h: &mut super::history::History, b: &[u8], m: &ProfilerMe
             m.refused.inc();
             debug!("profiler datagram refused: {e}");
         }
+    }
+}
+
+/// The GPU side of a record's collective, for hang detection: a [`wire::FLAG_STARTED`]
+/// record opens it at its GPU start, a completed GPU-timed record closes it.
+fn gpu_progress(p: &mut super::progress::Progress, r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMap) {
+    let c = call_of(r, pid, host, clock);
+    if r.flags & wire::FLAG_STARTED != 0 {
+        let since = r.gpu_start_host_ns().map_or(c.enter, |t| t as f64 * 1e-9);
+        p.gpu_started(&c.call, since);
+    } else if c.clock.timing == Timing::Gpu {
+        p.observe(&c.call, c.enter, c.exit);
     }
 }
 

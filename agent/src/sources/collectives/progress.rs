@@ -1,6 +1,9 @@
 //! Per-communicator progress kept beside the call history: the calls open now (entered, not
 //! returned), the last collective each process completed, recent call durations and the
-//! processes that exited (and how). Fed by the probe thread; read as a
+//! processes that exited (and how). Fed by the probe thread and, for NCCL processes that load
+//! the profiler plugin, by its records: a collective is open on the GPU from its first
+//! channel's start to its completion (an asynchronous NCCL call returns at once, so the host
+//! side shows nothing open while the GPUs wait for a peer). Read as a
 //! [`HostProgress`] by `/api/v1/open` and the hang detector. Bounded: at most
 //! [`MAX_COMMS`] communicators, [`MAX_MEMBERS`] processes each, [`DURATIONS`] durations each;
 //! exited processes are forgotten after [`EXITED_KEEP_SECONDS`].
@@ -50,6 +53,9 @@ pub struct Open {
 pub struct Progress {
     comms: HashMap<CommId, Comm>,
     open: Vec<Open>,
+    /// Collectives open on the GPU (profiler plugin), per (communicator, process): at most
+    /// one each, so bounded by the communicators × members.
+    gpu_open: HashMap<(CommId, u32), OpenCall>,
 }
 
 fn median(v: &VecDeque<f64>) -> Option<f64> {
@@ -80,6 +86,9 @@ impl Progress {
     /// A decoded collective (returned or aborted) at wall times `enter`..`exit`.
     pub fn observe(&mut self, c: &Call, enter: f64, exit: f64) {
         let (Some(id), Some(seq)) = (c.comm, c.seq) else { return };
+        if self.gpu_open.get(&(id, c.pid)).is_some_and(|o| o.seq <= seq) {
+            self.gpu_open.remove(&(id, c.pid));
+        }
         let comm = self.comm_mut(id, c, exit);
         if !comm.members.contains_key(&c.pid) && comm.members.len() >= MAX_MEMBERS {
             return;
@@ -93,6 +102,7 @@ impl Progress {
         if m.last_done.as_ref().is_none_or(|d| d.seq <= seq) {
             m.last_done = Some(DoneCall { seq, op: c.op.to_string(), exit });
         }
+
         if comm.durations.len() >= DURATIONS {
             comm.durations.pop_front();
         }
@@ -113,9 +123,25 @@ impl Progress {
         }
     }
 
+    /// The GPU of `c`'s process started collective `c` at wall time `since` (the profiler
+    /// plugin's progress record); open until its completed record is observed.
+    pub fn gpu_started(&mut self, c: &Call, since: f64) {
+        let (Some(id), Some(seq)) = (c.comm, c.seq) else { return };
+        let comm = self.comm_mut(id, c, since);
+        if !comm.members.contains_key(&c.pid) && comm.members.len() >= MAX_MEMBERS {
+            return;
+        }
+        let m = comm.members.entry(c.pid).or_default();
+        m.rank = c.rank.or(m.rank);
+        if m.last_done.as_ref().is_none_or(|d| d.seq < seq) && self.gpu_open.get(&(id, c.pid)).is_none_or(|o| o.seq < seq) {
+            self.gpu_open.insert((id, c.pid), OpenCall { seq, op: c.op.to_string(), tid: 0, since });
+        }
+    }
+
     /// A traced process was found exited at wall time `at`.
     pub fn exited(&mut self, pid: u32, exit: Exit) {
         self.open.retain(|o| o.pid != pid);
+        self.gpu_open.retain(|(_, p), _| *p != pid);
         for c in self.comms.values_mut() {
             if let Some(m) = c.members.get_mut(&pid) {
                 m.exited = Some(exit.clone());
@@ -129,6 +155,8 @@ impl Progress {
             c.members.retain(|_, m| m.exited.as_ref().is_none_or(|e| now - e.at < EXITED_KEEP_SECONDS));
         }
         self.comms.retain(|_, c| !c.members.is_empty());
+        let comms = &self.comms;
+        self.gpu_open.retain(|(id, pid), _| comms.get(id).is_some_and(|c| c.members.contains_key(pid)));
     }
 
     pub fn open_calls(&self) -> &[Open] {
@@ -153,8 +181,11 @@ impl Progress {
                         open: self
                             .open
                             .iter()
-                            .find(|o| o.comm == *id && o.pid == *pid && m.last_done.as_ref().is_none_or(|d| d.seq < o.call.seq))
-                            .map(|o| o.call.clone()),
+                            .filter(|o| o.comm == *id && o.pid == *pid)
+                            .map(|o| &o.call)
+                            .chain(self.gpu_open.get(&(*id, *pid)))
+                            .find(|o| m.last_done.as_ref().is_none_or(|d| d.seq < o.seq))
+                            .cloned(),
                         last_done: m.last_done.clone(),
                         aborted: m.aborted.clone(),
                         exited: m.exited.clone(),
@@ -231,6 +262,33 @@ mod tests {
         assert!(p.snapshot("h", 107.0).comms[0].ranks[0].open.is_none());
         p.prune(106.0 + EXITED_KEEP_SECONDS + 1.0);
         assert_eq!(p.snapshot("h", 0.0).comms[0].ranks.len(), 1, "the long-exited process is forgotten");
+    }
+
+    #[test]
+    fn a_collective_open_on_the_gpu_is_open_until_its_completion() {
+        // Four ranks' GPUs finished seq 4; three started seq 5, rank 2's GPU never did.
+        let mut p = Progress::default();
+        for r in 0..4u32 {
+            p.observe(&call(10 + r, r, 4), 100.0, 100.1);
+        }
+        for r in [0u32, 1, 3] {
+            p.gpu_started(&call(10 + r, r, 5), 100.2 + f64::from(r) * 0.01);
+        }
+        let v = p.snapshot("h", 110.0);
+        let open: Vec<(Option<u32>, Option<u64>)> = v.comms[0].ranks.iter().map(|r| (r.rank, r.open.as_ref().map(|o| o.seq))).collect();
+        assert_eq!(open, [(Some(0), Some(5)), (Some(1), Some(5)), (Some(2), None), (Some(3), Some(5))]);
+        assert_eq!(v.comms[0].ranks[0].open.as_ref().map(|o| o.since), Some(100.2));
+        // A late progress record of an already completed collective opens nothing.
+        p.observe(&call(10, 0, 5), 100.2, 100.3);
+        p.gpu_started(&call(10, 0, 5), 100.2);
+        let v = p.snapshot("h", 110.0);
+        assert!(v.comms[0].ranks[0].open.is_none(), "completed: {:?}", v.comms[0].ranks[0]);
+        assert_eq!(v.comms[0].ranks[1].open.as_ref().map(|o| o.seq), Some(5), "rank 1 still inside");
+        // The host-side open set is replaced wholesale; the GPU side is not.
+        p.set_open(Vec::new());
+        assert!(p.snapshot("h", 110.0).comms[0].ranks[1].open.is_some());
+        p.exited(11, Exit { at: 111.0, signal: Some(9), code: None });
+        assert!(p.snapshot("h", 111.0).comms[0].ranks[1].open.is_none(), "an exited process has nothing open");
     }
 
     #[test]
