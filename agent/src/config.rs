@@ -119,11 +119,27 @@ pub struct SourcesConfig {
     /// that carry traffic on that NIC (see [`crate::sources::ethtool::pfc::pfc_counted`]). Link-level
     /// (global) pause always counts: it stops every priority.
     pub pfc_priorities: Option<Vec<u8>>,
+    /// Fraction of one core the TCP source's `sock_diag` dump may use on average (0 < x ≤ 1,
+    /// default 0.02): an expensive dump (many connections) is run less often than every
+    /// sweep. 1 dumps every sweep whatever it costs.
+    pub tcp_cpu_budget: f64,
 }
+
+/// `[sources] tcp_cpu_budget` by default: 2 % of a core.
+pub const DEFAULT_TCP_CPU_BUDGET: f64 = 0.02;
 
 impl Default for SourcesConfig {
     fn default() -> Self {
-        SourcesConfig { rdma: true, ethtool: true, netdev: true, qdisc: true, qdisc_per_queue: false, tcp: true, pfc_priorities: None }
+        SourcesConfig {
+            rdma: true,
+            ethtool: true,
+            netdev: true,
+            qdisc: true,
+            qdisc_per_queue: false,
+            tcp: true,
+            pfc_priorities: None,
+            tcp_cpu_budget: DEFAULT_TCP_CPU_BUDGET,
+        }
     }
 }
 
@@ -277,6 +293,14 @@ impl Config {
         }
         if let Some(bad) = self.sources.pfc_priorities.iter().flatten().find(|p| **p > 7) {
             return Err(ConfigError::Invalid { field: "sources.pfc_priorities", value: bad.to_string(), reason: "a PFC priority is 0 to 7".into() });
+        }
+        let b = self.sources.tcp_cpu_budget;
+        if !(b > 0.0 && b <= 1.0) {
+            return Err(ConfigError::Invalid {
+                field: "sources.tcp_cpu_budget",
+                value: b.to_string(),
+                reason: "a fraction of one core, above 0 and at most 1".into(),
+            });
         }
         self.otlp.validate()?;
         self.api.validate()?;
@@ -460,6 +484,11 @@ mod tests {
         let c = Config::from_toml("[sources]\npfc_priorities = [3, 8]\n").expect("parses");
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { field: "sources.pfc_priorities", .. })));
         assert!(Config::from_toml("[sources]\npfc_priorities = [3]\n").expect("parses").validate().is_ok());
+        for bad in ["0", "-0.5", "1.5", "nan"] {
+            let c = Config::from_toml(&format!("[sources]\ntcp_cpu_budget = {bad}\n")).expect("parses");
+            assert!(matches!(c.validate(), Err(ConfigError::Invalid { field: "sources.tcp_cpu_budget", .. })), "{bad}");
+        }
+        assert_eq!(Config::default().sources.tcp_cpu_budget, DEFAULT_TCP_CPU_BUDGET);
     }
 
     #[test]

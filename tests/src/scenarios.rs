@@ -237,7 +237,9 @@ pub struct NsAgent {
 
 /// Agent configuration for a server: netdev + qdisc sources every 10 ms, probes on the test
 /// workload library, processes selected by the server's namespace, markers on `sock`,
-/// `nic_rates` for the rails, steps attributed 3 s after they end (room for the agent to
+/// `nic_rates` for the rails, the TCP dump at every 10 ms sweep whatever it costs (the
+/// scenarios measure in flight per step; the default CPU budget would space the dumps of a
+/// debug build), steps attributed 3 s after they end (room for the agent to
 /// drain its probe events on a loaded machine). `sampled`: the transport probes (`ncclIbIsend/Irecv/Test`)
 /// attached 100 ms after start for a 10-minute window, i.e. for the whole test (in-flight
 /// analysis of every step; the agent waits `sample_every` *between* windows); otherwise only
@@ -246,7 +248,7 @@ pub fn agent_config(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, ni
     let lib = workspace_root().join("tests/workloads/build");
     let (every, window) = if sampled { ("100ms", "10m") } else { ("1h", "200ms") };
     let mut s = format!(
-        "interval = \"10ms\"\n[sources]\nrdma = false\nethtool = false\nnetdev = true\nqdisc = true\n\
+        "interval = \"10ms\"\n[sources]\nrdma = false\nethtool = false\nnetdev = true\nqdisc = true\ntcp_cpu_budget = 1.0\n\
          [collectives]\nsample_every = \"{every}\"\nsample_window = \"{window}\"\nlibrary_dirs = [\"{}\"]\nhost = \"server{server}\"\n\
          [collectives.select]\nnetns = \"/run/netns/{ns}\"\n\
          [store]\npath = \"{}\"\n\
@@ -295,7 +297,8 @@ pub fn start_job(name: &str, dir: &Path, ranks: &[RankSpec], args: &[String]) ->
         let mut c = Command::new("ip");
         // Above the default priority: the scenarios time a job on a 2-core machine that
         // other work shares (nice execs, so the rank keeps this pid).
-        // CUDA_LAUNCH_BLOCKING=1 — blocking: host-timed until the profiler-plugin path covers this scenario
+        // CUDA_LAUNCH_BLOCKING=1 — blocking (host-timed) unless the rank's own environment
+        // sets CUDA_LAUNCH_BLOCKING=0: the asynchronous scenarios, with the profiler plugin.
         c.args(["netns", "exec", &r.ns, "nice", "-n", JOB_NICE, "env", "STEPS_COMPUTE=sleep", "CUDA_LAUNCH_BLOCKING=1"]);
         for (k, v) in &r.env {
             c.arg(format!("{k}={v}"));

@@ -20,6 +20,11 @@
 //!   unexplained is exactly what the workload itself lost beyond the ideal: the intra-server
 //!   phases and CPU contention from unrelated work).
 //!
+//! The flat ring, congestion and in-flight scenarios also run as real NCCL does — calls only
+//! enqueue (`CUDA_LAUNCH_BLOCKING=0`), the profiler plugin times the collectives on the
+//! library's simulated GPU and reports to its server's agent — with the same tolerances, and
+//! the steps must say `timing: gpu`.
+//!
 //! Causes that were not injected must stay under MEDIAN_FALSE (7.5 %) of the median step
 //! and, in any single step, under STEP_FALSE (25 %, at least 25 ms) of it plus the extra
 //! time the workload itself saw in that step (a rank descheduled by unrelated work).
@@ -174,6 +179,38 @@ fn marker_sock(dir: &Path, server: usize) -> PathBuf {
     dir.join(format!("markers-{server}.sock"))
 }
 
+/// How a scenario's NCCL calls are timed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Timing {
+    /// `CUDA_LAUNCH_BLOCKING=1`: calls return when the collective is done (host-timed);
+    /// in-flight figures from the sampled `ncclIb*` probes.
+    Blocking,
+    /// As real NCCL: calls only enqueue; the profiler plugin times the collectives on the
+    /// (simulated) GPU and its proxy steps give every network request.
+    AsyncPlugin,
+}
+
+impl Timing {
+    /// The environment a rank needs for this mode (the plugin reports to its server's agent:
+    /// `STEPWISE_PROFILER_SOCKET` is set per rank).
+    fn env(self) -> Vec<(String, String)> {
+        match self {
+            Timing::Blocking => Vec::new(),
+            Timing::AsyncPlugin => vec![
+                ("CUDA_LAUNCH_BLOCKING".into(), "0".into()),
+                ("NCCL_PROFILER_PLUGIN".into(), workloads::profiler_plugin().expect("plugin").display().to_string()),
+            ],
+        }
+    }
+    /// The `timing` its steps report.
+    fn step_timing(self) -> &'static str {
+        match self {
+            Timing::Blocking => "host_completion",
+            Timing::AsyncPlugin => "gpu",
+        }
+    }
+}
+
 fn rails_servers(dir: &Path) -> Servers {
     let mut s = Servers::new(4, 9000, Some(Shape::mbit(RAIL_MBIT, 16, 1024))).expect("servers");
     start_rail_agents(&mut s, dir);
@@ -193,7 +230,7 @@ fn start_rail_agents(s: &mut Servers, dir: &Path) {
 }
 
 /// Runs the 8-rank job; returns its output, wall-clock span and per-server rail tx deltas.
-fn run_rails_job(s: &Servers, dir: &Path, algo: &str, name: &str, bytes: u64, steps: u64) -> (JobOutput, f64, f64, Vec<Vec<f64>>) {
+fn run_rails_job(s: &Servers, dir: &Path, (algo, name): (&str, &str), bytes: u64, steps: u64, mode: Timing) -> (JobOutput, f64, f64, Vec<Vec<f64>>) {
     let peers: Vec<String> = (0..8).map(|r| rail_addr(r / 4, r % 4).to_string()).collect();
     let ranks: Vec<RankSpec> = (0..8u32)
         .map(|r| {
@@ -201,13 +238,17 @@ fn run_rails_job(s: &Servers, dir: &Path, algo: &str, name: &str, bytes: u64, st
             RankSpec {
                 ns: s.ns(server).to_string(),
                 rank: r,
-                env: vec![
+                env: [
                     ("NCCL_ABI_ALGO".into(), algo.into()),
                     ("NCCL_ABI_HOST".into(), format!("server{server}")),
                     ("NCCL_ABI_LOCAL_SIZE".into(), "4".into()),
                     ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(server, (r % 4) as usize).to_string()),
                     ("NCCL_ABI_PEER_ADDRS".into(), peers.join(",")),
-                ],
+                    ("STEPWISE_PROFILER_SOCKET".into(), dir.join(format!("profiler-{server}.sock")).display().to_string()),
+                ]
+                .into_iter()
+                .chain(mode.env())
+                .collect(),
                 args: vec!["--marker-socket".into(), marker_sock(dir, server).display().to_string()],
             }
         })
@@ -251,7 +292,27 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
     let rate = s.shape.as_ref().expect("shape").bytes_per_second;
 
     // Flat ring: every cross-server byte on rail 0.
-    let (ring, t0, t1, tx) = run_rails_job(&s, dir.path(), "ring", "ring", RAIL_BYTES, RAIL_STEPS);
+    let (ring, t0, t1, tx) = run_rails_job(&s, dir.path(), ("ring", "ring"), RAIL_BYTES, RAIL_STEPS, Timing::Blocking);
+    let balanced_pred = check_flat_ring(&s, &ring, (t0, t1), &tx, Timing::Blocking);
+    rails_diagnose_and_hierarchical(&mut s, dir.path(), &tx, balanced_pred, rate);
+}
+
+/// The flat ring again, asynchronous with the profiler plugin: GPU-timed steps, same
+/// tolerances.
+#[test]
+fn rails_flat_ring_async_with_the_profiler_plugin_is_rail_imbalance() {
+    let _g = serial();
+    let dir = setup();
+    let s = rails_servers(dir.path());
+    let (ring, t0, t1, tx) = run_rails_job(&s, dir.path(), ("ring", "ring-async"), RAIL_BYTES, RAIL_STEPS, Timing::AsyncPlugin);
+    check_flat_ring(&s, &ring, (t0, t1), &tx, Timing::AsyncPlugin);
+}
+
+/// Each server's flat-ring steps: rail imbalance = the counters' busiest − balanced rail time
+/// (±15 %), the busiest NIC and the balanced prediction in the evidence, the workload's own
+/// skew, nothing else. Returns the balanced-transfer predictions.
+fn check_flat_ring(s: &Servers, ring: &JobOutput, (t0, t1): (f64, f64), tx: &[Vec<f64>], mode: Timing) -> Vec<f64> {
+    let rate = s.shape.as_ref().expect("shape").bytes_per_second;
     let mut balanced_pred = Vec::new();
     for (k, tx_k) in tx.iter().enumerate() {
         // Ground truth from `ip -s link` and the TBF rate: per step, the busiest rail's time
@@ -272,14 +333,15 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
             busiest_s * 1e3
         );
 
-        let steps = steps_between(&s, k, t0, t1, RAIL_STEPS as usize);
+        let steps = steps_between(s, k, t0, t1, RAIL_STEPS as usize);
         if verbose() {
-            eprintln!("ring server {k}: tx/step {per:?}, excess {:.1} ms\n{}", excess * 1e3, summarize(&steps));
+            eprintln!("ring server {k} ({mode:?}): tx/step {per:?}, excess {:.1} ms\n{}", excess * 1e3, summarize(&steps));
         }
         assert_eq!(steps.len(), RAIL_STEPS as usize, "server {k}: every marker step attributed:\n{}", summarize(&steps));
         scenarios::assert_parts_sum(&steps);
         for st in &steps {
             let id = st["step"].as_u64().expect("id");
+            assert_eq!(st["timing"], mode.step_timing(), "server {k} step {id} ({mode:?}): {}", st["timing"]);
             let (top, _) = top_problem(st);
             assert_eq!(top, "rail_imbalance", "server {k} step {id}: top cause\n{}", summarize(std::slice::from_ref(st)));
             let rail = cause(st, "rail_imbalance");
@@ -301,9 +363,9 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
         }
         // The ring's own arrival skew (ranks leave the ring at different times) is real and
         // matches the workload's clock; nothing else is there.
-        check_skew(&steps, &local_skew(&ring, k), &format!("ring server {k}"));
+        check_skew(&steps, &local_skew(ring, k), &format!("ring server {k}"));
         eprintln!(
-            "rails/ring server {k}: rail_imbalance {:.1} ms (median step) vs injected excess {:.1} ms (ip -s link: busiest rail {:.1} ms − balanced {:.1} ms); balanced_transfer_seconds {:.1} ms; workload all-reduce {:.1} ms",
+            "rails/ring server {k} ({mode:?}): rail_imbalance {:.1} ms (median step) vs injected excess {:.1} ms (ip -s link: busiest rail {:.1} ms − balanced {:.1} ms); balanced_transfer_seconds {:.1} ms; workload all-reduce {:.1} ms",
             median(steps.iter().map(|st| cause_seconds(st, "rail_imbalance")).collect()) * 1e3,
             excess * 1e3,
             busiest_s * 1e3,
@@ -311,12 +373,17 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
             median(steps.iter().filter_map(|st| cause(st, "rail_imbalance")["evidence"]["balanced_transfer_seconds"].as_f64()).collect()) * 1e3,
             measured * 1e3
         );
-        assert_no_false_causes(&steps, &["rail_imbalance", "readiness_skew"], &format!("ring server {k}"), &disturbance(&ring, &ranks));
+        assert_no_false_causes(&steps, &["rail_imbalance", "readiness_skew"], &format!("ring server {k} ({mode:?})"), &disturbance(ring, &ranks));
     }
+    balanced_pred
+}
 
+/// `agent diagnose --peers` over the flat ring's steps, then the hierarchical algorithm on
+/// fresh agents: no rail imbalance, and as fast as the flat ring's balanced prediction.
+fn rails_diagnose_and_hierarchical(s: &mut Servers, dir: &Path, tx: &[Vec<f64>], balanced_pred: Vec<f64>, rate: f64) {
     // agent diagnose --peers joins both agents' ranks (8) and NICs.
     let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
-    let (code, out, err) = scenarios::diagnose(&s, &["--peers", &peers, "--json", "--slowest", "3", "--since", "5m"]).expect("diagnose runs");
+    let (code, out, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", "3", "--since", "5m"]).expect("diagnose runs");
     assert_eq!(code, 0, "agent diagnose --peers: {err}\n{out}");
     let rep: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("diagnose --json: {e}: {out}"));
     assert_eq!(rep["peers"]["answered"].as_array().map(Vec::len), Some(2), "both agents answered: {}", rep["peers"]);
@@ -341,8 +408,8 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
 
     // Hierarchical on fresh agents: no rail imbalance, and the alternative is at least as fast
     // as the balanced transfer the flat ring's evidence predicted.
-    start_rail_agents(&mut s, dir.path());
-    let (hier, t0, t1, tx) = run_rails_job(&s, dir.path(), "hierarchical", "hier", RAIL_BYTES, RAIL_STEPS);
+    start_rail_agents(s, dir);
+    let (hier, t0, t1, tx) = run_rails_job(s, dir, ("hierarchical", "hier"), RAIL_BYTES, RAIL_STEPS, Timing::Blocking);
     let hier_ar = median(hier.lines.iter().map(|l| l.allreduce_us * 1e-6).collect());
     let predicted = median(balanced_pred);
     assert!(hier_ar <= predicted * 1.15, "hierarchical all-reduce {:.1} ms vs the predicted balanced transfer {:.1} ms", hier_ar * 1e3, predicted * 1e3);
@@ -350,7 +417,7 @@ fn rails_flat_ring_is_rail_imbalance_hierarchical_is_not() {
         let per: Vec<f64> = tx_k.iter().map(|b| b / RAIL_STEPS as f64).collect();
         let mean = per.iter().sum::<f64>() / 4.0;
         assert!(per.iter().all(|b| within(*b, mean, 0.1)), "server {k}: hierarchical spreads the bytes over the 4 rails: {per:?}");
-        let steps = steps_between(&s, k, t0, t1, RAIL_STEPS as usize);
+        let steps = steps_between(s, k, t0, t1, RAIL_STEPS as usize);
         if verbose() {
             eprintln!("hierarchical server {k}: tx/step {per:?}\n{}", summarize(&steps));
         }
@@ -430,13 +497,15 @@ struct PhaseRun {
     tx: Vec<f64>,
 }
 
-fn run_phase(s: &Servers, dir: &Path, phase: &str, offset_ms: u64) -> PhaseRun {
+fn run_phase(s: &Servers, dir: &Path, phase: &str, offset_ms: u64, mode: Timing) -> PhaseRun {
+    let extra = mode.env();
+    let env: Vec<(&str, String)> = extra.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let a = args(&[("--steps", UP_STEPS.to_string()), ("--bytes", UP_BYTES.to_string()), ("--compute-us", UP_COMPUTE_US.to_string())]);
     let tx0: Vec<f64> = (0..2).map(|k| s.rail_tx(k).expect("tx")[0]).collect();
     let t0 = now();
-    let j1 = two_rank_job(s, dir, &format!("{phase}-j1"), &[], &a);
+    let j1 = two_rank_job(s, dir, &format!("{phase}-j1"), &env, &a);
     std::thread::sleep(Duration::from_millis(offset_ms));
-    let j2 = two_rank_job(s, dir, &format!("{phase}-j2"), &[], &a);
+    let j2 = two_rank_job(s, dir, &format!("{phase}-j2"), &env, &a);
     let pids = [j1.pids(), j2.pids()];
     let outs = [j1.wait(Duration::from_secs(60)).expect("job 1"), j2.wait(Duration::from_secs(60)).expect("job 2")];
     let t1 = now();
@@ -475,6 +544,16 @@ fn run_phase(s: &Servers, dir: &Path, phase: &str, offset_ms: u64) -> PhaseRun {
 
 #[test]
 fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
+    congestion_scenario(Timing::Blocking);
+}
+
+/// The same two jobs, asynchronous with the profiler plugin (GPU-timed period steps).
+#[test]
+fn congestion_async_with_the_profiler_plugin() {
+    congestion_scenario(Timing::AsyncPlugin);
+}
+
+fn congestion_scenario(mode: Timing) {
     let _g = serial();
     let dir = setup();
     let mut s = Servers::new(1, UP_MTU, Some(Shape::mbit(UP_MBIT, 16, 1024))).expect("servers");
@@ -484,8 +563,8 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
         let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, false);
         s.start_agent(k, dir.path(), &cfg).expect("agent");
     }
-    let inp = run_phase(&s, dir.path(), "in", 0);
-    let out = run_phase(&s, dir.path(), "out", UP_OFFSET_MS);
+    let inp = run_phase(&s, dir.path(), "in", 0, mode);
+    let out = run_phase(&s, dir.path(), "out", UP_OFFSET_MS, mode);
     let alone = UP_BYTES as f64 * 8.0 / (UP_MBIT as f64 * 1e6);
 
     for j in 0..2 {
@@ -514,7 +593,8 @@ fn congestion_two_jobs_in_phase_on_one_uplink_out_of_phase_not() {
 
             for (phase, run, truth) in [("in", &inp, &t_in), ("out", &out, &t_out)] {
                 let steps = &run.jobs[j].1[k];
-                let what = format!("{phase} phase, job {} server {k}", j + 1);
+                let what = format!("{phase} phase, job {} server {k} ({mode:?})", j + 1);
+                assert!(steps.iter().all(|st| st["timing"] == mode.step_timing()), "{what}: timed by {}: {}", mode.step_timing(), summarize(steps));
                 // Each period step is this job's: compute and the step's length are the
                 // workload's (a step holds only its own communicator's collectives).
                 for st in steps {
@@ -648,17 +728,6 @@ const IF_BYTES: u64 = 2 * 1024 * 1024;
 const IF_STEPS: u64 = 8;
 const IF_CHUNK: u64 = 16 * 1024;
 const IF_RTT_US: u64 = 2000;
-
-/// How the in-flight scenario's NCCL calls are timed.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Timing {
-    /// `CUDA_LAUNCH_BLOCKING=1`: calls return when the collective is done; in-flight figures
-    /// from the sampled `ncclIb*` probes.
-    Blocking,
-    /// As real NCCL: calls only enqueue; the profiler plugin times the collectives on the
-    /// (simulated) GPU and its proxy steps give every network request.
-    AsyncPlugin,
-}
 
 /// The exported in-flight sums of one agent, send side, and its rail's transmitted bytes:
 /// blocking, the sampled requests (`stepwise_net_request_*`, over the sampled seconds);
@@ -795,11 +864,9 @@ fn in_flight_scenario(mode: Timing) {
     let mut runs = BTreeMap::new();
     let mut exported = BTreeMap::new();
     for window in [1u32, 16] {
+        let extra = mode.env();
         let mut env = vec![("NCCL_ABI_RTT_US", IF_RTT_US.to_string()), ("NCCL_ABI_WINDOW", window.to_string()), ("NCCL_ABI_CHUNK", IF_CHUNK.to_string())];
-        if mode == Timing::AsyncPlugin {
-            env.push(("CUDA_LAUNCH_BLOCKING", "0".into()));
-            env.push(("NCCL_PROFILER_PLUGIN", workloads::profiler_plugin().expect("plugin").display().to_string()));
-        }
+        env.extend(extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let before: Vec<NetSums> = (0..2).map(|k| NetSums::scrape(&s, k, mode)).collect();
         let t0 = now();
         let o = two_rank_job(&s, dir.path(), &format!("w{window}"), &env, &a).wait(Duration::from_secs(60)).expect("job");
@@ -831,8 +898,8 @@ fn in_flight_scenario(mode: Timing) {
             assert_eq!(top, "in_flight_limit", "window 1 server {k} step {}: top cause\n{}", st["step"], summarize(std::slice::from_ref(st)));
             let ev = &cause(st, "in_flight_limit")["evidence"];
             let (source, timing) = match mode {
-                Timing::Blocking => ("sampled_requests", "host_completion"),
-                Timing::AsyncPlugin => ("nccl_proxy_steps", "gpu"),
+                Timing::Blocking => ("sampled_requests", mode.step_timing()),
+                Timing::AsyncPlugin => ("nccl_proxy_steps", mode.step_timing()),
             };
             assert_eq!(ev["source"], source, "window 1 server {k}: N, m, T measured by {source}: {ev}");
             assert_eq!(st["timing"], timing, "window 1 server {k}: timed by {timing}: {}", st["timing"]);
@@ -890,7 +957,7 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
     let dir = setup();
     let s = rails_servers(dir.path());
     let steps_n = 6;
-    let (out, t0, t1, tx) = run_rails_job(&s, dir.path(), "hierarchical", "healthy", 4 * RAIL_BYTES, steps_n);
+    let (out, t0, t1, tx) = run_rails_job(&s, dir.path(), ("hierarchical", "healthy"), 4 * RAIL_BYTES, steps_n, Timing::Blocking);
     let rate = s.shape.as_ref().expect("shape").bytes_per_second;
     for (k, tx_k) in tx.iter().enumerate() {
         let all = steps_between(&s, k, t0, t1, steps_n as usize);

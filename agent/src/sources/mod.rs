@@ -139,7 +139,7 @@ pub fn build_sources(cfg: &crate::config::Config, ctx: &SourceContext, registry:
         out.push(Box::new(qdisc::QdiscSource::new(ctx.clone(), registry).with_per_queue(cfg.sources.qdisc_per_queue)));
     }
     if cfg.sources.tcp {
-        out.push(Box::new(tcp::TcpSource::new(ctx.clone(), registry)));
+        out.push(Box::new(tcp::TcpSource::new(ctx.clone(), registry).with_cpu_budget(cfg.sources.tcp_cpu_budget)));
     }
     out
 }

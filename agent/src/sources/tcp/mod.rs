@@ -4,7 +4,11 @@
 //!   The kernel counts per source address;
 //! - in-flight bytes, smoothed RTT, congestion window, send buffer and the time each
 //!   connection was limited by the receive window or the send buffer, from a `sock_diag`
-//!   dump of the established connections every sweep (`diag.rs`, `inflight.rs`).
+//!   dump of the established connections (`diag.rs`, `inflight.rs`) every sweep — unless
+//!   that would exceed `[sources] tcp_cpu_budget` ([`Budget`]): a dump that cost c seconds of
+//!   the agent's CPU is followed by the next no sooner than c / budget later. The in-flight
+//!   integrals then hold each dump's values for longer; the cumulative `tcp_info` counters
+//!   (bytes acknowledged, busy and limited time) lose nothing.
 //!
 //! Addresses map to interfaces through `getifaddrs(3)` in the agent's network namespace;
 //! both parts see the connections of that namespace only.
@@ -42,6 +46,45 @@ pub struct TcpSource {
     diag: Result<SockDiag, String>,
     inflight: inflight::InFlightTracker,
     started: std::time::Instant,
+    budget: Budget,
+}
+
+/// The CPU budget of the `sock_diag` dump (see the module docs).
+#[derive(Clone, Debug)]
+pub struct Budget {
+    /// Fraction of one core the dump may use on average (`[sources] tcp_cpu_budget`).
+    pub share: f64,
+    /// When the next dump is due (seconds since the source started).
+    next: f64,
+    /// Dumps skipped to stay within the budget.
+    pub skipped: u64,
+}
+
+impl Budget {
+    pub fn new(share: f64) -> Budget {
+        Budget { share, next: 0.0, skipped: 0 }
+    }
+
+    /// Whether a dump is due at `now`.
+    pub fn due(&mut self, now: f64) -> bool {
+        let due = now >= self.next;
+        self.skipped += u64::from(!due);
+        due
+    }
+
+    /// A dump at `now` cost `cpu` seconds: the next one waits `cpu / share`.
+    pub fn spent(&mut self, now: f64, cpu: f64) {
+        self.next = now + if self.share > 0.0 { cpu / self.share } else { 0.0 };
+    }
+}
+
+/// CPU seconds of the calling thread (user + system: the kernel builds the dump in our
+/// `recvmsg`).
+fn thread_cpu() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// The NIC a connection's traffic leaves by: the interface of its local address — unless that
@@ -92,6 +135,12 @@ pub fn interface_addresses() -> BTreeMap<IpAddr, String> {
 }
 
 impl TcpSource {
+    /// With the dump's CPU budget, a fraction of one core (`[sources] tcp_cpu_budget`).
+    pub fn with_cpu_budget(mut self, share: f64) -> Self {
+        self.budget = Budget::new(share);
+        self
+    }
+
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
         let metric = Family::<NetdevLabel, Counter>::default();
         registry.register("stepwise_tcp_retransmits", "TCP segments retransmitted, by the interface owning the source address", metric.clone());
@@ -101,13 +150,32 @@ impl TcpSource {
         };
         let diag = SockDiag::open().map_err(|e| e.to_string());
         let inflight = inflight::InFlightTracker::new(registry);
-        TcpSource { ctx, probe, load_error, last: BTreeMap::new(), totals: BTreeMap::new(), metric, diag, inflight, started: std::time::Instant::now() }
+        TcpSource {
+            ctx,
+            probe,
+            load_error,
+            last: BTreeMap::new(),
+            totals: BTreeMap::new(),
+            metric,
+            diag,
+            inflight,
+            started: std::time::Instant::now(),
+            budget: Budget::new(crate::config::DEFAULT_TCP_CPU_BUDGET),
+        }
     }
 
-    /// One `sock_diag` dump into the per-interface in-flight view; the number of connections.
+    /// One `sock_diag` dump into the per-interface in-flight view when the budget allows; the
+    /// number of connections (0 when skipped).
     fn sweep_inflight(&mut self, addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
         let d = self.diag.as_mut().map_err(|e| e.clone())?;
-        let (conns, bad) = d.dump().map_err(|e| e.to_string())?;
+        let start = self.started.elapsed().as_secs_f64();
+        if !self.budget.due(start) {
+            return Ok(0);
+        }
+        let cpu0 = thread_cpu();
+        let dumped = d.dump().map_err(|e| e.to_string());
+        self.budget.spent(start, thread_cpu() - cpu0);
+        let (conns, bad) = dumped?;
         for _ in 0..bad {
             self.ctx.errors.inc("tcp", kind::PARSE);
         }
@@ -188,6 +256,35 @@ impl Source for TcpSource {
             })
             .collect();
         serde_json::json!({"attached": self.probe.is_some(), "error": self.load_error, "retransmits": self.totals,
-            "sock_diag": self.diag.as_ref().err(), "in_flight": inflight})
+            "sock_diag": self.diag.as_ref().err(), "in_flight": inflight,
+            "cpu_budget": self.budget.share, "dumps_skipped_for_budget": self.budget.skipped})
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::Budget;
+
+    #[test]
+    fn a_dump_waits_its_cost_over_the_budget() {
+        // 1 % of a core: a dump of 0.6 ms of CPU waits 60 ms; at a 10 ms interval, 5 of 6
+        // sweeps skip it.
+        let mut b = Budget::new(0.01);
+        let mut dumps = 0;
+        for i in 0..60 {
+            let now = f64::from(i) * 0.010;
+            if b.due(now) {
+                dumps += 1;
+                b.spent(now, 0.0006);
+            }
+        }
+        assert_eq!((dumps, b.skipped), (10, 50));
+        // A cheap dump at a slow interval is never skipped.
+        let mut b = Budget::new(0.01);
+        for i in 0..10 {
+            assert!(b.due(f64::from(i)));
+            b.spent(f64::from(i), 0.0006);
+        }
+        assert_eq!(b.skipped, 0);
     }
 }
