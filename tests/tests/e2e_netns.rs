@@ -686,7 +686,17 @@ fn congestion_scenario(mode: Timing) {
                         x_in * 1e3,
                         x_out * 1e3
                     );
-                    assert!(within(got, burst_s, 0.30), "{what}: congestion {:.1} ms (median step) vs the other job's {burst:.0}-byte burst at 10 Mbit/s (±30 %: phase drift, as above): {:.1} ms", got * 1e3, burst_s * 1e3);
+                    // Congestion on its own is the injected excess (issue 13: ±15 %, not only
+                    // together with what stays unexplained).
+                    assert!(
+                        within(got, excess, 0.15),
+                        "{what}: congestion {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms; the other job's burst at 10 Mbit/s {:.1} ms)",
+                        got * 1e3,
+                        excess * 1e3,
+                        x_in * 1e3,
+                        x_out * 1e3,
+                        burst_s * 1e3
+                    );
                     assert!(within(accounted, excess, 0.15), "{what}: congestion + residual unexplained {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms)", accounted * 1e3, excess * 1e3, x_in * 1e3, x_out * 1e3);
                     assert_no_false_causes(steps, &["congestion", "unexplained"], &what, &disturbance(&run.jobs[j].0, &[r]));
                 } else {
