@@ -293,6 +293,51 @@ fn a_gpu_that_stops_is_a_hang_seen_from_the_gpu_side() {
     drop(procs);
 }
 
+/// A crashed agent never disturbs the job: the agent is SIGKILLed while 4 ranks with the
+/// plugin run, and started again a second later. Every rank completes every step, no step
+/// stalls (a plugin that blocked NCCL's thread on a dead socket would hold a step for its
+/// send timeout), the records the plugin could not deliver are counted, and the new agent
+/// gets GPU-timed steps again.
+#[test]
+fn a_killed_agent_never_disturbs_the_job() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Setup { _dir, dir, ns, agent, profiler_sock, marker_sock } = setup();
+    let b = (dir.as_path(), ns.name(), profiler_sock.as_path(), marker_sock.as_path());
+    let steps = 600;
+    let procs = spawn_job(b, true, steps, &["--compute-us", "1000", "--gpu-compute-ms", "10"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut agent = agent;
+    let _ = agent.proc.child.kill();
+    let _ = agent.proc.child.wait();
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_millis(1000));
+    let cfg = dir.join("agent.toml");
+    let again = Agent::start(&dir, &["--config", cfg.to_str().expect("utf8")]).expect("agent restarts on the same sockets");
+    let restarted = killed.elapsed();
+    let outs = wait_job(procs);
+    for (r, text) in outs.iter().enumerate() {
+        let lines = workloads::parse_steps(text);
+        assert_eq!(lines.len(), steps, "rank {r} ran every step:\n{text}");
+        let worst = lines.iter().map(|l| l.compute_us + l.allreduce_us).fold(0.0, f64::max);
+        println!("killed agent: rank {r} longest step {:.1} ms (agent back after {:.2} s)", worst / 1e3, restarted.as_secs_f64());
+        assert!(worst < 200_000.0, "rank {r}: a step took {:.1} ms while the agent was gone (steps take ~11 ms)", worst / 1e3);
+    }
+    let procs = wait_for(Duration::from_secs(10), "the restarted agent hears every plugin", || {
+        let p = again.status().ok()?["collectives_detail"]["profiler"]["processes"].clone();
+        (p.as_array()?.len() == 4).then_some(p)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", again.status().map(|s| s["collectives_detail"]["profiler"].to_string()).unwrap_or_default()));
+    let unsent: u64 = procs.as_array().expect("processes").iter().filter_map(|p| p["dropped_unsent"].as_u64()).sum();
+    assert!(unsent > 0, "records produced while no agent listened are counted as unsent: {procs}");
+    let gpu = wait_for(Duration::from_secs(30), "GPU-timed steps after the restart", || {
+        let v: serde_json::Value = serde_json::from_str(&again.get("/api/v1/steps?limit=500").ok()?.body).ok()?;
+        let n = v["steps"].as_array()?.iter().filter(|s| s["timing"] == "gpu").count();
+        (n >= 10).then_some(n)
+    })
+    .expect("steps");
+    println!("killed agent: {unsent} records counted unsent; {gpu} GPU-timed steps attributed by the restarted agent");
+}
+
 #[test]
 fn an_agent_started_after_init_joins_the_ranks_by_the_communicator_hash() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

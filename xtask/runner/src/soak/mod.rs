@@ -20,7 +20,7 @@
 //!   47.8 MiB.)
 //! - a small history budget (`[store] max_bytes` 2 MiB, `max_age` 2 min, retention every
 //!   20 s), so retention runs many times, and an in-memory call history (`[collectives]
-//!   history`) of 16 384 calls, which the jobs fill within the first minutes: the second half
+//!   history`) of 4 096 calls, which the jobs fill within the first minutes: the second half
 //!   of the run then shows whether memory stays flat at the bounds (with the default 65 536
 //!   the agent's anonymous memory grew by about the rings' full size, 14 MiB, over 10 minutes
 //!   here: the two halves compared rings still filling).
@@ -53,8 +53,10 @@ use stepwise_tests::{
 
 /// Resident memory bound (MiB).
 const MAX_RSS_MIB: f64 = 64.0;
-/// `[collectives] history` of the soak (calls and network requests kept in memory).
-const SOAK_HISTORY: usize = 16384;
+/// `[collectives] history` of the soak (calls and network requests kept in memory). The jobs
+/// make about 1 700 calls a minute: 16 384 took the whole 10 minutes to fill, so the second
+/// half's RSS still grew by design (CI, 3 December: first-half peak 49.1 MiB, second 62.2).
+const SOAK_HISTORY: usize = 4096;
 /// `[store] max_bytes` of the soak.
 const STORE_MAX_BYTES: u64 = 2 << 20;
 /// What the database may hold beyond `max_bytes`: retention runs within a second of the file
