@@ -54,8 +54,10 @@ use stepwise_tests::{
 /// Resident memory bound (MiB).
 const MAX_RSS_MIB: f64 = 64.0;
 /// `[collectives] history` of the soak (calls and network requests kept in memory). The jobs
-/// make about 1 700 calls a minute: 16 384 took the whole 10 minutes to fill, so the second
-/// half's RSS still grew by design (CI, 3 December: first-half peak 49.1 MiB, second 62.2).
+/// make about 1 400 collective calls a minute (~63 two-rank jobs of 100 steps and ~21
+/// four-rank OpenMPI jobs of 20 in 10 minutes): 16 384 took the whole run to fill, so the
+/// second half's RSS still grew by design (CI, 3 December: first-half peak 49.1 MiB, second
+/// 62.2).
 const SOAK_HISTORY: usize = 4096;
 /// `[store] max_bytes` of the soak.
 const STORE_MAX_BYTES: u64 = 2 << 20;
