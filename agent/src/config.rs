@@ -316,6 +316,7 @@ impl Config {
         };
         range("collectives.history", self.collectives.history as u64, 1, MAX_CALL_HISTORY)?;
         range("steps.history", self.steps.history as u64, 1, MAX_STEP_HISTORY)?;
+        range("steps.counter_samples", self.steps.counter_samples as u64, 16, 1 << 20)?;
         range("store.max_bytes", self.store.max_bytes, MIN_STORE_BYTES, u64::MAX)
     }
 
@@ -523,6 +524,7 @@ mod tests {
             ("[collectives]\nhistory = 18446744073709551615\n", "collectives.history"),
             ("[collectives]\nhistory = 0\n", "collectives.history"),
             ("[steps]\nhistory = 0\n", "steps.history"),
+            ("[steps]\ncounter_samples = 3\n", "steps.counter_samples"),
             ("[store]\nmax_bytes = 0\n", "store.max_bytes"),
         ] {
             let c = Config::from_toml(text).expect("parses");

@@ -114,7 +114,7 @@ impl Engine {
         }
         Ok(Engine {
             host,
-            log: CounterLog::new(4096),
+            log: CounterLog::new(cfg.counter_samples),
             markers: VecDeque::new(),
             recent: RecentSteps::new(cfg.history),
             done: BTreeMap::new(),

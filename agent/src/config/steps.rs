@@ -26,6 +26,11 @@ pub struct StepsConfig {
     pub max_wait: Duration,
     /// Steps kept in memory for `/api/v1/steps`. Default 1000.
     pub history: usize,
+    /// Counter samples kept per NIC for the step windows (one per sweep): the longest step
+    /// that can be attributed is about this many sweep intervals. Default 4096 (68 minutes at
+    /// the default 1 s interval); each sample is a few hundred bytes, so a host with 18 NICs
+    /// holds up to ~20 MiB once full.
+    pub counter_samples: usize,
     /// Nominal rate per NIC (`eth1 = "1Gbit/s"`), overriding sysfs `rate`/`speed` — for
     /// shaped links whose real bottleneck is a qdisc. Default empty.
     pub nic_rates: BTreeMap<String, String>,
@@ -41,6 +46,7 @@ impl Default for StepsConfig {
             grace: Duration::from_secs(1),
             max_wait: Duration::from_secs(10),
             history: 1000,
+            counter_samples: 4096,
             nic_rates: BTreeMap::new(),
             params: Params::default(),
         }
