@@ -907,10 +907,7 @@ fn in_flight_scenario(mode: Timing) {
             let (top, _) = top_problem(st);
             assert_eq!(top, "in_flight_limit", "window 1 server {k} step {}: top cause\n{}", st["step"], summarize(std::slice::from_ref(st)));
             let ev = &cause(st, "in_flight_limit")["evidence"];
-            let (source, timing) = match mode {
-                Timing::Blocking => ("sampled_requests", mode.step_timing()),
-                Timing::AsyncPlugin => ("nccl_proxy_steps", mode.step_timing()),
-            };
+            let (source, timing) = (if mode == Timing::Blocking { "sampled_requests" } else { "nccl_proxy_steps" }, mode.step_timing());
             assert_eq!(ev["source"], source, "window 1 server {k}: N, m, T measured by {source}: {ev}");
             assert_eq!(st["timing"], timing, "window 1 server {k}: timed by {timing}: {}", st["timing"]);
             let n = ev["in_flight_requests"].as_f64().unwrap_or(0.0);
