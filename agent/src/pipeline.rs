@@ -10,8 +10,9 @@
 //! host's calls, counters and requests, the cluster every peer's.
 //!
 //! Steps come from markers when there are any (a marker step holds every collective whose first
-//! arrival lies inside it: a step may use several communicators). Without markers, steps come
-//! from the period of each *job*'s main communicator: communicators whose calls come from the
+//! arrival lies inside it: a step may use several communicators). A job with no collective
+//! inside a marker step (one that ran before or after the marked job), and every job when
+//! there are no markers, gets its steps from the period of its main communicator: communicators whose calls come from the
 //! same processes are one job (a rank's world, per-host and per-rail communicators), its main
 //! communicator is the one with the most ranks whose `(op, bytes)` sequence repeats, and a step
 //! holds its period group of that communicator — by sequence number, so a collective can never
@@ -38,33 +39,39 @@ pub struct Found {
 /// The steps of `colls` (joined, sorted by first arrival as `join_calls` returns them) and
 /// `markers`, and how they were found (for a note).
 pub fn find_steps(markers: &[Marker], colls: &[Collective]) -> (Vec<Found>, String) {
-    let steps = steps_from_markers(markers);
-    if !steps.is_empty() {
-        let found = steps
-            .into_iter()
-            .map(|step| {
-                let lo = colls.partition_point(|c| c.first_arrival() < step.begin - 1e-6);
-                let hi = colls.partition_point(|c| c.first_arrival() < step.end).max(lo);
-                Found { job: "markers".into(), members: (lo..hi).collect(), step }
-            })
-            .collect();
-        return (found, "step markers".into());
-    }
-    let mut found = Vec::new();
+    let mut found: Vec<Found> = steps_from_markers(markers)
+        .into_iter()
+        .map(|step| {
+            let lo = colls.partition_point(|c| c.first_arrival() < step.begin - 1e-6);
+            let hi = colls.partition_point(|c| c.first_arrival() < step.end).max(lo);
+            Found { job: "markers".into(), members: (lo..hi).collect(), step }
+        })
+        .collect();
+    let marked: BTreeSet<usize> = found.iter().flat_map(|f| f.members.iter().copied()).collect();
     let mut mains = Vec::new();
     for job in jobs(colls) {
+        // A job with a collective inside a marker step is the marked job (its markers are the
+        // steps); a job entirely outside them — another job before or after it — gets period
+        // steps, so its collectives are not lost while the markers are kept.
+        if job.values().flatten().any(|i| marked.contains(i)) {
+            continue;
+        }
         if let Some((main, steps)) = period_steps(colls, &job) {
             mains.push(main.to_string());
             found.extend(steps);
         }
     }
-    if mains.is_empty() {
-        return (found, "no step markers and no periodic collectives".into());
-    }
-    let how = format!(
-        "the period of the main communicator of each job ({}; no step markers, step ids count periods of that communicator's sequence numbers)",
-        mains.join(", ")
-    );
+    let by_markers = found.iter().any(|f| f.job == "markers");
+    let how = match (by_markers, mains.is_empty()) {
+        (true, true) => "step markers".to_string(),
+        (false, true) => "no step markers and no periodic collectives".to_string(),
+        (by_markers, false) => format!(
+            "{}the period of the main communicator of each job{} ({}; step ids count periods of that communicator's sequence numbers)",
+            if by_markers { "step markers, and " } else { "" },
+            if by_markers { " outside them" } else { "" },
+            mains.join(", ")
+        ),
+    };
     (found, how)
 }
 

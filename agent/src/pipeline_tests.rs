@@ -143,6 +143,41 @@ fn marker_steps_hold_every_collective_that_began_inside_them() {
     assert_eq!(found[0].members, vec![0, 1]);
 }
 
+#[test]
+fn a_job_outside_every_marker_step_gets_period_steps() {
+    // Job A (pids 100-101) sends markers for its 3 steps (0-3 s); job B (pids 200-201, no
+    // markers) starts after it, one all-reduce every 0.5 s. Job B's steps come from its
+    // period, job A's collectives stay in its marker steps.
+    let m = |step, rank, phase, time| Marker { rank, step, phase, time: Some(time), host: None };
+    let mut v = Vec::new();
+    let mut ms = Vec::new();
+    for k in 0..3u64 {
+        let t = k as f64;
+        v.push(coll("a", k, "all_reduce", 100, &[t + 0.5, t + 0.6], t + 0.8));
+        for r in 0..2 {
+            ms.push(m(k, r, Phase::Begin, t + 0.01));
+            ms.push(m(k, r, Phase::End, t + 0.9));
+        }
+    }
+    for k in 0..8u64 {
+        let t = 5.0 + k as f64 * 0.5;
+        v.push(coll("b", k, "all_reduce", 200, &[t + 0.3, t + 0.3], t + 0.45));
+    }
+    let colls = sorted(v);
+    let (found, how) = find_steps(&ms, &colls);
+    let a: Vec<&Found> = found.iter().filter(|f| f.job == "markers").collect();
+    let b: Vec<&Found> = found.iter().filter(|f| f.job == "b").collect();
+    assert_eq!((a.len(), b.len()), (3, 7), "{found:#?}");
+    assert!(a.iter().all(|f| f.members.len() == 1 && colls[f.members[0]].comm == "a"), "{a:#?}");
+    assert!(b.iter().all(|f| f.members.len() == 1 && colls[f.members[0]].comm == "b"), "{b:#?}");
+    assert!(how.starts_with("step markers, and the period of the main communicator of each job outside them (b;"), "{how}");
+    // With job B's collectives inside a marker step (it ran during job A's steps), job B is
+    // not given period steps of its own: the marker steps are the host's steps.
+    let (found, how) = find_steps(&ms, &sorted(colls.iter().cloned().chain([coll("b", 99, "all_reduce", 200, &[1.2, 1.2], 1.3)]).collect()));
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert_eq!(how, "step markers");
+}
+
 /// The same recorded host, through the daemon's engine and through cluster `diagnose`: the
 /// two answers are identical step for step, over every combination of a straggler or none,
 /// NIC links or none, marker steps or period steps, one communicator or a second (per-host)
