@@ -1027,6 +1027,20 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
     }
     scenarios::assert_parts_sum(&dsteps);
     let all: Vec<u32> = (0..8).collect();
+    // The servers are namespaces of one machine, so the wall-clock skew of the joined ranks
+    // is exact and must be the job's own (the cause itself may be the clock-free estimate
+    // when adjtimex reports the clock unsynchronised, as on this machine).
+    let truth = workloads::true_skew_seconds(&out.lines);
+    for st in &dsteps {
+        let id = st["step"].as_u64().expect("id");
+        let (want, got) = (truth.get(&id).map_or(0.0, |t| t.0), st["skew"]["wall_seconds"].as_f64().expect("wall skew"));
+        assert!(
+            (got - want).abs() <= (0.15 * want).max(1e-3),
+            "diagnose --peers step {id}: wall-clock skew of the 8 ranks {:.2} ms vs the job's own {:.2} ms",
+            got * 1e3,
+            want * 1e3
+        );
+    }
     assert_no_false_causes(&dsteps, &["unexplained"], "healthy, diagnose --peers", &disturbance(&out, &all));
     // Unexplained, once both servers are joined, is what the whole job lost beyond the ideal
     // (from its last arrival to its last exit), as on each server.
