@@ -1,6 +1,6 @@
 //! `stepwise_nic_info`: one series per NIC port with what joins it to the rest of the node —
-//! its RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU and link layer
-//! (value 1). node_exporter's `node_infiniband_info` and DCGM's `pci_bus_id`/`gpu` labels join
+//! its RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU, link layer and
+//! link rate (value 1). node_exporter's `node_infiniband_info` and DCGM's `pci_bus_id`/`gpu` labels join
 //! on `device` and on `gpu` (the GPU's PCI address).
 
 use prometheus_client::{
@@ -21,6 +21,9 @@ pub struct NicInfoLabels {
     pub numa_node: String,
     pub gpu: String,
     pub link_layer: String,
+    /// Link rate in bytes per second (the base unit, as node_exporter's
+    /// `node_network_speed_bytes`), empty when the device does not say.
+    pub rate_bytes_per_second: String,
 }
 
 /// The info family; [`NicInfo::update`] replaces its series with a topology's NICs.
@@ -34,7 +37,7 @@ impl NicInfo {
         let m = NicInfo::default();
         r.register(
             "stepwise_nic_info",
-            "A NIC port: RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU and link layer (1)",
+            "A NIC port: RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU, link layer and rate in bytes/s (1)",
             m.family.clone(),
         );
         m
@@ -53,6 +56,7 @@ impl NicInfo {
                 numa_node: n.numa_node.map(|v| v.to_string()).unwrap_or_default(),
                 gpu: s(&n.gpu),
                 link_layer: s(&n.link_layer),
+                rate_bytes_per_second: n.rate_bytes_per_second.map(|r| format!("{}", r.round() as u64)).unwrap_or_default(),
             };
             self.family.get_or_create(&l).set(1);
         }
@@ -79,6 +83,8 @@ mod tests {
         let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("stepwise_nic_info{")).collect();
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines.iter().any(|l| l.contains("device=\"mlx5_1\"") && l.contains("port=\"1\"") && l.contains("rail=\"1\"")), "{lines:?}");
+        // 400 Gb/sec NDR: 5e10 bytes/s, written exactly.
+        assert!(lines.iter().all(|l| l.contains("rate_bytes_per_second=\"50000000000\"")), "{lines:?}");
         info.update(&topo(1));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");

@@ -62,6 +62,9 @@ pub struct ProcInfo {
     pub pod: Option<super::k8s::Pod>,
     /// A call of it has returned: its connections are open, so its NIC link can be complete.
     pub called: bool,
+    /// The NIC its traffic uses, as `stepwise_rank_info` names it (`several`; empty until
+    /// linked, see [`crate::timeline::links`]).
+    pub nic: String,
 }
 
 impl ProcInfo {

@@ -46,6 +46,8 @@ pub struct RankInfoLabels {
     pub namespace: String,
     /// The container ID's first 12 hex digits (as `crictl ps` shows it).
     pub container: String,
+    /// The netdev its traffic uses (`several` when more than one; empty until linked).
+    pub nic: String,
 }
 
 impl RankInfoLabels {
@@ -59,6 +61,7 @@ impl RankInfoLabels {
             pod: pod.and_then(|p| p.name.clone()).unwrap_or_default(),
             namespace: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
             container: pod.and_then(|p| p.container_id.as_ref()).map(|c| c.chars().take(12).collect()).unwrap_or_default(),
+            nic: p.nic.clone(),
         }
     }
 }
@@ -124,7 +127,7 @@ impl CollectiveMetrics {
         r.register("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());
         r.register(
             "stepwise_rank_info",
-            "A traced process: its global and local rank, job, and Kubernetes pod, namespace and container (1 while it runs)",
+            "A traced process: its global and local rank, job, and Kubernetes pod, namespace and container and the NIC its traffic uses (1 while it runs)",
             m.rank_info.clone(),
         );
         m
@@ -132,6 +135,22 @@ impl CollectiveMetrics {
 
     pub fn set_rank_info(&self, p: &super::decode::ProcInfo) {
         self.rank_info.get_or_create(&RankInfoLabels::of(p)).set(1);
+    }
+
+    /// Puts each process's linked NIC ([`super::net_metrics::nic_label`]) on its
+    /// `stepwise_rank_info` series, replacing the series whose NIC changed.
+    pub fn label_nics<'a>(&self, procs: impl Iterator<Item = (&'a u32, &'a mut super::decode::ProcInfo)>, links: &[crate::timeline::links::ProcessLink]) {
+        for (pid, info) in procs {
+            let nic = match super::net_metrics::nic_label(links, *pid) {
+                n if n == "unknown" => String::new(),
+                n => n,
+            };
+            if nic != info.nic {
+                self.forget_rank_info(info);
+                info.nic = nic;
+                self.set_rank_info(info);
+            }
+        }
     }
 
     pub fn forget_rank_info(&self, p: &super::decode::ProcInfo) {
@@ -179,5 +198,51 @@ impl CollectiveMetrics {
 
     pub fn set_attached(&self, library: &'static str, n: i64) {
         self.attached.get_or_create(&LibLabels { library }).set(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::timeline::links::ProcessLink;
+
+    fn info_lines(r: &Registry) -> Vec<String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, r).expect("encode");
+        text.lines().filter(|l| l.starts_with("stepwise_rank_info{")).map(String::from).collect()
+    }
+
+    fn link(pid: u32, nics: &[&str]) -> ProcessLink {
+        ProcessLink { host: "h".into(), pid, nics: nics.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>(), how: BTreeMap::new(), complete: true }
+    }
+
+    #[test]
+    fn rank_info_names_the_nic_once_linked_and_replaces_its_series() {
+        let mut r = Registry::default();
+        let m = CollectiveMetrics::register(&mut r);
+        let env = |rank: &str| [("OMPI_COMM_WORLD_RANK".to_string(), rank.to_string())].into_iter().collect();
+        let mut procs: BTreeMap<u32, super::super::decode::ProcInfo> = [
+            (10, super::super::decode::ProcInfo { env: env("0"), ..Default::default() }),
+            (11, super::super::decode::ProcInfo { env: env("1"), ..Default::default() }),
+        ]
+        .into_iter()
+        .collect();
+        for p in procs.values() {
+            m.set_rank_info(p);
+        }
+        assert!(info_lines(&r).iter().all(|l| l.contains("nic=\"\"")), "not linked yet: {:?}", info_lines(&r));
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail0"]), link(11, &["rail1", "rail2"])]);
+        let lines = info_lines(&r);
+        assert_eq!(lines.len(), 2, "one series per process: {lines:?}");
+        assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("nic=\"rail0\"")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("nic=\"several\"")), "{lines:?}");
+        // Rank 0 moves to another NIC; an unlinked process goes back to empty.
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])]);
+        let lines = info_lines(&r);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("nic=\"rail3\"")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("nic=\"\"")), "{lines:?}");
     }
 }

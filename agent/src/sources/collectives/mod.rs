@@ -581,6 +581,7 @@ impl Collectives {
         }
         let host = self.history.lock().map(|h| h.host.to_string()).unwrap_or_default();
         if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, self.procs.iter().map(|(p, i)| (*p, &i.env, i.called))) {
+            self.metrics.label_nics(self.procs.iter_mut(), &l);
             if let Ok(mut h) = self.history.lock() {
                 h.links = l;
             }
