@@ -12,7 +12,9 @@
 //! Steps come from markers when there are any (a marker step holds every collective whose first
 //! arrival lies inside it: a step may use several communicators). A job with no collective
 //! inside a marker step (one that ran before or after the marked job), and every job when
-//! there are no markers, gets its steps from the period of its main communicator: communicators whose calls come from the
+//! there are no markers, gets its steps from the period of its main communicator (markers
+//! carry no process id, so a job running *while* a marked job's steps are open is taken as
+//! part of those steps): communicators whose calls come from the
 //! same processes are one job (a rank's world, per-host and per-rail communicators), its main
 //! communicator is the one with the most ranks whose `(op, bytes)` sequence repeats, and a step
 //! holds its period group of that communicator — by sequence number, so a collective can never
