@@ -702,13 +702,7 @@ fn congestion_scenario(mode: Timing) {
                         x_out * 1e3,
                         excess * 1e3
                     );
-                    // Known miss, asynchronous mode only: the GPU-timed step windows see less of
-                    // the other job's burst (other traffic 229.7 KB vs ~250 KB blocking), and
-                    // congestion + residual came to 163.8 and 181.3 ms against 210.3 and 213.5 ms
-                    // excess in two runs on 3 December; 25 % there until that is found, 15 % for
-                    // blocking calls.
-                    let tol = if mode == Timing::AsyncPlugin { 0.25 } else { 0.15 };
-                    assert!(within(accounted, excess, tol), "{what}: congestion + residual unexplained {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms)", accounted * 1e3, excess * 1e3, x_in * 1e3, x_out * 1e3);
+                    assert!(within(accounted, excess, 0.15), "{what}: congestion + residual unexplained {:.1} ms (median step) vs injected excess {:.1} ms (transfer in phase {:.1} ms − out of phase {:.1} ms)", accounted * 1e3, excess * 1e3, x_in * 1e3, x_out * 1e3);
                     assert_no_false_causes(steps, &["congestion", "unexplained"], &what, &disturbance(&run.jobs[j].0, &[r]));
                 } else {
                     eprintln!("congestion/{what}: congestion max {:.1} ms", steps.iter().map(|st| cause_seconds(st, "congestion")).fold(0.0, f64::max) * 1e3);
