@@ -106,6 +106,9 @@ pub struct StepLine {
     pub allreduce_us: f64,
     /// CLOCK_MONOTONIC µs when the rank entered the collective (the workload's own clock).
     pub arrive_us: f64,
+    /// `nccl_steps` only: CLOCK_MONOTONIC µs at which the all-reduce's simulated kernel began
+    /// on the stream (the GPU-side arrival an asynchronous call's profiler plugin reports).
+    pub kernel_us: Option<f64>,
     pub delayed: bool,
 }
 
@@ -122,6 +125,7 @@ pub fn parse_steps(stdout: &str) -> Vec<StepLine> {
                 compute_us: kv.get("compute_us")?.parse().ok()?,
                 allreduce_us: kv.get("allreduce_us")?.parse().ok()?,
                 arrive_us: kv.get("arrive_us")?.parse().ok()?,
+                kernel_us: kv.get("kernel_us").and_then(|v| v.parse().ok()),
                 delayed: kv.get("delayed")? == &"1",
             })
         })
@@ -130,14 +134,27 @@ pub fn parse_steps(stdout: &str) -> Vec<StepLine> {
 
 /// Ground truth readiness skew per step from the workload's own clock: last − first arrival.
 pub fn true_skew_seconds(lines: &[StepLine]) -> std::collections::BTreeMap<u64, (f64, u32)> {
-    let mut per: std::collections::BTreeMap<u64, Vec<&StepLine>> = std::collections::BTreeMap::new();
+    skew_by(lines, |l| l.arrive_us)
+}
+
+/// Ground truth readiness skew of GPU-timed steps: last − first begin of the all-reduce's
+/// (simulated) kernel, which is when each rank's GPU reached the collective. An asynchronous
+/// call returns at once; its kernel begins after the stream's earlier work, so this differs
+/// from the call times (`arrive_us`) by whatever the stream did. Panics on a line without
+/// `kernel_us` (a workload that does not report it).
+pub fn true_kernel_skew_seconds(lines: &[StepLine]) -> std::collections::BTreeMap<u64, (f64, u32)> {
+    skew_by(lines, |l| l.kernel_us.unwrap_or_else(|| panic!("rank {} step {}: no kernel_us", l.rank, l.step)))
+}
+
+fn skew_by(lines: &[StepLine], at: impl Fn(&StepLine) -> f64) -> std::collections::BTreeMap<u64, (f64, u32)> {
+    let mut per: std::collections::BTreeMap<u64, Vec<(f64, u32)>> = std::collections::BTreeMap::new();
     for l in lines {
-        per.entry(l.step).or_default().push(l);
+        per.entry(l.step).or_default().push((at(l), l.rank));
     }
     per.into_iter()
         .map(|(k, v)| {
-            let first = v.iter().map(|l| l.arrive_us).fold(f64::INFINITY, f64::min);
-            let last = v.iter().max_by(|a, b| a.arrive_us.total_cmp(&b.arrive_us)).map(|l| (l.arrive_us, l.rank)).unwrap_or((first, 0));
+            let first = v.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+            let last = v.iter().copied().max_by(|a, b| a.0.total_cmp(&b.0)).unwrap_or((first, 0));
             (k, ((last.0 - first) * 1e-6, last.1))
         })
         .collect()

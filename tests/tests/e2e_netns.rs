@@ -263,11 +263,17 @@ fn run_rails_job(s: &Servers, dir: &Path, (algo, name): (&str, &str), bytes: u64
     (out, t0, t1, tx)
 }
 
-/// The workload's own readiness skew of server `k`'s ranks, per step.
-fn local_skew(out: &JobOutput, k: usize) -> BTreeMap<u64, (f64, u32)> {
+/// The workload's own readiness skew of server `k`'s ranks, per step: from the call times
+/// when calls block, from the kernels' begins on the (simulated) GPU when they only enqueue
+/// (the stream may start a kernel later than the call: its earlier work, or the stream
+/// thread's start at the first call).
+fn local_skew(out: &JobOutput, k: usize, mode: Timing) -> BTreeMap<u64, (f64, u32)> {
     let ranks: Vec<u32> = (4 * k as u32..4 * k as u32 + 4).collect();
     let local: Vec<_> = out.lines.iter().filter(|l| ranks.contains(&l.rank)).cloned().collect();
-    workloads::true_skew_seconds(&local)
+    match mode {
+        Timing::Blocking => workloads::true_skew_seconds(&local),
+        Timing::AsyncPlugin => workloads::true_kernel_skew_seconds(&local),
+    }
 }
 
 fn check_skew(steps: &[Value], truth: &BTreeMap<u64, (f64, u32)>, what: &str) {
@@ -363,7 +369,7 @@ fn check_flat_ring(s: &Servers, ring: &JobOutput, (t0, t1): (f64, f64), tx: &[Ve
         }
         // The ring's own arrival skew (ranks leave the ring at different times) is real and
         // matches the workload's clock; nothing else is there.
-        check_skew(&steps, &local_skew(ring, k), &format!("ring server {k}"));
+        check_skew(&steps, &local_skew(ring, k, mode), &format!("ring server {k}"));
         eprintln!(
             "rails/ring server {k} ({mode:?}): rail_imbalance {:.1} ms (median step) vs injected excess {:.1} ms (ip -s link: busiest rail {:.1} ms − balanced {:.1} ms); balanced_transfer_seconds {:.1} ms; workload all-reduce {:.1} ms",
             median(steps.iter().map(|st| cause_seconds(st, "rail_imbalance")).collect()) * 1e3,
@@ -982,7 +988,7 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
         // Steady state: step 0 also carries the connections' first use (slow start).
         let steps: Vec<Value> = all.into_iter().filter(|st| st["step"].as_u64() != Some(0)).collect();
         // Whatever arrival skew the workload itself had is reported as such (and is small).
-        let truth = local_skew(&out, k);
+        let truth = local_skew(&out, k, Timing::Blocking);
         check_skew(&steps, &truth, &format!("healthy server {k}"));
         eprintln!(
             "healthy server {k}: median step {:.1} ms; median readiness_skew {:.1}, rail_imbalance {:.1}, in_flight_limit {:.1}, congestion {:.1}, unexplained {:.1} ms",

@@ -382,6 +382,7 @@ ncclResult_t exec_ops(struct gop* ops, int n) {
   if (rc == ncclSuccess) {
     comm->cur_task = ops[0].task;
     comm->cur_mask = ops[0].mask;
+    comm->last_kernel_ns = abi_now_ns();
     for (int i = 0; i < nk; i++) k[i] = prof_kernel_begin(comm, ops[i].task, ops[i].mask);
     struct gop* o = &ops[0];
     rc = (o->kind == K_SEND || o->kind == K_RECV)
@@ -394,6 +395,18 @@ ncclResult_t exec_ops(struct gop* ops, int n) {
   comm_leave(comm);
   pthread_mutex_unlock(&comm->exec_mu);
   return rc;
+}
+
+/* Test-library extension: when the simulated kernel of comm's latest operation began
+ * (CLOCK_MONOTONIC ns; 0 before the first) -- the GPU-side arrival a test compares with
+ * what the profiler plugin reported. Call it after the stream's synchronize. */
+NCCL_API(ncclResult_t, ncclAbiCommLastKernelBegin, ncclComm_t comm, uint64_t* ns) {
+  abi_trace(__func__);
+  if (comm == NULL || ns == NULL) return ncclInvalidArgument;
+  pthread_mutex_lock(&comm->exec_mu);
+  *ns = comm->last_kernel_ns;
+  pthread_mutex_unlock(&comm->exec_mu);
+  return ncclSuccess;
 }
 
 static ncclResult_t dispatch(enum op_kind kind, const void* sbuf, void* rbuf, size_t count,

@@ -132,6 +132,7 @@ struct ncclComm {
   pthread_mutex_t exec_mu; /* one stream operation at a time runs on this comm */
   int inflight;          /* stream operations submitted, not finished (under mu) */
   void* cur_task;        /* profiler task of the running operation (under exec_mu) */
+  uint64_t last_kernel_ns; /* CLOCK_MONOTONIC ns the latest simulated kernel began (exec_mu) */
   int cur_mask;
   uint64_t seq[7];       /* collectives launched per function, as NCCL's seqNumber */
   /* profiler plugin */

@@ -160,11 +160,13 @@ NCCL_ABI_DECLARE(ncclResult_t, ncclGroupEnd, (void));
  * Test-library extensions, NOT NCCL API (real NCCL has no such symbols; a program that uses
  * them runs only on this library). They stand in for the CUDA runtime calls a training loop
  * makes around NCCL: a compute kernel occupying a stream, cudaStreamSynchronize, and the GPU
- * global timer. `stream` is the same opaque key the collectives take (NULL = default).
+ * global timer, and the GPU-side begin of a comm's latest kernel. `stream` is the same opaque key the collectives take (NULL = default).
  */
 NCCL_ABI_DECLARE(ncclResult_t, ncclAbiEnqueueCompute, (cudaStream_t stream, double ms));
 NCCL_ABI_DECLARE(ncclResult_t, ncclAbiStreamSynchronize, (cudaStream_t stream));
 NCCL_ABI_DECLARE(ncclResult_t, ncclAbiGpuTimer, (uint64_t* ns));
+/* CLOCK_MONOTONIC ns at which the simulated kernel of comm's latest operation began. */
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiCommLastKernelBegin, (ncclComm_t comm, uint64_t* ns));
 
 #undef NCCL_ABI_DECLARE
 

@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
     double t_enq = now_us();
     if (rc == ncclSuccess) rc = ncclAbiStreamSynchronize(NULL);
     double t2 = now_us();
+    uint64_t kernel_ns = 0;
+    if (rc == ncclSuccess) rc = ncclAbiCommLastKernelBegin(comm, &kernel_ns);
     marker_send(&m, o.rank, k, "end");
     if (rc != ncclSuccess) {
       fprintf(stderr, "nccl_steps rank %d step %ld: ncclAllReduce failed: %s (%d)\n", o.rank,
@@ -145,8 +147,9 @@ int main(int argc, char** argv) {
     st.comm_us[st.n] = t2 - t1;
     st.step_us[st.n++] = t2 - t0;
     printf("step rank=%d step=%ld compute_us=%.0f allreduce_us=%.0f step_us=%.0f delayed=%d "
-           "bad=%zu arrive_us=%.1f enqueue_us=%.0f gpu_ms=%.3f\n",
-           o.rank, k, t1 - t0, t2 - t1, t2 - t0, delay > 0, bad, t1, t_enq - t1, gms);
+           "bad=%zu arrive_us=%.1f enqueue_us=%.0f gpu_ms=%.3f kernel_us=%.1f\n",
+           o.rank, k, t1 - t0, t2 - t1, t2 - t0, delay > 0, bad, t1, t_enq - t1, gms,
+           (double)kernel_ns / 1e3);
   }
   uint64_t csum = o.steps ? checksum64(recv, o.bytes) : 0;
   NCCLCHECK(ncclCommDestroy(comm), "ncclCommDestroy");
