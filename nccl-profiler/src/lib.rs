@@ -24,6 +24,7 @@
 
 pub mod clock;
 pub mod events;
+pub mod gpu;
 pub mod ring;
 pub mod sender;
 pub mod wire;
@@ -197,6 +198,11 @@ fn init_common(context: *mut *mut c_void, comm: u64, mask_out: *mut c_int, nrank
         return OK;
     }
     let g = global();
+    if g.counters.gpu_pci.get().is_none() {
+        if let Some(pci) = gpu::current_pci() {
+            let _ = g.counters.gpu_pci.set(pci);
+        }
+    }
     start_sender(g);
     let env = std::env::var("STEPWISE_PROFILER_EVENTS").ok();
     let mask = choose_mask(g.counters.nccl_version.load(Relaxed), env.as_deref());

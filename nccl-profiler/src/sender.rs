@@ -28,6 +28,8 @@ pub struct Counters {
     pub unsent: AtomicU64,
     pub nccl_version: AtomicU32,
     pub mask: AtomicU32,
+    /// The process's GPU ([`wire::Header::gpu_pci`]), found once at the first init.
+    pub gpu_pci: std::sync::OnceLock<[u8; 16]>,
 }
 
 pub struct Sender {
@@ -126,6 +128,7 @@ impl Sender {
             dropped_full: ring.dropped.load(Relaxed),
             dropped_unsent: c.unsent.load(Relaxed),
             sent: c.sent.load(Relaxed),
+            gpu_pci: c.gpu_pci.get().copied().unwrap_or_default(),
         };
         wire::encode(&h, &self.batch, &mut self.buf);
         // A full receive queue (the agent is busy) is waited out for up to ~20 ms on the sender

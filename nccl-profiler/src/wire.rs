@@ -2,15 +2,17 @@
 //! format"). Version 1, little-endian, fixed sizes:
 //!
 //! ```text
-//! header (48 bytes)
+//! header (64 bytes; 48 before the GPU address)
 //!   0  u32 magic "SWPF" (0x46505753)     4  u16 version (1)
-//!   6  u16 header bytes (48)              8  u16 record bytes (168; 136 before the request totals)
+//!   6  u16 header bytes (64)              8  u16 record bytes (168; 136 before the request totals)
 //!  10  u16 records in this datagram      12  u32 pid of the traced process
 //!  16  u32 NCCL version (ncclGetVersion, e.g. 22907; 0 unknown)
 //!  20  u32 event mask the plugin asked NCCL for
 //!  24  u64 records dropped so far: the ring was full
 //!  32  u64 records dropped so far: not delivered (no agent, or its queue stayed full)
 //!  40  u64 records sent so far (before this datagram)
+//!  48  [u8; 16] PCI address of the process's CUDA device (`cuDeviceGetPCIBusId`), ASCII in
+//!      sysfs's spelling (e.g. "0000:07:00.0"), NUL-padded; all zero: unknown
 //! record (168 bytes) × n, see [`Record`]
 //! ```
 //!
@@ -21,7 +23,9 @@
 /// "SWPF" little-endian.
 pub const MAGIC: u32 = 0x4650_5753;
 pub const VERSION: u16 = 1;
-pub const HEADER_BYTES: usize = 48;
+pub const HEADER_BYTES: usize = 64;
+/// The first plugins' header: no GPU address (it decodes as unknown).
+pub const MIN_HEADER_BYTES: usize = 48;
 pub const RECORD_BYTES: usize = 168;
 /// The first plugins' records: no request totals (they decode as zero).
 pub const MIN_RECORD_BYTES: usize = 136;
@@ -164,6 +168,32 @@ pub struct Header {
     pub dropped_full: u64,
     pub dropped_unsent: u64,
     pub sent: u64,
+    /// The PCI address of the CUDA device current on the thread that initialised the
+    /// process's first communicator, in sysfs's spelling, NUL-padded (zero: unknown).
+    pub gpu_pci: [u8; 16],
+}
+
+impl Header {
+    /// The GPU's PCI address as sysfs names it (`0000:07:00.0`: lower case, 4-digit domain),
+    /// whether the driver wrote a 4- or an 8-digit domain; None when unknown or malformed.
+    pub fn gpu(&self) -> Option<String> {
+        let end = self.gpu_pci.iter().position(|&b| b == 0).unwrap_or(self.gpu_pci.len());
+        normalize_pci(std::str::from_utf8(&self.gpu_pci[..end]).ok()?)
+    }
+}
+
+/// `domain:bus:device.function` in hex (domain 4 or 8 digits) → sysfs's spelling; None when
+/// it is not one.
+pub fn normalize_pci(s: &str) -> Option<String> {
+    let mut it = s.trim().split(':');
+    let (dom, bus, rest) = (it.next()?, it.next()?, it.next()?);
+    let (dev, func) = rest.split_once('.')?;
+    if it.next().is_some() || dom.len() > 8 || bus.len() != 2 || dev.len() != 2 || func.len() != 1 {
+        return None;
+    }
+    let hex = |v: &str| u32::from_str_radix(v, 16).ok();
+    let (d, b, v, f) = (hex(dom)?, hex(bus)?, hex(dev)?, hex(func)?);
+    (d <= 0xffff && v < 32 && f < 8).then(|| format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
 }
 
 /// Encodes one datagram (at most [`MAX_RECORDS`] records are written).
@@ -181,6 +211,7 @@ pub fn encode(h: &Header, records: &[Record], out: &mut Vec<u8>) {
     for v in [h.dropped_full, h.dropped_unsent, h.sent] {
         out.extend_from_slice(&v.to_le_bytes());
     }
+    out.extend_from_slice(&h.gpu_pci);
     for r in &records[..n] {
         r.encode(out);
     }
@@ -198,7 +229,7 @@ pub enum DecodeError {
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DecodeError::Short(n) => write!(f, "datagram of {n} bytes is shorter than the {HEADER_BYTES}-byte header"),
+            DecodeError::Short(n) => write!(f, "datagram of {n} bytes is shorter than the {MIN_HEADER_BYTES}-byte header"),
             DecodeError::Magic(m) => write!(f, "bad magic {m:#010x} (want {MAGIC:#010x})"),
             DecodeError::Version(v) => write!(f, "unsupported version {v} (this agent reads {VERSION})"),
             DecodeError::Sizes { header, record, records, len } => {
@@ -212,7 +243,7 @@ impl std::error::Error for DecodeError {}
 
 /// Decodes one datagram.
 pub fn decode(b: &[u8]) -> Result<(Header, Vec<Record>), DecodeError> {
-    if b.len() < HEADER_BYTES {
+    if b.len() < MIN_HEADER_BYTES {
         return Err(DecodeError::Short(b.len()));
     }
     let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
@@ -225,11 +256,22 @@ pub fn decode(b: &[u8]) -> Result<(Header, Vec<Record>), DecodeError> {
         return Err(DecodeError::Version(u16_at(4)));
     }
     let (header, record, records) = (u16_at(6) as usize, u16_at(8) as usize, u16_at(10) as usize);
-    if header < HEADER_BYTES || record < MIN_RECORD_BYTES || header + record * records != b.len() {
+    if header < MIN_HEADER_BYTES || record < MIN_RECORD_BYTES || header + record * records != b.len() {
         return Err(DecodeError::Sizes { header, record, records, len: b.len() });
     }
-    let h =
-        Header { pid: u32_at(12), nccl_version: u32_at(16), event_mask: u32_at(20), dropped_full: u64_at(24), dropped_unsent: u64_at(32), sent: u64_at(40) };
+    let mut gpu_pci = [0u8; 16];
+    if header >= HEADER_BYTES {
+        gpu_pci.copy_from_slice(&b[48..64]);
+    }
+    let h = Header {
+        pid: u32_at(12),
+        nccl_version: u32_at(16),
+        event_mask: u32_at(20),
+        dropped_full: u64_at(24),
+        dropped_unsent: u64_at(32),
+        sent: u64_at(40),
+        gpu_pci,
+    };
     let recs = (0..records).filter_map(|i| Record::decode(&b[header + i * record..header + (i + 1) * record])).collect();
     Ok((h, recs))
 }
@@ -330,13 +372,16 @@ mod tests {
 
     #[test]
     fn datagram_round_trips() {
-        let h = Header { pid: 4242, nccl_version: 22907, event_mask: 0x52, dropped_full: 7, dropped_unsent: 9, sent: 100 };
+        let mut gpu_pci = [0u8; 16];
+        gpu_pci[..16].copy_from_slice(b"00000000:1A:00.0");
+        let h = Header { pid: 4242, nccl_version: 22907, event_mask: 0x52, dropped_full: 7, dropped_unsent: 9, sent: 100, gpu_pci };
         let recs: Vec<Record> = (0..5).map(sample).collect();
         let mut buf = Vec::new();
         encode(&h, &recs, &mut buf);
         assert_eq!(buf.len(), HEADER_BYTES + 5 * RECORD_BYTES);
         let (h2, r2) = decode(&buf).expect("decode");
         assert_eq!(h2, h);
+        assert_eq!(h2.gpu().as_deref(), Some("0000:1a:00.0"), "NVML's 8-digit domain, sysfs's spelling");
         assert_eq!(r2, recs);
         assert_eq!(r2[3].gpu_start_host_ns(), Some(5_000_000_003 - 12_345));
     }
@@ -356,7 +401,32 @@ mod tests {
         let (_, recs) = decode(&old).expect("decode");
         let want = Record { requests: [0; 2], request_bytes: [0; 2], ..sample(2) };
         assert_eq!(recs[1], want);
-        assert_eq!(decode(&old[..old.len() - 1]).map(|_| ()), Err(DecodeError::Sizes { header: 48, record: 136, records: 2, len: old.len() - 1 }));
+        assert_eq!(decode(&old[..old.len() - 1]).map(|_| ()), Err(DecodeError::Sizes { header: 64, record: 136, records: 2, len: old.len() - 1 }));
+    }
+
+    #[test]
+    fn the_first_plugins_shorter_header_decodes_without_a_gpu() {
+        let mut gpu_pci = [0u8; 16];
+        gpu_pci[..12].copy_from_slice(b"0000:07:00.0");
+        let h = Header { pid: 9, sent: 3, gpu_pci, ..Default::default() };
+        let mut buf = Vec::new();
+        encode(&h, &[sample(1)], &mut buf);
+        let mut old = buf[..MIN_HEADER_BYTES].to_vec();
+        old[6..8].copy_from_slice(&(MIN_HEADER_BYTES as u16).to_le_bytes());
+        old.extend_from_slice(&buf[HEADER_BYTES..]);
+        let (h2, recs) = decode(&old).expect("decode");
+        assert_eq!((h2.pid, h2.sent, h2.gpu()), (9, 3, None));
+        assert_eq!(recs, vec![sample(1)]);
+        assert_eq!(decode(&buf).map(|(h, _)| h.gpu()), Ok(Some("0000:07:00.0".into())));
+    }
+
+    #[test]
+    fn pci_addresses_take_sysfs_spelling_or_none() {
+        assert_eq!(normalize_pci("0000:B3:00.0").as_deref(), Some("0000:b3:00.0"));
+        assert_eq!(normalize_pci("00000001:07:1f.7").as_deref(), Some("0001:07:1f.7"));
+        for bad in ["", "07:00.0", "0000:07:00", "0000:7:00.0", "0000:07:20.0", "0000:07:00.8", "zz00:07:00.0", "0000:07:00.0:1", "100000000:07:00.0"] {
+            assert_eq!(normalize_pci(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -389,7 +389,15 @@ pub fn summarize(steps: &[serde_json::Value]) -> String {
                 .filter(|c| c["seconds"].as_f64().unwrap_or(0.0).abs() > 1e-3)
                 .map(|c| format!("{}={:.1}ms", c["kind"].as_str().unwrap_or("?"), c["seconds"].as_f64().unwrap_or(0.0) * 1e3))
                 .collect();
-            format!("  step {} {:.1} ms: {}", s["step"], s["seconds"].as_f64().unwrap_or(0.0) * 1e3, parts.join(" "))
+            let queued = s["causes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["kind"] == "in_flight_limit")
+                .and_then(|c| c["evidence"]["not_charged_queued_transfers"].as_u64())
+                .map(|n| format!(" (in-flight not charged: {n} queued transfers)"))
+                .unwrap_or_default();
+            format!("  step {} {:.1} ms: {}{queued}", s["step"], s["seconds"].as_f64().unwrap_or(0.0) * 1e3, parts.join(" "))
         })
         .collect::<Vec<_>>()
         .join("\n")

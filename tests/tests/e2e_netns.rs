@@ -577,8 +577,9 @@ fn congestion_scenario(mode: Timing) {
         for k in 0..2 {
             let r = k as u32;
             // Ground truth from the job's own clock (both ranks on one CLOCK_MONOTONIC): per
-            // step, rank r's transfer once both ranks were ready, and how late its peer was.
-            let (t_in, t_out) = (truth_2rank(&inp.jobs[j].0, r), truth_2rank(&out.jobs[j].0, r));
+            // step, rank r's transfer once both ranks were ready, and how late its peer was
+            // (on the GPU when the calls only enqueue).
+            let (t_in, t_out) = (truth_2rank(&inp.jobs[j].0, r, mode), truth_2rank(&out.jobs[j].0, r, mode));
             let med = |t: &BTreeMap<u64, (f64, f64)>| median(t.iter().filter(|(id, _)| **id >= 1).map(|(_, v)| v.0).collect());
             let (x_in, x_out) = (med(&t_in), med(&t_out));
             assert!(
@@ -725,15 +726,21 @@ fn congestion_scenario(mode: Timing) {
 
 /// Per step of a 2-rank job, for rank `r`: (its transfer from the later of the two arrivals
 /// to its exit, how long after `r` its peer arrived), seconds, from the workload's own clock.
-fn truth_2rank(o: &JobOutput, r: u32) -> BTreeMap<u64, (f64, f64)> {
+/// An arrival is the call when calls block, the all-reduce kernel's begin on the (simulated)
+/// GPU when they only enqueue (what the GPU-timed steps see).
+fn truth_2rank(o: &JobOutput, r: u32, mode: Timing) -> BTreeMap<u64, (f64, f64)> {
     let peer = 1 - r;
+    let arrive = |l: &workloads::StepLine| match mode {
+        Timing::Blocking => l.arrive_us,
+        Timing::AsyncPlugin => l.kernel_us.unwrap_or_else(|| panic!("rank {} step {}: no kernel_us", l.rank, l.step)),
+    };
     o.rank(r)
         .into_iter()
         .filter_map(|l| {
             let p = o.rank(peer).into_iter().find(|p| p.step == l.step)?;
             let exit = l.arrive_us + l.allreduce_us;
-            let ready = l.arrive_us.max(p.arrive_us);
-            Some((l.step, ((exit - ready) * 1e-6, (p.arrive_us - l.arrive_us).max(0.0) * 1e-6)))
+            let ready = arrive(l).max(arrive(p));
+            Some((l.step, ((exit - ready) * 1e-6, (arrive(p) - arrive(l)).max(0.0) * 1e-6)))
         })
         .collect()
 }

@@ -71,13 +71,18 @@ fn with_agent(b: Bare) -> Setup {
 
 /// An agent whose configuration ends with `extra` (TOML sections).
 fn with_agent_config(b: Bare, extra: &str) -> Setup {
+    with_agent_toml(b, "", extra)
+}
+
+/// An agent whose configuration starts with `top` (top-level keys) and ends with `extra`.
+fn with_agent_toml(b: Bare, top: &str, extra: &str) -> Setup {
     let Bare { tmp, dir, ns, profiler_sock, marker_sock } = b;
     let lib = workloads::build().expect("workloads build");
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,
         format!(
-            "interval = \"100ms\"\n[sources]\nrdma = false\nethtool = false\n[collectives]\nlibrary_dirs = [\"{}\"]\nprofiler_socket = \"{}\"\n\
+            "{top}interval = \"100ms\"\n[sources]\nrdma = false\nethtool = false\n[collectives]\nlibrary_dirs = [\"{}\"]\nprofiler_socket = \"{}\"\n\
              [collectives.select]\nnetns = \"/run/netns/{}\"\n[steps]\nmarker_socket = \"{}\"\ngrace = \"2s\"\n{extra}",
             lib.display(),
             profiler_sock.display(),
@@ -103,7 +108,8 @@ fn spawn_job(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path), pl
     spawn_job_env(b, plugin, steps, args, &[])
 }
 
-/// [`spawn_job`] with extra `KEY=value` environment entries for every rank.
+/// [`spawn_job`] with extra `KEY=value` environment entries for every rank (`{rank}` in a
+/// value becomes the rank).
 fn spawn_job_env(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path), plugin: bool, steps: usize, args: &[&str], env: &[&str]) -> Vec<Proc> {
     let (dir, ns, profiler_sock, marker_sock) = b;
     let bin = workloads::build().expect("build").join("nccl_steps");
@@ -112,7 +118,7 @@ fn spawn_job_env(b: (&std::path::Path, &str, &std::path::Path, &std::path::Path)
     let mut procs: Vec<Proc> = Vec::new();
     for r in 0..4u32 {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns, "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]).args(env);
+        c.args(["netns", "exec", ns, "env", "-u", "CUDA_LAUNCH_BLOCKING", "STEPS_COMPUTE=sleep"]).args(env.iter().map(|e| e.replace("{rank}", &r.to_string())));
         c.arg(format!("STEPWISE_PROFILER_SOCKET={}", profiler_sock.display()));
         if plugin {
             c.arg(format!("NCCL_PROFILER_PLUGIN={}", workloads::profiler_plugin().expect("plugin").display()));
@@ -365,4 +371,64 @@ fn an_agent_started_after_init_joins_the_ranks_by_the_communicator_hash() {
     let procs = procs.as_array().expect("processes");
     assert_eq!(procs.len(), 4, "{procs:?}");
     assert!(procs.iter().any(|p| p["dropped_unsent"].as_u64().unwrap_or(0) > 0), "records sent before the agent were counted: {procs:?}");
+}
+
+/// The dgx8 fixture's GPUs in the driver's order (upper-case hex, as drivers write it) and,
+/// per GPU, the netdev of the ConnectX port under the same PCI switch (the fixture's tree:
+/// GPU at bus x2, HCA at bus x3).
+const DGX8_GPUS: [(&str, &str); 8] = [
+    ("0000:12:00.0", "enp19s0np0"),
+    ("0000:32:00.0", "enp51s0np0"),
+    ("0000:52:00.0", "enp83s0np0"),
+    ("0000:72:00.0", "enp115s0np0"),
+    ("0000:92:00.0", "enp147s0np0"),
+    ("0000:B2:00.0", "enp179s0np0"),
+    ("0000:D2:00.0", "enp211s0np0"),
+    ("0000:F2:00.0", "enp243s0np0"),
+];
+
+/// Each rank's plugin reports the CUDA device its process drives (the CUDA driver stand-in:
+/// the fixture's eight GPUs, rank r on GPU 7 − r); the agent, whose topology is the dgx8
+/// fixture's PCI tree, links every rank that names no HCA to the one nearest its GPU — NCCL's
+/// own default — says so in the link, and labels the rank's info series with the GPU.
+#[test]
+fn each_rank_is_linked_to_the_hca_nearest_the_gpu_its_plugin_reports() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dgx8/sys");
+    let s = with_agent_toml(bare(), &format!("sysfs_root = \"{}\"\n", fixture.display()), "");
+    // The driver enumerates them in reverse PCI order (as CUDA_DEVICE_ORDER=FASTEST_FIRST
+    // may), and rank r sets device r: rank r drives the fixture's GPU 7 − r.
+    let list: Vec<&str> = DGX8_GPUS.iter().rev().map(|g| g.0).collect();
+    let env = [format!("NCCL_ABI_GPU_PCI={}", list.join(",")), "NCCL_ABI_CUDA_DEVICE={rank}".to_string()];
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let b = (s.dir.as_path(), s.ns.name(), s.profiler_sock.as_path(), s.marker_sock.as_path());
+    let procs = spawn_job_env(b, true, 400, &["--compute-us", "5000"], &env);
+    let want: Vec<(String, String)> = (0..4).map(|r| (DGX8_GPUS[7 - r].0.to_lowercase(), DGX8_GPUS[7 - r].1.to_string())).collect();
+    let seen = wait_for(Duration::from_secs(30), "every rank linked by its GPU and labelled", || {
+        let page: serde_json::Value = serde_json::from_str(&s.agent.get("/api/v1/collectives?limit=1").ok()?.body).ok()?;
+        let links = page["links"].as_array()?.clone();
+        let m = s.agent.metrics().ok()?;
+        let info = stepwise_tests::harness::samples(&m, "stepwise_rank_info");
+        let ok = want.iter().all(|(gpu, nic)| {
+            let linked = links.iter().any(|l| l["complete"] == true && l["nics"].as_array().is_some_and(|n| n.iter().any(|x| x == nic.as_str())));
+            let labelled = info.iter().any(|(l, v)| *v == 1.0 && l.contains(&format!("gpu=\"{gpu}\"")) && l.contains(&format!("nic=\"{nic}\"")));
+            linked && labelled
+        });
+        ok.then_some((links, info))
+    });
+    let texts = wait_job(procs);
+    let (links, info) = seen.unwrap_or_else(|e| panic!("{e}\nranks: {}", texts.join("\n")));
+    // Each rank's link is its own GPU's HCA only, and says how it was found.
+    let ours: Vec<&serde_json::Value> =
+        links.iter().filter(|l| l["how"].as_object().is_some_and(|h| h.values().any(|v| v.as_str().is_some_and(|v| v.contains("GPU "))))).collect();
+    assert_eq!(ours.len(), 4, "four ranks linked by their GPU: {links:?}");
+    for l in &ours {
+        let nics: Vec<&str> = l["nics"].as_array().expect("nics").iter().filter_map(|n| n.as_str()).collect();
+        assert_eq!(nics.len(), 1, "one HCA per GPU on this tree: {l}");
+        let (gpu, _) = want.iter().find(|(_, n)| n == nics[0]).unwrap_or_else(|| panic!("a NIC no rank's GPU is near: {l}"));
+        let how = l["how"][nics[0]].as_str().expect("how");
+        assert!(how.contains(&format!("GPU {gpu}")) && how.contains("nearest HCA"), "{how}");
+    }
+    let gpus: std::collections::BTreeSet<String> = info.iter().filter_map(|(l, _)| l.split("gpu=\"").nth(1)?.split('"').next().map(String::from)).collect();
+    assert_eq!(gpus, want.iter().map(|(g, _)| g.clone()).collect(), "rank_info's GPUs: {info:?}");
 }

@@ -119,6 +119,8 @@ impl InFlight {
 pub(super) struct Charge {
     rdma: Option<InFlight>,
     tcp: Option<transport::TcpInFlight>,
+    /// Request-timed transfers not charged because they queued behind other traffic.
+    queued: usize,
 }
 
 /// What the in-flight limit cost one transfer.
@@ -136,6 +138,8 @@ pub(super) struct Transfer<'a> {
     pub bytes: f64,
     /// Share of the transfer not covered by an earlier collective.
     pub frac: f64,
+    /// The congestion cause charged this transfer (other traffic or a queue on its path).
+    pub congested: bool,
 }
 
 impl Charge {
@@ -143,9 +147,18 @@ impl Charge {
     pub fn add(&mut self, t: &Transfer<'_>, left: f64) -> f64 {
         let rdma = InFlight::from_proxy(t.coll, t.t0, t.t1, t.rate).or_else(|| InFlight::measure(t.net, t.t0, t.t1, t.rate));
         if let Some(inf) = rdma {
-            let extra = (t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate)).max(0.0).min(left.max(0.0));
             self.rdma = Some(self.rdma.as_ref().map_or(inf.clone(), |e| e.merge(&inf)));
-            return extra;
+            // T is the requests' observed occupancy, so N·m/T is whatever the transfer
+            // achieved: queueing behind other traffic lowers it as much as a small window
+            // does. When the transfer was congested (the congestion cause found other traffic
+            // or a queue on its path and charged it first), what is left cannot be split
+            // between the two from these figures: it is not charged (it stays unexplained)
+            // and the evidence says so.
+            if t.congested {
+                self.queued += 1;
+                return 0.0;
+            }
+            return (t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate)).max(0.0).min(left.max(0.0));
         }
         let Some(tcp) = transport::TcpInFlight::measure(t.wins, t.span, t.rate) else { return 0.0 };
         // TCP (§2.2 per connection, N·m/T = bytes in flight / RTT): only a send buffer or
@@ -161,6 +174,10 @@ impl Charge {
     }
 
     pub fn evidence(&self) -> BTreeMap<String, serde_json::Value> {
-        self.rdma.as_ref().map(|e| e.to_evidence()).or_else(|| self.tcp.as_ref().map(|t| t.to_evidence())).unwrap_or_default()
+        let mut ev = self.rdma.as_ref().map(|e| e.to_evidence()).or_else(|| self.tcp.as_ref().map(|t| t.to_evidence())).unwrap_or_default();
+        if self.queued > 0 {
+            ev.insert("not_charged_queued_transfers".into(), serde_json::json!(self.queued));
+        }
+        ev
     }
 }

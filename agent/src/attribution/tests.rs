@@ -188,6 +188,29 @@ fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_
 }
 
 #[test]
+fn requests_slowed_by_a_congested_path_are_not_an_in_flight_limit() {
+    // The same one-at-a-time requests, but the NIC was paused for 30 ms of the transfer: the
+    // requests' occupancy holds the queueing too, so N·m/T cannot tell a small window from a
+    // slow path. Congestion is charged; the rest is not charged as in-flight and stays
+    // unexplained, and the evidence says why.
+    let mut c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
+    for a in &mut c.arrivals {
+        a.clock.proxy_wait = Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 100.0, send_bytes: 6_553_600.0, ..Default::default() });
+    }
+    let s = step(0.0, 0.1);
+    let mut w = nic("eth0", "a", 6_553_600.0, 1e9);
+    w.pause_seconds = 0.03;
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+    assert!(a.cause(CauseKind::Congestion) > 0.02, "{:?}", a.causes);
+    assert_eq!(a.cause(CauseKind::InFlightLimit), 0.0, "{:?}", a.causes);
+    assert!(a.cause(CauseKind::Unexplained) > 0.03, "{:?}", a.causes);
+    assert!((sum(&a) - 0.1).abs() < 1e-12);
+    let inf = a.causes.iter().find(|c| c.kind == CauseKind::InFlightLimit).expect("in-flight cause listed");
+    assert_eq!(inf.evidence.get("not_charged_queued_transfers").and_then(|v| v.as_u64()), Some(1), "{:?}", inf.evidence);
+}
+
+#[test]
 fn healthy_step_has_no_problem_causes_and_negative_remainders_stay_visible() {
     let c = coll(0, &[(0, "a", 0.010, 0.0110), (1, "b", 0.010, 0.0110)], 1_000_000);
     let s = step(0.0, 0.012);

@@ -75,6 +75,7 @@ static ncclResult_t init_common(ncclComm_t* out, int nranks, const ncclUniqueId*
   if (out == NULL || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   *out = NULL;
   if (config != NULL && config->magic != NCCL_API_MAGIC) return ncclInvalidArgument;
+  abi_cuda_load();
   struct ncclComm* c = comm_alloc(nranks, rank);
   struct peer_info* all = calloc((size_t)nranks, sizeof *all);
   if (c == NULL || all == NULL) {

@@ -1,5 +1,6 @@
 /* Environment knobs (documented in README.md), logging, clocks, type sizes. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +121,27 @@ void abi_coll_log(const char* name, unsigned long opcount, const void* sbuf, con
           "op %d root %d comm %p [nranks=%d] stream (nil)\n",
           host, (int)getpid(), (int)gettid(), name, opcount, sbuf, rbuf, count, dt, op, root,
           comm, nranks);
+}
+
+/* Loads the CUDA driver stand-in beside this library (build/libcuda.so.1), once: a real
+ * NCCL process has the driver loaded before its first communicator, and a profiler plugin
+ * asks it which GPU the process drives. A copy of this library elsewhere finds none and runs
+ * as on a host without a driver. */
+static void cuda_load_once(void) {
+  Dl_info info;
+  if (dladdr((void*)&abi_cuda_load, &info) == 0 || info.dli_fname == NULL) return;
+  const char* slash = strrchr(info.dli_fname, '/');
+  if (slash == NULL) return;
+  char path[4096];
+  int n = snprintf(path, sizeof path, "%.*s/libcuda.so.1", (int)(slash - info.dli_fname),
+                   info.dli_fname);
+  if (n <= 0 || (size_t)n >= sizeof path) return;
+  (void)dlopen(path, RTLD_NOW | RTLD_LOCAL); /* kept for the process's life */
+}
+
+void abi_cuda_load(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, cuda_load_once);
 }
 
 uint64_t abi_now_ns(void) {

@@ -41,6 +41,7 @@ HIDDEN const struct abi_env* abi_env(void);
 HIDDEN void abi_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 HIDDEN void abi_warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 HIDDEN uint64_t abi_now_ns(void);
+HIDDEN void abi_cuda_load(void); /* the CUDA driver stand-in, once (env.c) */
 HIDDEN uint64_t abi_gpu_timer_ns(void); /* the simulated GPU global timer */
 /* Called first by every API function: logs it at NCCL_ABI_DEBUG=2, and being a call it
  * keeps even trivial entry points non-leaf, so that they start with push %rbp. */

@@ -65,6 +65,8 @@ pub struct ProcInfo {
     /// The NIC its traffic uses, as `stepwise_rank_info` names it (`several`; empty until
     /// linked, see [`crate::timeline::links`]).
     pub nic: String,
+    /// Its GPU's PCI address, from its profiler plugin (empty until reported).
+    pub gpu: String,
 }
 
 impl ProcInfo {

@@ -7,9 +7,11 @@
 //! configured sysfs root) a process is linked to them only by what it says about them
 //! ([`rdma_use`]): `NCCL_IB_HCA` (NCCL's HCA list), `UCX_NET_DEVICES` (UCX's device list, as
 //! OpenMPI's UCX layer reads it), or `NCCL_IB_DISABLE=1` / `NCCL_NET=Socket` (no RDMA at all).
-//! A process that says nothing keeps an incomplete link and its collectives every NIC as a
-//! candidate: NCCL picks among all HCAs by PCI distance to the GPU, which the agent does not
-//! know per process (GPU affinity and the sampled `ncclIb*` requests' devices are not used).
+//! Without those, NCCL picks the HCA nearest the process's GPU on the PCI tree: when the
+//! profiler plugin reported the process's CUDA device, the ports whose nearest GPU (the
+//! topology's) it is are the link. A process that says nothing and reports no GPU keeps an
+//! incomplete link and its collectives every NIC as a candidate (the sampled `ncclIb*`
+//! requests' devices are not used).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -47,18 +49,20 @@ pub fn ifname_matches(spec: &str, iface: &str) -> bool {
     hit != exclude
 }
 
-/// The link of one process from its sockets' connections and its environment.
-pub fn link(
-    host: &str,
-    pid: u32,
-    env: &BTreeMap<String, String>,
-    inodes: &BTreeSet<u32>,
-    conns: &[TcpConn],
-    iface_of: &BTreeMap<IpAddr, String>,
-    rdma: &[RdmaPort],
-) -> ProcessLink {
+/// What a traced process says about itself: its allowlisted environment and, when its
+/// profiler plugin reported one, its GPU's PCI address.
+#[derive(Clone, Copy, Debug)]
+pub struct Says<'a> {
+    pub pid: u32,
+    pub env: &'a BTreeMap<String, String>,
+    pub gpu: Option<&'a str>,
+}
+
+/// The link of one process from its sockets' connections, its environment and its GPU.
+pub fn link(host: &str, p: Says<'_>, inodes: &BTreeSet<u32>, conns: &[TcpConn], iface_of: &BTreeMap<IpAddr, String>, rdma: &[RdmaPort]) -> ProcessLink {
+    let (pid, env) = (p.pid, p.env);
     let mut l = ProcessLink { host: host.into(), pid, ..Default::default() };
-    match rdma_use(env, rdma) {
+    match rdma_use(env, p.gpu, rdma) {
         RdmaUse::NoDevices => l.complete = true,
         RdmaUse::Unknown => {}
         RdmaUse::Disabled(how) => {
@@ -99,6 +103,8 @@ pub struct RdmaPort {
     pub device: String,
     pub port: Option<u32>,
     pub nic: String,
+    /// The GPU nearest the port on the PCI tree (the topology's), PCI address.
+    pub gpu: Option<String>,
 }
 
 impl RdmaPort {
@@ -109,7 +115,7 @@ impl RdmaPort {
             .filter_map(|n| {
                 let device = n.ib_device.clone()?;
                 let nic = n.netdev.clone().unwrap_or_else(|| format!("{device}/{}", n.port.unwrap_or(1)));
-                Some(RdmaPort { device, port: n.port, nic })
+                Some(RdmaPort { device, port: n.port, nic, gpu: n.gpu.clone() })
             })
             .collect()
     }
@@ -144,8 +150,10 @@ pub fn hca_matches(spec: &str, device: &str, port: Option<u32>) -> bool {
 
 /// Which RDMA ports `env` confines a process to. `UCX_NET_DEVICES` lists exact `device:port`
 /// names (and netdevs, for UCX's TCP transport, which sock_diag sees anyway); `all` or unset
-/// says nothing. Both variables set: the ports either names.
-pub fn rdma_use(env: &BTreeMap<String, String>, ports: &[RdmaPort]) -> RdmaUse {
+/// says nothing. Both variables set: the ports either names. Neither: the ports nearest the
+/// process's GPU (`gpu`, a PCI address), as NCCL chooses by default, when it is known and
+/// one is.
+pub fn rdma_use(env: &BTreeMap<String, String>, gpu: Option<&str>, ports: &[RdmaPort]) -> RdmaUse {
     if ports.is_empty() {
         return RdmaUse::NoDevices;
     }
@@ -159,7 +167,7 @@ pub fn rdma_use(env: &BTreeMap<String, String>, ports: &[RdmaPort]) -> RdmaUse {
     let hca = var("NCCL_IB_HCA");
     let ucx = var("UCX_NET_DEVICES").filter(|v| !v.eq_ignore_ascii_case("all"));
     if hca.is_none() && ucx.is_none() {
-        return RdmaUse::Unknown;
+        return gpu.map_or(RdmaUse::Unknown, |g| nearest_ports(g, ports));
     }
     let ucx_names = |p: &RdmaPort| {
         let name = format!("{}:{}", p.device, p.port.unwrap_or(1));
@@ -182,6 +190,24 @@ pub fn rdma_use(env: &BTreeMap<String, String>, ports: &[RdmaPort]) -> RdmaUse {
     RdmaUse::Ports(linked)
 }
 
+/// The ports whose nearest GPU is `gpu` (Unknown when none is: a GPU the topology does not
+/// know, or one without a NIC of its own).
+fn nearest_ports(gpu: &str, ports: &[RdmaPort]) -> RdmaUse {
+    let near: Vec<(String, String)> = ports
+        .iter()
+        .filter(|p| p.gpu.as_deref() == Some(gpu))
+        .map(|p| {
+            let port = p.port.map_or(String::new(), |n| format!(" port {n}"));
+            (p.nic.clone(), format!("GPU {gpu} (its CUDA device, from the profiler plugin) → nearest HCA {}{port} on the PCI tree", p.device))
+        })
+        .collect();
+    if near.is_empty() {
+        RdmaUse::Unknown
+    } else {
+        RdmaUse::Ports(near)
+    }
+}
+
 /// How long a process's link outlives the process: its last steps are attributed after it
 /// exited (grace, watermark), and `diagnose` asks for the last 10 minutes.
 pub const KEEP: Duration = Duration::from_secs(900);
@@ -198,12 +224,21 @@ pub struct Linker {
     known: BTreeMap<u32, (ProcessLink, Instant)>,
     /// Processes seen by a refresh after one of their calls returned.
     settled: BTreeSet<u32>,
+    /// Processes seen by a refresh with their GPU known.
+    with_gpu: BTreeSet<u32>,
 }
 
 impl Default for Linker {
     fn default() -> Self {
         let topo = crate::topology::discover(Path::new("/sys"), &BTreeMap::new());
-        Linker { diag: SockDiag::open().ok(), last: None, rdma: RdmaPort::of(&topo), known: BTreeMap::new(), settled: BTreeSet::new() }
+        Linker {
+            diag: SockDiag::open().ok(),
+            last: None,
+            rdma: RdmaPort::of(&topo),
+            known: BTreeMap::new(),
+            settled: BTreeSet::new(),
+            with_gpu: BTreeSet::new(),
+        }
     }
 }
 
@@ -213,22 +248,17 @@ impl Linker {
         self.rdma = ports;
     }
 
-    /// Every kept link, when a refresh of `procs` (pid → allowlisted environment, whether a
-    /// call of it has returned) was due: every [`REFRESH`], and at once (at the next rescan)
+    /// Every kept link, when a refresh of `procs` (what each says, whether a call of it has
+    /// returned) was due: every [`REFRESH`], and at once (at the next rescan)
     /// when a process that has returned from a call was not yet seen since.
     ///
     /// A link seen before the process's first call returned is never complete: a job opens its
     /// connections in its first collective, and a process seen without them would otherwise be
     /// linked to no NIC at all — every NIC of its steps filtered away.
-    pub fn refresh<'a>(
-        &mut self,
-        host: &str,
-        proc_root: &Path,
-        procs: impl Iterator<Item = (u32, &'a BTreeMap<String, String>, bool)>,
-    ) -> Option<Vec<ProcessLink>> {
+    pub fn refresh<'a>(&mut self, host: &str, proc_root: &Path, procs: impl Iterator<Item = (Says<'a>, bool)>) -> Option<Vec<ProcessLink>> {
         let procs: Vec<_> = procs.collect();
-        let first_after_call = procs.iter().any(|(pid, _, called)| *called && !self.settled.contains(pid));
-        if self.last.is_some_and(|t| t.elapsed() < REFRESH) && !first_after_call {
+        let news = procs.iter().any(|(p, called)| (*called && !self.settled.contains(&p.pid)) || (p.gpu.is_some() && !self.with_gpu.contains(&p.pid)));
+        if self.last.is_some_and(|t| t.elapsed() < REFRESH) && !news {
             return None;
         }
         let now = Instant::now();
@@ -236,8 +266,9 @@ impl Linker {
         let diag = self.diag.as_mut()?;
         let conns = diag.dump().map(|(c, _)| c).unwrap_or_default();
         let iface_of = crate::sources::tcp::interface_addresses();
-        for (pid, env, called) in procs {
-            let new = link(host, pid, env, &socket_inodes(proc_root, pid), &conns, &iface_of, &self.rdma);
+        for (says, called) in procs {
+            let pid = says.pid;
+            let new = link(host, says, &socket_inodes(proc_root, pid), &conns, &iface_of, &self.rdma);
             let e = self.known.entry(pid).or_insert_with(|| (new.clone(), now));
             e.0.nics.extend(new.nics);
             for (nic, how) in new.how {
@@ -248,9 +279,13 @@ impl Linker {
             if called {
                 self.settled.insert(pid);
             }
+            if says.gpu.is_some() {
+                self.with_gpu.insert(pid);
+            }
         }
         self.known.retain(|_, (_, seen)| now.duration_since(*seen) < KEEP);
         self.settled.retain(|p| self.known.contains_key(p));
+        self.with_gpu.retain(|p| self.known.contains_key(p));
         while self.known.len() > MAX_KEPT {
             let oldest = self.known.iter().min_by_key(|(_, (_, t))| *t).map(|(p, _)| *p);
             oldest.map(|p| self.known.remove(&p));
@@ -276,11 +311,17 @@ mod tests {
     }
 
     fn dgx(n: usize) -> Vec<RdmaPort> {
-        (0..n).map(|i| RdmaPort { device: format!("mlx5_{i}"), port: Some(1), nic: format!("ibp{i}s0") }).collect()
+        (0..n)
+            .map(|i| RdmaPort { device: format!("mlx5_{i}"), port: Some(1), nic: format!("ibp{i}s0"), gpu: Some(format!("0000:{:02x}:00.0", 0x12 + 0x20 * i)) })
+            .collect()
     }
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn says(pid: u32, env: &BTreeMap<String, String>) -> Says<'_> {
+        Says { pid, env, gpu: None }
     }
 
     fn linked(u: RdmaUse) -> Vec<String> {
@@ -303,18 +344,52 @@ mod tests {
     #[test]
     fn a_process_is_linked_to_the_rdma_ports_it_names() {
         let ports = dgx(8);
-        assert_eq!(rdma_use(&env(&[]), &[]), RdmaUse::NoDevices);
-        assert_eq!(rdma_use(&env(&[("NCCL_SOCKET_IFNAME", "eth0")]), &ports), RdmaUse::Unknown);
-        assert_eq!(rdma_use(&env(&[("UCX_NET_DEVICES", "all")]), &ports), RdmaUse::Unknown);
-        assert!(matches!(rdma_use(&env(&[("NCCL_IB_DISABLE", "1")]), &ports), RdmaUse::Disabled(_)));
-        assert!(matches!(rdma_use(&env(&[("NCCL_NET", "Socket")]), &ports), RdmaUse::Disabled(_)));
-        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx5_0:1,mlx5_1:1")]), &ports)), ["ibp0s0", "ibp1s0"]);
-        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "^mlx5_0,mlx5_1,mlx5_2,mlx5_3")]), &ports)), ["ibp4s0", "ibp5s0", "ibp6s0", "ibp7s0"]);
-        assert_eq!(linked(rdma_use(&env(&[("UCX_NET_DEVICES", "mlx5_2:1, eth0")]), &ports)), ["ibp2s0"]);
+        assert_eq!(rdma_use(&env(&[]), None, &[]), RdmaUse::NoDevices);
+        assert_eq!(rdma_use(&env(&[("NCCL_SOCKET_IFNAME", "eth0")]), None, &ports), RdmaUse::Unknown);
+        assert_eq!(rdma_use(&env(&[("UCX_NET_DEVICES", "all")]), None, &ports), RdmaUse::Unknown);
+        assert!(matches!(rdma_use(&env(&[("NCCL_IB_DISABLE", "1")]), None, &ports), RdmaUse::Disabled(_)));
+        assert!(matches!(rdma_use(&env(&[("NCCL_NET", "Socket")]), None, &ports), RdmaUse::Disabled(_)));
+        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx5_0:1,mlx5_1:1")]), None, &ports)), ["ibp0s0", "ibp1s0"]);
+        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "^mlx5_0,mlx5_1,mlx5_2,mlx5_3")]), None, &ports)), ["ibp4s0", "ibp5s0", "ibp6s0", "ibp7s0"]);
+        assert_eq!(linked(rdma_use(&env(&[("UCX_NET_DEVICES", "mlx5_2:1, eth0")]), None, &ports)), ["ibp2s0"]);
         // A list naming no port of this host confines it to none of them.
-        assert!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx4_0")]), &ports)).is_empty());
-        let RdmaUse::Ports(p) = rdma_use(&env(&[("NCCL_IB_HCA", "mlx5_3")]), &ports) else { panic!("ports") };
+        assert!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx4_0")]), None, &ports)).is_empty());
+        let RdmaUse::Ports(p) = rdma_use(&env(&[("NCCL_IB_HCA", "mlx5_3")]), None, &ports) else { panic!("ports") };
         assert_eq!(p, [("ibp3s0".to_string(), "NCCL_IB_HCA=mlx5_3 → mlx5_3 port 1".to_string())]);
+    }
+
+    #[test]
+    fn a_process_that_names_no_port_is_linked_to_the_ports_nearest_its_gpu() {
+        let ports = dgx(8);
+        // GPU 2 (0000:52:00.0) sits under the same PCI switch as mlx5_2.
+        let RdmaUse::Ports(p) = rdma_use(&env(&[]), Some("0000:52:00.0"), &ports) else { panic!("ports") };
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "ibp2s0");
+        assert!(p[0].1.contains("GPU 0000:52:00.0") && p[0].1.contains("mlx5_2 port 1"), "{p:?}");
+        // Two ports sharing one GPU's switch are both its own.
+        let mut two = dgx(8);
+        two[3].gpu = two[2].gpu.clone();
+        assert_eq!(linked(rdma_use(&env(&[]), Some("0000:52:00.0"), &two)), ["ibp2s0", "ibp3s0"]);
+        // What the process names wins over its GPU; a GPU the topology does not know says nothing.
+        assert_eq!(linked(rdma_use(&env(&[("NCCL_IB_HCA", "=mlx5_5")]), Some("0000:52:00.0"), &ports)), ["ibp5s0"]);
+        assert!(matches!(rdma_use(&env(&[("NCCL_IB_DISABLE", "1")]), Some("0000:52:00.0"), &ports), RdmaUse::Disabled(_)));
+        assert_eq!(rdma_use(&env(&[]), Some("0000:99:00.0"), &ports), RdmaUse::Unknown);
+        assert_eq!(rdma_use(&env(&[]), None, &ports), RdmaUse::Unknown);
+    }
+
+    #[test]
+    fn a_gpu_reported_after_the_first_call_completes_the_link_at_once() {
+        let mut linker = Linker::default();
+        linker.set_rdma_ports(dgx(8));
+        let me = std::process::id();
+        let env = BTreeMap::new();
+        let first = linker.refresh("h", Path::new("/proc"), [(says(me, &env), true)].into_iter()).expect("the first refresh is due");
+        assert!(!first[0].complete, "no GPU yet, no HCA named: every NIC stays a candidate: {first:?}");
+        let gpu = Says { gpu: Some("0000:f2:00.0"), ..says(me, &env) };
+        let after = linker.refresh("h", Path::new("/proc"), [(gpu, true)].into_iter()).expect("refreshed when the GPU became known");
+        assert!(after[0].complete && after[0].nics.contains("ibp7s0"), "{after:?}");
+        assert!(after[0].how["ibp7s0"].contains("GPU 0000:f2:00.0"), "{after:?}");
+        assert!(linker.refresh("h", Path::new("/proc"), [(gpu, true)].into_iter()).is_none(), "once per process");
     }
 
     #[test]
@@ -333,28 +408,28 @@ mod tests {
         let (a1, a2) = (IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
         // Loopback is not a NIC.
         let iface_of: BTreeMap<IpAddr, String> = [(a1, "lo".to_string()), (a2, "lo".to_string())].into();
-        let link0 = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
+        let link0 = link("h", says(me, &env), &inodes, &conns, &iface_of, &[]);
         assert!(link0.nics.is_empty() && link0.complete, "{link0:?}");
         // Both ends at this host's addresses: routed over lo whatever interface holds them.
         let iface_of: BTreeMap<IpAddr, String> = [(a1, "rail0".to_string()), (a2, "rail1".to_string())].into();
-        let own = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
+        let own = link("h", says(me, &env), &inodes, &conns, &iface_of, &[]);
         assert!(own.nics.is_empty(), "a connection to this host's own address uses no NIC: {own:?}");
         // The peer elsewhere: the local address's interface is the NIC.
         let iface_of: BTreeMap<IpAddr, String> = [(a1, "rail0".to_string())].into();
-        let l1 = link("h", me, &env, &inodes, &conns, &iface_of, &[]);
+        let l1 = link("h", says(me, &env), &inodes, &conns, &iface_of, &[]);
         assert_eq!(l1.nics.iter().collect::<Vec<_>>(), ["rail0"]);
         assert!(l1.how["rail0"].starts_with("tcp 127.0.0.1:") && l1.how["rail0"].contains("→ 127.0.0.2:"), "{l1:?}");
         // NCCL_SOCKET_IFNAME excluding it, or an RDMA host (incomplete).
         let env: BTreeMap<String, String> = [("NCCL_SOCKET_IFNAME".to_string(), "^rail".to_string())].into();
-        assert!(link("h", me, &env, &inodes, &conns, &iface_of, &[]).nics.is_empty());
-        let ports = [RdmaPort { device: "mlx5_0".into(), port: Some(1), nic: "ib0".into() }];
-        assert!(!link("h", me, &BTreeMap::new(), &inodes, &conns, &iface_of, &ports).complete);
+        assert!(link("h", says(me, &env), &inodes, &conns, &iface_of, &[]).nics.is_empty());
+        let ports = [RdmaPort { device: "mlx5_0".into(), port: Some(1), nic: "ib0".into(), gpu: None }];
+        assert!(!link("h", says(me, &BTreeMap::new()), &inodes, &conns, &iface_of, &ports).complete);
         // On an RDMA host, NCCL_IB_HCA completes the link: the socket's NIC and the HCA's.
         let env: BTreeMap<String, String> = [("NCCL_IB_HCA".to_string(), "=mlx5_0:1".to_string())].into();
-        let l2 = link("h", me, &env, &inodes, &conns, &iface_of, &ports);
+        let l2 = link("h", says(me, &env), &inodes, &conns, &iface_of, &ports);
         assert!(l2.complete && l2.nics.iter().eq(["ib0", "rail0"].iter()), "{l2:?}");
         // Another process's sockets are not ours.
-        assert!(link("h", me, &BTreeMap::new(), &BTreeSet::new(), &conns, &iface_of, &[]).nics.is_empty());
+        assert!(link("h", says(me, &BTreeMap::new()), &BTreeSet::new(), &conns, &iface_of, &[]).nics.is_empty());
     }
 
     #[test]
@@ -365,12 +440,12 @@ mod tests {
         linker.set_rdma_ports(Vec::new());
         let me = std::process::id();
         let env = BTreeMap::new();
-        let first = linker.refresh("h", Path::new("/proc"), [(me, &env, false)].into_iter()).expect("the first refresh is due");
+        let first = linker.refresh("h", Path::new("/proc"), [(says(me, &env), false)].into_iter()).expect("the first refresh is due");
         assert!(!first[0].complete, "seen before any call returned: every NIC stays a candidate: {first:?}");
-        assert!(linker.refresh("h", Path::new("/proc"), [(me, &env, false)].into_iter()).is_none(), "the next one waits for REFRESH");
+        assert!(linker.refresh("h", Path::new("/proc"), [(says(me, &env), false)].into_iter()).is_none(), "the next one waits for REFRESH");
         // Its first call returned: refreshed at once, and complete from then on.
-        let after = linker.refresh("h", Path::new("/proc"), [(me, &env, true)].into_iter()).expect("refreshed after the first call");
+        let after = linker.refresh("h", Path::new("/proc"), [(says(me, &env), true)].into_iter()).expect("refreshed after the first call");
         assert!(after[0].complete, "{after:?}");
-        assert!(linker.refresh("h", Path::new("/proc"), [(me, &env, true)].into_iter()).is_none(), "once per process");
+        assert!(linker.refresh("h", Path::new("/proc"), [(says(me, &env), true)].into_iter()).is_none(), "once per process");
     }
 }

@@ -48,6 +48,9 @@ pub struct RankInfoLabels {
     pub container: String,
     /// The netdev its traffic uses (`several` when more than one; empty until linked).
     pub nic: String,
+    /// Its GPU's PCI address (sysfs spelling, as DCGM's `pci_bus_id` up to the domain's
+    /// width), from the profiler plugin; empty when unknown.
+    pub gpu: String,
 }
 
 impl RankInfoLabels {
@@ -62,6 +65,7 @@ impl RankInfoLabels {
             namespace: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
             container: pod.and_then(|p| p.container_id.as_ref()).map(|c| c.chars().take(12).collect()).unwrap_or_default(),
             nic: p.nic.clone(),
+            gpu: p.gpu.clone(),
         }
     }
 }
@@ -127,7 +131,7 @@ impl CollectiveMetrics {
         r.register("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());
         r.register(
             "stepwise_rank_info",
-            "A traced process: its global and local rank, job, and Kubernetes pod, namespace and container and the NIC its traffic uses (1 while it runs)",
+            "A traced process: its global and local rank, job, Kubernetes pod, namespace and container, the NIC its traffic uses and its GPU's PCI address (1 while it runs)",
             m.rank_info.clone(),
         );
         m
@@ -137,17 +141,25 @@ impl CollectiveMetrics {
         self.rank_info.get_or_create(&RankInfoLabels::of(p)).set(1);
     }
 
-    /// Puts each process's linked NIC ([`super::net_metrics::nic_label`]) on its
-    /// `stepwise_rank_info` series, replacing the series whose NIC changed.
-    pub fn label_nics<'a>(&self, procs: impl Iterator<Item = (&'a u32, &'a mut super::decode::ProcInfo)>, links: &[crate::timeline::links::ProcessLink]) {
+    /// Puts each process's linked NIC ([`super::net_metrics::nic_label`]) and its GPU (the
+    /// plugin's, `gpus`) on its `stepwise_rank_info` series, replacing the series whose labels
+    /// changed.
+    pub fn label_nics<'a>(
+        &self,
+        procs: impl Iterator<Item = (&'a u32, &'a mut super::decode::ProcInfo)>,
+        links: &[crate::timeline::links::ProcessLink],
+        gpus: &std::collections::BTreeMap<u32, String>,
+    ) {
         for (pid, info) in procs {
             let nic = match super::net_metrics::nic_label(links, *pid) {
                 n if n == "unknown" => String::new(),
                 n => n,
             };
-            if nic != info.nic {
+            let gpu = gpus.get(pid).cloned().unwrap_or_default();
+            if nic != info.nic || gpu != info.gpu {
                 self.forget_rank_info(info);
                 info.nic = nic;
+                info.gpu = gpu;
                 self.set_rank_info(info);
             }
         }
@@ -233,16 +245,23 @@ mod tests {
             m.set_rank_info(p);
         }
         assert!(info_lines(&r).iter().all(|l| l.contains("nic=\"\"")), "not linked yet: {:?}", info_lines(&r));
-        m.label_nics(procs.iter_mut(), &[link(10, &["rail0"]), link(11, &["rail1", "rail2"])]);
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail0"]), link(11, &["rail1", "rail2"])], &BTreeMap::new());
         let lines = info_lines(&r);
         assert_eq!(lines.len(), 2, "one series per process: {lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("nic=\"rail0\"")), "{lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("nic=\"several\"")), "{lines:?}");
         // Rank 0 moves to another NIC; an unlinked process goes back to empty.
-        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])]);
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])], &BTreeMap::new());
         let lines = info_lines(&r);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("nic=\"rail3\"")), "{lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("nic=\"\"")), "{lines:?}");
+        // Rank 1's plugin reports its GPU: the same series, now with it.
+        let gpus: BTreeMap<u32, String> = [(11, "0000:52:00.0".to_string())].into();
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])], &gpus);
+        let lines = info_lines(&r);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("gpu=\"0000:52:00.0\"")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("gpu=\"\"")), "{lines:?}");
     }
 }

@@ -178,13 +178,13 @@ impl Collectives {
         self.history.clone()
     }
 
-    /// Kernel-side event drops so far.
     /// The host's RDMA ports (from the topology under the agent's sysfs root), which a
     /// process's `NCCL_IB_HCA` / `UCX_NET_DEVICES` link it to.
     pub fn set_rdma_ports(&mut self, ports: Vec<links::RdmaPort>) {
         self.linker.set_rdma_ports(ports);
     }
 
+    /// Kernel-side event drops so far.
     pub fn drops_handle(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.drops_total.clone()
     }
@@ -579,9 +579,10 @@ impl Collectives {
         for f in ["nccl", "mpi", "gloo", "user"] {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
         }
-        let host = self.history.lock().map(|h| h.host.to_string()).unwrap_or_default();
-        if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, self.procs.iter().map(|(p, i)| (*p, &i.env, i.called))) {
-            self.metrics.label_nics(self.procs.iter_mut(), &l);
+        let (host, gpus) = self.history.lock().map(|h| (h.host.to_string(), h.plugin.gpus())).unwrap_or_default();
+        let says = self.procs.iter().map(|(p, i)| (links::Says { pid: *p, env: &i.env, gpu: gpus.get(p).map(String::as_str) }, i.called));
+        if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, says) {
+            self.metrics.label_nics(self.procs.iter_mut(), &l, &gpus);
             if let Ok(mut h) = self.history.lock() {
                 h.links = l;
             }

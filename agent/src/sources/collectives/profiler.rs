@@ -53,6 +53,8 @@ pub struct PluginProc {
     pub last_seen: f64,
     /// The latest record's GPU-offset error bound, seconds.
     pub offset_error_seconds: Option<f64>,
+    /// Its CUDA device's PCI address (sysfs spelling), when the plugin found one.
+    pub gpu: Option<String>,
 }
 
 impl PluginProc {
@@ -143,6 +145,9 @@ impl PluginStore {
         let new_drops = (h.dropped_full.saturating_sub(p.dropped_ring_full), h.dropped_unsent.saturating_sub(p.dropped_unsent));
         p.nccl_version = h.nccl_version;
         p.event_mask = h.event_mask;
+        if let Some(g) = h.gpu() {
+            p.gpu = Some(g);
+        }
         p.dropped_ring_full = p.dropped_ring_full.max(h.dropped_full);
         p.dropped_unsent = p.dropped_unsent.max(h.dropped_unsent);
         p.records += recs.len() as u64;
@@ -160,6 +165,11 @@ impl PluginStore {
             self.calls.push_back(c);
         }
         new_drops
+    }
+
+    /// The GPU of each process whose plugin reported one.
+    pub fn gpus(&self) -> BTreeMap<u32, String> {
+        self.procs.values().filter_map(|p| Some((p.pid, p.gpu.clone()?))).collect()
     }
 
     /// Whether the uprobe call `c` is replaced by this process's plugin calls.

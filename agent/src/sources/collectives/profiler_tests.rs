@@ -30,7 +30,12 @@ fn rec(rank: i32, seq: u64, start_ms: u64, end_ms: u64) -> Record {
 
 fn datagram(pid: u32, recs: &[Record], dropped_full: u64) -> Vec<u8> {
     let mut b = Vec::new();
-    let h = Header { pid, nccl_version: 22907, event_mask: 0x5a, dropped_full, dropped_unsent: 0, sent: 0 };
+    // The plugin of process 10 found its CUDA device (the driver's spelling: upper case).
+    let mut gpu_pci = [0u8; 16];
+    if pid == 10 {
+        gpu_pci[..12].copy_from_slice(b"0000:B2:00.0");
+    }
+    let h = Header { pid, nccl_version: 22907, event_mask: 0x5a, dropped_full, dropped_unsent: 0, sent: 0, gpu_pci };
     wire::encode(&h, recs, &mut b);
     b
 }
@@ -78,6 +83,7 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     assert!((g.enter - 1000.030).abs() < 1e-6 && (g.exit - 1000.042).abs() < 1e-6, "{} {}", g.enter, g.exit);
     assert!((g.clock.host_enqueue.expect("enqueue") - 1000.028).abs() < 1e-6);
     assert_eq!(g.clock.gpu_offset_error, Some(20e-6));
+    assert_eq!(h.plugin.gpus(), [(10, "0000:b2:00.0".to_string())].into(), "process 10's GPU, in sysfs's spelling");
     let w = g.clock.proxy_wait.expect("waits");
     assert!((w.send_wait - 0.003).abs() < 1e-12);
     assert_eq!((w.send_requests, w.send_bytes, w.recv_requests), (4.0, f64::from(4 << 20), 0.0), "the proxy's requests reach the join");
