@@ -108,6 +108,11 @@ pub struct RdmaPort {
 }
 
 impl RdmaPort {
+    /// ` port N` when the port is known, for the link's how-text.
+    fn port_suffix(&self) -> String {
+        self.port.map_or(String::new(), |n| format!(" port {n}"))
+    }
+
     /// The RDMA ports of a discovered topology.
     pub fn of(topo: &crate::topology::Topology) -> Vec<RdmaPort> {
         topo.nics
@@ -176,7 +181,7 @@ pub fn rdma_use(env: &BTreeMap<String, String>, gpu: Option<&str>, ports: &[Rdma
     let linked = ports
         .iter()
         .filter_map(|p| {
-            let port = p.port.map_or(String::new(), |n| format!(" port {n}"));
+            let port = p.port_suffix();
             let how = if hca.is_some_and(|h| hca_matches(h, &p.device, p.port)) {
                 format!("NCCL_IB_HCA={} → {}{port}", hca.unwrap_or_default(), p.device)
             } else if ucx_names(p) {
@@ -197,8 +202,7 @@ fn nearest_ports(gpu: &str, ports: &[RdmaPort]) -> RdmaUse {
         .iter()
         .filter(|p| p.gpu.as_deref() == Some(gpu))
         .map(|p| {
-            let port = p.port.map_or(String::new(), |n| format!(" port {n}"));
-            (p.nic.clone(), format!("GPU {gpu} (its CUDA device, from the profiler plugin) → nearest HCA {}{port} on the PCI tree", p.device))
+            (p.nic.clone(), format!("GPU {gpu} (its CUDA device, from the profiler plugin) → nearest HCA {}{} on the PCI tree", p.device, p.port_suffix()))
         })
         .collect();
     if near.is_empty() {
