@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use stepwise_tests::harness::{self, Agent, Proc};
 
 mod ecosystem;
+mod plugin_bench;
 
 pub fn root() -> PathBuf {
     let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -173,7 +174,11 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("cluster") => bench_cluster(),
         // The NCCL profiler plugin: ns per collective on NCCL's calling and proxy threads
         // against an empty plugin, and records/s reaching a receiver (docs/profiler-plugin.md).
-        Some("plugin") => sh(cargo().args(["run", "--release", "-p", "nccl-profiler", "--example", "bench_plugin"])),
+        // Then the step-time overhead of the asynchronous NCCL-ABI job with and without it.
+        Some("plugin") => {
+            sh(cargo().args(["run", "--release", "-p", "nccl-profiler", "--example", "bench_plugin"]))?;
+            plugin_bench::step_overhead()
+        }
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }

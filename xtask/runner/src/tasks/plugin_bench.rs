@@ -1,0 +1,125 @@
+//! `cargo xtask bench plugin`, second part: the step-time overhead of the profiler plugin on
+//! the asynchronous NCCL-ABI workload (`nccl_steps`, calls return at enqueue, a simulated
+//! stream per communicator), with and without `NCCL_PROFILER_PLUGIN`, rounds alternating so
+//! that drift on this machine falls on both sides alike.
+//!
+//! The plugin reports to a receiver socket drained by a thread of this program in both arms,
+//! so the records really leave the process (a plugin with no receiver only counts them as
+//! unsent, which would be cheaper than in a job with an agent).
+
+use std::{
+    os::unix::net::UnixDatagram,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc,
+    },
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{cargo, root, sh, tempdir};
+
+const RANKS: u32 = 2;
+const ROUNDS: usize = 5;
+const STEPS: &str = "300";
+
+/// The release plugin under the name jobs load (cargo cannot emit the hyphenated name).
+fn release_plugin(dir: &Path) -> Result<PathBuf> {
+    sh(cargo().args(["build", "--release", "-p", "nccl-profiler"]))?;
+    let dst = dir.join("libnccl-profiler-stepwise.so");
+    std::fs::copy(root().join("target/release/libnccl_profiler.so"), &dst).context("copy the plugin")?;
+    Ok(dst)
+}
+
+/// Binds the receiver and drains it on a thread; the count of datagrams it received.
+fn receiver(sock: &Path) -> Result<Arc<AtomicU64>> {
+    let rx = UnixDatagram::bind(sock).with_context(|| format!("bind {}", sock.display()))?;
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            if rx.recv(&mut buf).is_ok() {
+                g.fetch_add(1, Relaxed);
+            }
+        }
+    });
+    Ok(got)
+}
+
+/// One run of the job: the mean over ranks of each rank's median step time (µs).
+fn run_job(bin: &Path, dir: &Path, sock: &Path, plugin: Option<&Path>) -> Result<f64> {
+    let id = dir.join("job.id");
+    let _ = std::fs::remove_file(&id);
+    let mut kids = Vec::new();
+    for r in 0..RANKS {
+        let mut c = Command::new(bin);
+        c.env_remove("CUDA_LAUNCH_BLOCKING").env("STEPS_COMPUTE", "sleep").env("STEPWISE_PROFILER_SOCKET", sock);
+        c.env("NCCL_PROFILER_PLUGIN", plugin.map_or_else(|| "none".into(), |p| p.as_os_str().to_owned()));
+        c.args(["--rank", &r.to_string(), "--nranks", &RANKS.to_string(), "--id-file"]).arg(&id);
+        c.args(["--steps", STEPS, "--bytes", "262144", "--compute-us", "3000", "--gpu-compute-ms", "2"]);
+        kids.push(c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().context("start nccl_steps")?);
+    }
+    let mut medians = Vec::new();
+    for k in kids {
+        let out = k.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("nccl_steps failed ({}):\n{text}{}", out.status, String::from_utf8_lossy(&out.stderr));
+        }
+        let median = text
+            .lines()
+            .filter(|l| l.starts_with("summary "))
+            .flat_map(|l| l.split_whitespace())
+            .find_map(|t| t.strip_prefix("step_us_median=").and_then(|v| v.parse::<f64>().ok()))
+            .context("no step_us_median in nccl_steps' summary")?;
+        medians.push(median);
+    }
+    Ok(medians.iter().sum::<f64>() / medians.len() as f64)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Alternating rounds without and with the plugin; prints both, the overhead and the
+/// run-to-run spread of the rounds without it.
+pub fn step_overhead() -> Result<()> {
+    let dir = tempdir("bench-plugin-steps")?;
+    let bin = stepwise_tests::workloads::build()?.join("nccl_steps");
+    let plugin = release_plugin(&dir)?;
+    let sock = dir.join("profiler.sock");
+    let got = receiver(&sock)?;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        off.push(run_job(&bin, &dir, &sock, None)?);
+        on.push(run_job(&bin, &dir, &sock, Some(&plugin))?);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let received = got.load(Relaxed);
+    if received == 0 {
+        bail!("the plugin sent nothing to {}: it did not load, the overhead would be meaningless", sock.display());
+    }
+    let spread = |v: &[f64]| (v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)) / median(&mut v.to_vec());
+    let (m_off, m_on) = (median(&mut off.clone()), median(&mut on.clone()));
+    let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
+    println!(
+        "step time of the asynchronous NCCL-ABI job ({RANKS} ranks × {STEPS} steps, 256 KiB all-reduce, 2 ms GPU + 3 ms host compute), median µs per round:"
+    );
+    println!("  without the plugin: {}  (median {m_off:.0}, spread {:.2} %)", fmt(&off), spread(&off) * 100.0);
+    println!("  with the plugin:    {}  (median {m_on:.0}, spread {:.2} %)", fmt(&on), spread(&on) * 100.0);
+    let overhead = m_on / m_off - 1.0;
+    let verdict = if overhead.abs() <= spread(&off) { "within" } else { "outside" };
+    println!("  step-time overhead {:+.2} % ({verdict} the run-to-run spread without it); {received} datagrams received", overhead * 100.0);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
