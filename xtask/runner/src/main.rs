@@ -17,13 +17,14 @@ fn main() -> anyhow::Result<()> {
         "demo" => tasks::demo(rest),
         "test" => tasks::test(rest),
         "bench" => tasks::bench(rest),
+        "gpu-check" => tasks::gpu_check(rest),
         "fuzz" => fuzz::fuzz(rest),
         "soak" => soak::soak(rest),
         "scenario" => stepwise_tests::scenario::run_cli(rest),
         "man" => man::man(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models, attribution, probes, tcp, cluster, plugin\n  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
+                "usage: cargo xtask <task>\n\n  setup              install apt packages, nightly rust-src, bpf-linker (idempotent)\n  demo               build, start the agent, run a scenario, show the result\n  test [tier…]       every test tier (unit, kernel, prometheus, …)\n  bench <what>       benchmarks: counters, models, attribution, probes, tcp, cluster, plugin\n  gpu-check [--iters N]  the profiler plugin in PyTorch's real NCCL on this host's GPU (tests/gpu; never in CI)\n  fuzz [--runs N] [--seconds N] [--fork J] [--sanitizer none] [target…]  cargo-fuzz targets (default 10 M inputs each; both limits: whichever comes first)\n  soak [--minutes N] [--debug]  agent under jobs, event storms and counter faults; RSS/CPU/fds/db bounds\n  scenario …         write or evolve sysfs fixture scenarios (see `cargo xtask scenario help`)\n  man [DIR]          man pages for agent and its subcommands (default target/man)"
             );
             if task == "help" {
                 Ok(())

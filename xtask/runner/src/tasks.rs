@@ -186,6 +186,18 @@ pub fn bench(args: &[String]) -> Result<()> {
     }
 }
 
+/// The profiler plugin (release) in PyTorch's real NCCL on this host's GPU: `tests/gpu/check.py`
+/// (tests/gpu/README.md). Needs an NVIDIA GPU and PyTorch with CUDA; CI never runs it.
+pub fn gpu_check(args: &[String]) -> Result<()> {
+    if harness::which("nvidia-smi").is_none() {
+        bail!("gpu-check needs an NVIDIA GPU and its driver (nvidia-smi not found); CI never runs it");
+    }
+    sh(cargo().args(["build", "--release", "-p", "nccl-profiler"]))?;
+    let plugin = root().join("target/release/libnccl_profiler.so");
+    let out = tempdir("gpu-check")?;
+    sh(Command::new("python3").arg(root().join("tests/gpu/check.py")).arg("--plugin").arg(&plugin).arg("--out").arg(&out).args(args))
+}
+
 /// `agent diagnose --peers` over 128 agents × 8 ranks × 1 000 steps served on loopback by
 /// the example (the agent's own API router over synthetic history): wall time and peak RSS
 /// for one step and for the slowest of 1 000 (targets < 1 s and < 10 s).
