@@ -5,7 +5,7 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
-APT_PKGS=(gcc make iproute2 ethtool prometheus prometheus-node-exporter openmpi-bin libopenmpi-dev bpftool libcap2-bin procps chromium time)
+APT_PKGS=(gcc make iproute2 ethtool prometheus prometheus-node-exporter openmpi-bin libopenmpi-dev bpftool libcap2-bin procps chromium time openssl ca-certificates)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

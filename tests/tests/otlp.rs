@@ -60,24 +60,32 @@ struct Receiver {
     _proc: Proc,
     grpc: u16,
     http: u16,
+    /// With a certificate: the gRPC-over-TLS and HTTPS ports.
+    tls: (u16, u16),
     out: PathBuf,
 }
 
 impl Receiver {
-    fn start(dir: &Path) -> Receiver {
+    /// `tls`: the server's certificate and key (PEM) for the TLS ports.
+    fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> Receiver {
         let py = python_path();
         let (grpc, http) = (free_port(), free_port());
+        let tls_ports = (free_port(), free_port());
         let out = dir.join("otlp.jsonl");
         let script = stepwise_tests::harness::workspace_root().join("tests/otlp/receiver.py");
         let mut cmd = Command::new("python3");
         cmd.arg(script).args(["--grpc-port", &grpc.to_string(), "--http-port", &http.to_string(), "--out"]).arg(&out).env("PYTHONPATH", py);
+        if let Some((cert, key)) = tls {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+            cmd.args(["--grpc-tls-port", &tls_ports.0.to_string(), "--https-port", &tls_ports.1.to_string()]);
+        }
         let mut proc = Proc::spawn("otlp receiver", &mut cmd, dir.join("receiver.log")).expect("receiver starts");
         wait_for(Duration::from_secs(20), "receiver ready", || {
             assert!(proc.alive(), "receiver exited:\n{}", proc.log_text());
             proc.log_text().contains("ready").then_some(())
         })
         .expect("receiver ready");
-        Receiver { _proc: proc, grpc, http, out }
+        Receiver { _proc: proc, grpc, http, tls: tls_ports, out }
     }
 
     /// Every request decoded so far.
@@ -282,7 +290,7 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     workloads::build().expect("workloads build");
     let dir = tempfile::Builder::new().prefix("stepwise-otlp-").tempdir().expect("tmp");
     let ns = Netns::new().expect("netns (needs root and iproute2)");
-    let rx = Receiver::start(dir.path());
+    let rx = Receiver::start(dir.path(), None);
     let sock = dir.path().join("markers.sock");
 
     // 1. gRPC.
@@ -384,4 +392,91 @@ fn steps_and_metrics_reach_an_otlp_receiver_over_grpc_and_http_and_a_dead_collec
     // rest of the agent's shutdown waits up to 5 s per task, run.rs).
     let mut agent = agent;
     assert_eq!(agent.proc.terminate(Duration::from_secs(40)), Some(0), "clean exit on SIGTERM behind a dead collector:\n{}", agent.proc.log_text());
+}
+
+/// A test CA and a certificate it signed for `localhost` / 127.0.0.1 (openssl): (ca, cert, key).
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let p = |n: &str| dir.join(n);
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl (Debian package openssl)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=stepwise test CA"]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    std::fs::write(
+        p("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    (p("ca.pem"), p("server.pem"), p("server.key"))
+}
+
+/// Export counts of an agent: (exports, errors) over both signals.
+fn export_counts(a: &Agent) -> (f64, f64) {
+    let m = a.metrics().unwrap_or_default();
+    let sum = |name: &str| ["metrics", "traces"].iter().map(|s| sample(&m, name, &[("signal", s)]).unwrap_or(0.0)).sum::<f64>();
+    (sum("stepwise_otlp_exports_total"), sum("stepwise_otlp_export_errors_total"))
+}
+
+#[test]
+fn https_collectors_are_verified_against_the_ca_file_or_refused() {
+    let dir = tempfile::Builder::new().prefix("stepwise-otlp-tls-").tempdir().expect("tmp");
+    let (ca, cert, key) = certificates(dir.path());
+    let rx = Receiver::start(dir.path(), Some((&cert, &key)));
+    let ns = Netns::new().expect("netns (needs root and iproute2)");
+    let sock = dir.path().join("markers.sock");
+    // gRPC over TLS, the CA from [otlp] ca_file; the name verified is the endpoint's host.
+    let grpc =
+        config(dir.path(), &ns, &sock, &format!("endpoint = \"https://localhost:{}\"\ninterval = \"500ms\"\nca_file = \"{}\"\n", rx.tls.0, ca.display()));
+    let a = Agent::start(dir.path(), &["--config", grpc.to_str().expect("utf8")]).expect("agent starts");
+    // OTLP/HTTP over TLS, configured by the standard variables only (an IP address verified
+    // against the certificate's IP SAN).
+    let http = config(dir.path(), &ns, &sock, "interval = \"500ms\"\n");
+    let endpoint = format!("https://127.0.0.1:{}", rx.tls.1);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.to_str().expect("utf8")),
+    ];
+    let b = Agent::start_env(dir.path(), &["--config", http.to_str().expect("utf8")], &env).expect("agent starts");
+    // The same collector without the CA: the system's roots do not know it, so every export
+    // fails on the certificate and is counted; nothing is sent in the clear.
+    let refused = config(dir.path(), &ns, &sock, &format!("endpoint = \"https://localhost:{}\"\ninterval = \"500ms\"\ntimeout = \"2s\"\n", rx.tls.0));
+    let c = Agent::start(dir.path(), &["--config", refused.to_str().expect("utf8")]).expect("agent starts");
+
+    for transport in ["grpc-tls", "https"] {
+        wait_for(Duration::from_secs(30), transport, || {
+            let lines = rx.lines();
+            let got = requests(&lines, transport, "metrics");
+            got.iter().any(|l| l["request"]["resource_metrics"][0]["scope_metrics"].as_array().is_some_and(|s| !s.is_empty())).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}: metrics over {transport}; agent logs:\n{}\n{}", a.proc.log_text(), b.proc.log_text()));
+    }
+    wait_for(Duration::from_secs(30), "refused exports counted", || (export_counts(&c).1 >= 2.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", export_counts(&c), c.proc.log_text()));
+    let lines = rx.lines();
+    assert!(lines.iter().all(|l| l.get("error").is_none()), "every TLS request decoded");
+    assert_eq!(export_counts(&c).0, 0.0, "no export succeeded without the CA");
+    assert!(c.proc.log_text().to_lowercase().contains("certificate"), "the refusal names the certificate:\n{}", c.proc.log_text());
+    for (name, agent) in [("grpc", &a), ("http", &b)] {
+        let (ok, errors) = export_counts(agent);
+        assert!(ok >= 2.0 && errors == 0.0, "{name} over TLS: {ok} exports, {errors} errors");
+    }
 }

@@ -12,6 +12,7 @@
 
 pub mod prom;
 pub mod spans;
+pub mod tls;
 pub mod transport;
 
 use std::{
@@ -51,9 +52,15 @@ impl OtlpConfig {
         let auth = self.authority().unwrap_or_default();
         let headers = self.header_list().unwrap_or_default();
         let gzip = self.compression == Compression::Gzip;
+        let roots = if self.tls() { self.trust_anchors().map_err(tls::TlsError::from)? } else { Vec::new() };
         Ok(match self.protocol {
-            Protocol::Grpc => Client::Grpc(transport::Grpc::new(auth, headers, self.timeout, gzip)?),
-            Protocol::HttpProtobuf => Client::Http(transport::Http::new(&self.endpoint(), self.headers.clone().into_iter().collect(), self.timeout, gzip)),
+            Protocol::Grpc => {
+                let t = if self.tls() { Some(transport::GrpcTls::new(&roots, &self.host().unwrap_or_default())?) } else { None };
+                Client::Grpc(transport::Grpc::new(auth, t, headers, self.timeout, gzip)?)
+            }
+            Protocol::HttpProtobuf => {
+                Client::Http(transport::Http::new(&self.endpoint(), &roots, self.headers.clone().into_iter().collect(), self.timeout, gzip))
+            }
         })
     }
 }
@@ -163,7 +170,7 @@ pub fn start(cfg: &crate::config::Config, state: &mut AppState, engine: &Arc<Mut
     let oc_resource = oc.resource.clone();
     let unread = env::unread(&|k| std::env::var(k).ok());
     if !unread.is_empty() {
-        tracing::warn!(variables = ?unread, "OTLP: these OpenTelemetry variables are set but not read (one endpoint serves both signals; no TLS)");
+        tracing::warn!(variables = ?unread, "OTLP: these OpenTelemetry variables are set but not read (one endpoint serves both signals; no client certificate; the scheme decides TLS)");
     }
     let thread = std::thread::Builder::new().name("otlp-export".into()).spawn(move || {
         Loop { cfg: oc, client, registry, metrics, steps: rx, ids: Ids::default(), resource: resource(&host, &oc_resource), start: unix_nanos(), warned: false }

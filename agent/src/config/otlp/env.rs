@@ -9,6 +9,7 @@
 //! | `OTEL_EXPORTER_OTLP_HEADERS` | `headers` (`k=v,k2=v2`, values percent-decoded) |
 //! | `OTEL_EXPORTER_OTLP_TIMEOUT` | `timeout` (milliseconds) |
 //! | `OTEL_EXPORTER_OTLP_COMPRESSION` | `compression` (`gzip`, `none`) |
+//! | `OTEL_EXPORTER_OTLP_CERTIFICATE` | `ca_file` (PEM CA certificates for an `https://` endpoint) |
 //! | `OTEL_METRIC_EXPORT_INTERVAL` | `interval` (milliseconds) |
 //! | `OTEL_SERVICE_NAME` | the `service.name` resource attribute |
 //! | `OTEL_RESOURCE_ATTRIBUTES` | `resource` (`k=v,…`, values percent-decoded) |
@@ -18,8 +19,9 @@
 //! configuration); a variable fills what the file leaves out. Export itself is switched on
 //! by `[otlp] enabled` only: a pod that inherits `OTEL_*` for its application does not start
 //! exporting by accident. Not read: the per-signal `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_*`
-//! variables (the agent has one endpoint for both signals) and the TLS ones (`https` is
-//! refused, see the transport); a set one is reported by [`unread`].
+//! variables (the agent has one endpoint for both signals), the client certificate and key
+//! (no mutual TLS) and `OTEL_EXPORTER_OTLP_INSECURE` (the scheme decides: `http://` is
+//! plain, `https://` is TLS); a set one is reported by [`unread`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -106,6 +108,9 @@ pub fn apply(cfg: &mut OtlpConfig, file_keys: &BTreeSet<String>, var: &dyn Fn(&s
             other => return Err(invalid("OTEL_EXPORTER_OTLP_COMPRESSION", other, "supported: gzip, none")),
         };
     }
+    if let Some(v) = get("ca_file", "OTEL_EXPORTER_OTLP_CERTIFICATE") {
+        cfg.ca_file = Some(v.trim().into());
+    }
     if let Some(v) = get("interval", "OTEL_METRIC_EXPORT_INTERVAL") {
         cfg.interval = millis("OTEL_METRIC_EXPORT_INTERVAL", &v)?;
     }
@@ -127,7 +132,7 @@ pub fn apply(cfg: &mut OtlpConfig, file_keys: &BTreeSet<String>, var: &dyn Fn(&s
 
 /// The standard variables that are set but not read (logged at start-up).
 pub fn unread(var: &dyn Fn(&str) -> Option<String>) -> Vec<&'static str> {
-    const UNREAD: [&str; 12] = [
+    const UNREAD: [&str; 11] = [
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
@@ -136,7 +141,6 @@ pub fn unread(var: &dyn Fn(&str) -> Option<String>) -> Vec<&'static str> {
         "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
         "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
-        "OTEL_EXPORTER_OTLP_CERTIFICATE",
         "OTEL_EXPORTER_OTLP_CLIENT_KEY",
         "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
         "OTEL_EXPORTER_OTLP_INSECURE",
@@ -163,6 +167,7 @@ mod tests {
             ("OTEL_METRIC_EXPORT_INTERVAL", "30000"),
             ("OTEL_RESOURCE_ATTRIBUTES", "k8s.cluster.name=c1,service.name=ignored,deployment.environment=prod%2Ceu"),
             ("OTEL_SERVICE_NAME", "stepwise-node"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
         ];
         let mut c = OtlpConfig::default();
         apply(&mut c, &BTreeSet::new(), &vars(&env)).expect("apply");
@@ -175,6 +180,7 @@ mod tests {
         assert_eq!(c.interval, std::time::Duration::from_secs(30));
         assert_eq!(c.resource.get("deployment.environment").map(String::as_str), Some("prod,eu"));
         assert_eq!(c.resource.get("service.name").map(String::as_str), Some("stepwise-node"), "OTEL_SERVICE_NAME wins");
+        assert_eq!(c.ca_file.as_deref(), Some(std::path::Path::new("/etc/otel/ca.pem")));
         assert!(!c.enabled, "the variables never switch export on");
 
         // What the file sets stays.

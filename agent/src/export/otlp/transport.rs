@@ -1,17 +1,21 @@
-//! The two OTLP transports, both plain (no TLS: the agent sends to a node-local or in-cluster
-//! collector, and the lean build carries no TLS stack), both with optional gzip.
+//! The two OTLP transports, each plain (`http://`) or TLS (`https://`, [`super::tls`]), both
+//! with optional gzip.
 //!
 //! - `grpc`: one unary call per export over HTTP/2 with the `h2` crate (the HTTP/2 stack
 //!   tonic itself uses). A unary gRPC call is a POST of one length-prefixed message with
 //!   `content-type: application/grpc` and `te: trailers`; the outcome is the `grpc-status`
-//!   trailer (gRPC over HTTP/2, PROTOCOL-HTTP2.md). The connection is kept and re-dialled
-//!   after any error.
+//!   trailer (gRPC over HTTP/2, PROTOCOL-HTTP2.md). Over TLS, HTTP/2 is negotiated by ALPN
+//!   (`h2`) on a `tokio-rustls` stream. The connection is kept and re-dialled after any error.
 //! - `http/protobuf`: POST of the binary message to `{endpoint}/v1/metrics` and
 //!   `/v1/traces` with `content-type: application/x-protobuf` (OTLP/HTTP), over `ureq`.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::tls::{self, TlsError};
 
 /// Why one export failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +28,14 @@ pub enum ExportError {
         #[source]
         source: std::io::Error,
     },
+    #[error("TLS with {addr}: {source}")]
+    Handshake {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("HTTP/2: {0}")]
     H2(#[from] h2::Error),
     #[error("gRPC status {code} from {path}: {message}")]
@@ -61,9 +73,24 @@ impl Client {
     }
 }
 
+/// TLS of a gRPC connection: the client configuration and the name to verify.
+#[derive(Clone)]
+pub struct GrpcTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub name: ServerName<'static>,
+}
+
+impl GrpcTls {
+    /// Trusting `roots`, verifying `host`, negotiating `h2`.
+    pub fn new(roots: &[CertificateDer<'static>], host: &str) -> Result<GrpcTls, TlsError> {
+        Ok(GrpcTls { config: tls::client_config(roots, &[b"h2"])?, name: tls::server_name(host)? })
+    }
+}
+
 pub struct Grpc {
     /// `host:port`.
     authority: String,
+    tls: Option<GrpcTls>,
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
     timeout: Duration,
     rt: tokio::runtime::Runtime,
@@ -97,11 +124,17 @@ fn grpc_frame(body: &[u8], gzip_it: bool) -> Vec<u8> {
 }
 
 impl Grpc {
-    pub fn new(authority: String, headers: Vec<(http::HeaderName, http::HeaderValue)>, timeout: Duration, gzip: bool) -> Result<Grpc, ExportError> {
+    pub fn new(
+        authority: String,
+        tls: Option<GrpcTls>,
+        headers: Vec<(http::HeaderName, http::HeaderValue)>,
+        timeout: Duration,
+        gzip: bool,
+    ) -> Result<Grpc, ExportError> {
         // One worker keeps the connection task (pings, window updates) running between
         // exports; it is the exporter's own, so a stuck collector never touches the API's.
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("otlp-h2").enable_all().build().map_err(ExportError::Runtime)?;
-        Ok(Grpc { authority, headers, timeout, rt, conn: None, gzip })
+        Ok(Grpc { authority, tls, headers, timeout, rt, conn: None, gzip })
     }
 
     fn call(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
@@ -120,7 +153,8 @@ impl Grpc {
     fn call_once(&mut self, path: &str, body: Vec<u8>) -> Result<(), ExportError> {
         let timeout = self.timeout;
         let conn = self.conn.take();
-        let fut = call(conn, &self.authority, &self.headers, path, grpc_frame(&body, self.gzip), self.gzip);
+        let to = Peer { authority: &self.authority, tls: self.tls.as_ref() };
+        let fut = call(conn, to, &self.headers, path, grpc_frame(&body, self.gzip), self.gzip);
         match self.rt.block_on(async { tokio::time::timeout(timeout, fut).await }) {
             Ok(Ok(conn)) => {
                 self.conn = Some(conn);
@@ -135,11 +169,42 @@ impl Grpc {
     }
 }
 
+/// Where a gRPC call goes.
+#[derive(Clone, Copy)]
+struct Peer<'a> {
+    authority: &'a str,
+    tls: Option<&'a GrpcTls>,
+}
+
+/// HTTP/2 over `io`; its connection task runs on the exporter's runtime.
+async fn h2_over<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: T) -> Result<h2::client::SendRequest<Bytes>, h2::Error> {
+    let (send, connection) = h2::client::handshake(io).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("OTLP gRPC connection closed: {e}");
+        }
+    });
+    Ok(send)
+}
+
+/// A new connection: TCP, then TLS when configured, then HTTP/2.
+async fn dial(to: Peer<'_>) -> Result<h2::client::SendRequest<Bytes>, ExportError> {
+    let tcp = tokio::net::TcpStream::connect(to.authority).await.map_err(|source| ExportError::Connect { addr: to.authority.into(), source })?;
+    let _ = tcp.set_nodelay(true);
+    Ok(match to.tls {
+        None => h2_over(tcp).await?,
+        Some(t) => {
+            let stream = tokio_rustls::TlsConnector::from(t.config.clone()).connect(t.name.clone(), tcp).await;
+            h2_over(stream.map_err(|source| ExportError::Handshake { addr: to.authority.into(), source })?).await?
+        }
+    })
+}
+
 /// One unary call; returns the connection for reuse (also after a gRPC-level error, when the
 /// connection itself is fine).
 async fn call(
     conn: Option<h2::client::SendRequest<Bytes>>,
-    authority: &str,
+    to: Peer<'_>,
     headers: &[(http::HeaderName, http::HeaderValue)],
     path: &str,
     framed: Vec<u8>,
@@ -147,22 +212,13 @@ async fn call(
 ) -> Result<h2::client::SendRequest<Bytes>, (ExportError, Option<h2::client::SendRequest<Bytes>>)> {
     let conn = match conn {
         Some(c) => c,
-        None => {
-            let tcp = tokio::net::TcpStream::connect(authority).await.map_err(|source| (ExportError::Connect { addr: authority.into(), source }, None))?;
-            let _ = tcp.set_nodelay(true);
-            let (send, connection) = h2::client::handshake(tcp).await.map_err(|e| (e.into(), None))?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!("OTLP gRPC connection closed: {e}");
-                }
-            });
-            send
-        }
+        None => dial(to).await.map_err(|e| (e, None))?,
     };
+    let (scheme, authority) = (if to.tls.is_some() { "https" } else { "http" }, to.authority);
     let mut send = conn.ready().await.map_err(|e| (e.into(), None))?;
     let mut req = http::Request::builder()
         .method(http::Method::POST)
-        .uri(format!("http://{authority}{path}"))
+        .uri(format!("{scheme}://{authority}{path}"))
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
         .header(http::header::USER_AGENT, concat!("stepwise-agent/", env!("CARGO_PKG_VERSION")));
@@ -202,8 +258,16 @@ pub struct Http {
 }
 
 impl Http {
-    pub fn new(base: &str, headers: Vec<(String, String)>, timeout: Duration, gzip: bool) -> Http {
-        let agent = ureq::Agent::config_builder().timeout_global(Some(timeout)).http_status_as_error(false).max_redirects(0).build().new_agent();
+    /// `roots`: the trust anchors of an `https://` base (ignored for `http://`).
+    pub fn new(base: &str, roots: &[CertificateDer<'static>], headers: Vec<(String, String)>, timeout: Duration, gzip: bool) -> Http {
+        let certs: Vec<ureq::tls::Certificate<'static>> = roots.iter().map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned()).collect();
+        let tls = ureq::tls::TlsConfig::builder()
+            .provider(ureq::tls::TlsProvider::Rustls)
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
+            .unversioned_rustls_crypto_provider(tls::provider())
+            .build();
+        let agent =
+            ureq::Agent::config_builder().timeout_global(Some(timeout)).http_status_as_error(false).max_redirects(0).tls_config(tls).build().new_agent();
         Http { base: base.trim_end_matches('/').to_string(), headers, agent, timeout, gzip }
     }
 
@@ -255,14 +319,14 @@ mod tests {
         // Nothing listens on a port just released: both transports fail, neither hangs.
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
         let t = std::time::Instant::now();
-        let mut g = Client::Grpc(Grpc::new(format!("127.0.0.1:{port}"), Vec::new(), Duration::from_secs(2), false).expect("runtime"));
+        let mut g = Client::Grpc(Grpc::new(format!("127.0.0.1:{port}"), None, Vec::new(), Duration::from_secs(2), false).expect("runtime"));
         assert!(matches!(g.export(true, vec![1, 2, 3]), Err(ExportError::Connect { .. })));
-        let mut h = Client::Http(Http::new(&format!("http://127.0.0.1:{port}/"), Vec::new(), Duration::from_secs(2), true));
+        let mut h = Client::Http(Http::new(&format!("http://127.0.0.1:{port}/"), &[], Vec::new(), Duration::from_secs(2), true));
         assert!(h.export(false, vec![1]).is_err());
         // A listener that accepts and never answers: the timeout bounds the call.
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr");
-        let mut g = Client::Grpc(Grpc::new(addr.to_string(), Vec::new(), Duration::from_millis(300), true).expect("runtime"));
+        let mut g = Client::Grpc(Grpc::new(addr.to_string(), None, Vec::new(), Duration::from_millis(300), true).expect("runtime"));
         assert!(matches!(g.export(false, vec![0; 10]), Err(ExportError::Timeout(_))));
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         drop(l);
