@@ -358,15 +358,23 @@ fn check_flat_ring(s: &Servers, ring: &JobOutput, (t0, t1): (f64, f64), tx: &[Ve
             assert!(ev["busiest_share"].as_f64().is_some_and(|x| x > 0.95), "server {k} step {id}: {ev}");
             assert_eq!(ev["nics"].as_array().map(Vec::len), Some(4), "server {k} step {id}: the 4 rails (idle ones too), not the management NIC: {ev}");
             let bal = ev["balanced_transfer_seconds"].as_f64().expect("balanced_transfer_seconds in the evidence");
-            assert!(
-                within(bal, balanced_s, 0.15),
-                "server {k} step {id}: predicted balanced transfer {:.1} ms vs counters {:.1} ms",
-                bal * 1e3,
-                balanced_s * 1e3
-            );
             balanced_pred.push(bal);
             assert!(rail["fix"].as_str().is_some_and(|f| f.contains("hierarchical")), "{rail}");
         }
+        // The balanced prediction from the step windows' counter bytes against `ip -s link`'s
+        // bytes per step: the link counters give only the run's total, so the comparison is
+        // of the means over the steps (each step's own bytes are not known to the test: a
+        // step at 85 % of the run's mean failed a per-step check once in a CI rehearsal while
+        // its rail_imbalance, checked per step above, was within 15 %).
+        let preds = &balanced_pred[balanced_pred.len() - steps.len()..];
+        let mean_pred = preds.iter().sum::<f64>() / preds.len() as f64;
+        assert!(
+            within(mean_pred, balanced_s, 0.15),
+            "server {k}: predicted balanced transfer, mean over the steps {:.1} ms (steps {:.1?} ms) vs counters {:.1} ms",
+            mean_pred * 1e3,
+            preds.iter().map(|p| p * 1e3).collect::<Vec<_>>(),
+            balanced_s * 1e3
+        );
         // The ring's own arrival skew (ranks leave the ring at different times) is real and
         // matches the workload's clock; nothing else is there.
         check_skew(&steps, &local_skew(ring, k, mode), &format!("ring server {k}"));
