@@ -19,6 +19,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use stepwise_tests::scenarios::median;
 
 use super::{cargo, root, sh, tempdir};
 
@@ -81,16 +82,6 @@ fn run_job(bin: &Path, dir: &Path, sock: &Path, plugin: Option<&Path>) -> Result
     Ok(medians.iter().sum::<f64>() / medians.len() as f64)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Alternating rounds without and with the plugin; prints both, the overhead and the
 /// run-to-run spread of the rounds without it.
 pub fn step_overhead() -> Result<()> {
@@ -109,8 +100,8 @@ pub fn step_overhead() -> Result<()> {
     if received == 0 {
         bail!("the plugin sent nothing to {}: it did not load, the overhead would be meaningless", sock.display());
     }
-    let spread = |v: &[f64]| (v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)) / median(&mut v.to_vec());
-    let (m_off, m_on) = (median(&mut off.clone()), median(&mut on.clone()));
+    let spread = |v: &[f64]| (v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)) / median(v.to_vec());
+    let (m_off, m_on) = (median(off.clone()), median(on.clone()));
     let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
     println!(
         "step time of the asynchronous NCCL-ABI job ({RANKS} ranks × {STEPS} steps, 256 KiB all-reduce, 2 ms GPU + 3 ms host compute), median µs per round:"
