@@ -89,6 +89,7 @@ struct CallsIn {
     drained_until: f64,
     lost: Vec<(f64, f64)>,
     links: Links,
+    identities: BTreeMap<u32, crate::labels::RankIdentity>,
 }
 
 /// What a step ending at `end` still waits for, if anything: probe events not drained up to
@@ -265,7 +266,8 @@ impl Engine {
         let horizon = now - self.cfg.grace.as_secs_f64();
         let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
-        let CallsIn { views, net, drained_until, lost, links } = self.calls_in(lookback);
+        let CallsIn { views, net, drained_until, lost, links, identities } = self.calls_in(lookback);
+        self.metrics.set_identities(identities);
         let counters_until = self.counters_until.unwrap_or(f64::INFINITY);
         let colls = join_calls(&views);
         let markers: Vec<Marker> = self.markers_since(lookback);
@@ -341,7 +343,14 @@ impl Engine {
     /// wait for.
     fn calls_in(&self, since: f64) -> CallsIn {
         let Some(calls) = &self.calls else {
-            return CallsIn { views: Vec::new(), net: Vec::new(), drained_until: f64::INFINITY, lost: Vec::new(), links: Links::default() };
+            return CallsIn {
+                views: Vec::new(),
+                net: Vec::new(),
+                drained_until: f64::INFINITY,
+                lost: Vec::new(),
+                links: Links::default(),
+                identities: BTreeMap::new(),
+            };
         };
         let h = match calls.lock() {
             Ok(h) => h,
@@ -357,6 +366,7 @@ impl Engine {
             drained_until: h.drained_until,
             lost: h.lost_since(since),
             links: Links::new(h.links.iter().cloned()),
+            identities: h.identities.clone(),
         }
     }
 }

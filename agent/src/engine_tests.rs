@@ -144,7 +144,7 @@ fn a_1024_rank_job_keeps_global_ranks_and_bounded_series_on_every_host() {
         let late: Vec<(String, f64)> = text
             .lines()
             .filter_map(|l| l.strip_prefix("stepwise_rank_late_seconds_total{rank=\""))
-            .filter_map(|l| l.split_once("\"} ").and_then(|(r, v)| Some((r.to_string(), v.parse::<f64>().ok()?))))
+            .filter_map(|l| Some((l.split_once('"')?.0.to_string(), l.rsplit_once(' ')?.1.parse::<f64>().ok()?)))
             .collect();
         let per_rank = text.lines().filter(|l| l.starts_with("stepwise_rank_")).count();
         assert_eq!(per_rank, 16, "host {h}: 8 ranks x (wait, late)");
@@ -157,4 +157,42 @@ fn a_1024_rank_job_keeps_global_ranks_and_bounded_series_on_every_host() {
         }
     }
     assert_eq!(top.1, "777", "the straggler query names the late rank");
+}
+
+/// Per-rank series carry their process's local rank, namespace and pod (from the identities
+/// the collective source publishes, joined by the arrival's pid), and a rank whose process
+/// changes identity (the next job's pod) gets new series, the old ones removed.
+#[test]
+fn per_rank_series_carry_the_process_identity_and_follow_it() {
+    use crate::{
+        labels::RankIdentity,
+        timeline::join::{Arrival, Clocking, Collective},
+    };
+    let mut registry = Registry::default();
+    let mut m = StepMetrics::register(&mut registry, "node-a".into(), Duration::ZERO);
+    let ranks = vec![crate::attribution::RankTime { rank: 3, host: "node-a".into(), late_seconds: 0.01, wait_seconds: 0.0, inside_seconds: 0.02 }];
+    let step = one_step(ranks);
+    let arrival = |pid: u32| Arrival { rank: 3, host: "node-a".into(), pid, enter: 0.0, exit: 0.1, aborted: false, clock: Clocking::default() };
+    let coll = |pid: u32| Collective {
+        comm: "c".into(),
+        seq: 0,
+        op: "all_reduce".into(),
+        library: "nccl".into(),
+        bytes: None,
+        nranks: Some(1),
+        arrivals: vec![arrival(pid)],
+    };
+    let who = |pod: &str| RankIdentity { local_rank: "3".into(), namespace: "train".into(), pod: pod.into() };
+    m.set_identities([(100, who("job-a-0")), (200, who("job-b-0"))].into());
+    let first = [coll(100)];
+    m.step(&FinishedStep { job: "j", attribution: &step, collectives: &first, windows: &[], step_windows: &[] });
+    let text = exposition(&registry);
+    assert!(text.contains(r#"stepwise_rank_late_seconds_total{rank="3",local_rank="3",namespace="train",pod="job-a-0"} 0.01"#), "{text}");
+    // The next job's process (another pod) runs rank 3: its series replace job a's.
+    let second = [coll(200)];
+    m.step(&FinishedStep { job: "j", attribution: &step, collectives: &second, windows: &[], step_windows: &[] });
+    let text = exposition(&registry);
+    assert!(text.contains(r#"pod="job-b-0"} 0.01"#), "{text}");
+    assert!(!text.contains("job-a-0"), "the old pod's series are gone: {text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("stepwise_rank_")).count(), 2, "{text}");
 }

@@ -35,6 +35,17 @@ pub struct BoundedLabels<K> {
 
 /// The `rank` label: the global rank.
 pub type RankLabels = BoundedLabels<u32>;
+
+/// Who a traced process is, as labels of its per-rank series (`stepwise_rank_wait_seconds`,
+/// `_late_seconds`) besides `rank`: its local rank and its Kubernetes namespace and pod (empty
+/// when unknown), so dashboards filter ranks by them without a join. One value per process,
+/// so they add no series of their own.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub struct RankIdentity {
+    pub local_rank: String,
+    pub namespace: String,
+    pub pod: String,
+}
 /// The `comm` label: NCCL's communicator hash.
 pub type CommLabels = BoundedLabels<u64>;
 

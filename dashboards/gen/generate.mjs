@@ -17,7 +17,10 @@ const DS = { type: 'prometheus', uid: '${datasource}' };
 // Every query is scoped by the dashboard variables. `instance` is the scrape target: one
 // agent, i.e. one host.
 const SEL = 'cluster=~"$cluster", job=~"$job", instance=~"$host"';
-const SEL_RANK = `${SEL}, rank=~"$rank"`;
+// Who a rank is: its process's Kubernetes namespace and pod and its local rank, labels of the
+// per-rank series themselves (empty when unknown; All is `.*`, which matches empty too).
+const SEL_WHO = `${SEL}, namespace=~"$namespace", pod=~"$pod", local_rank=~"$local_rank"`;
+const SEL_RANK = `${SEL_WHO}, rank=~"$rank"`;
 const RI = '$__rate_interval';
 
 // ---- variables -----------------------------------------------------------------------------
@@ -58,7 +61,10 @@ const VARIABLES = [
   queryVar('cluster', 'Cluster', 'label_values(stepwise_build_info, cluster)', 'The `cluster` label (an external label of your Prometheus); All also matches series without it.'),
   queryVar('job', 'Job', 'label_values(stepwise_build_info{cluster=~"$cluster"}, job)', 'Prometheus scrape job of the agents.'),
   queryVar('host', 'Host', 'label_values(stepwise_build_info{cluster=~"$cluster", job=~"$job"}, instance)', 'One agent per host: the scrape target (`instance`).'),
-  queryVar('rank', 'Rank', `label_values(stepwise_rank_wait_seconds_total{${SEL}}, rank)`, 'Training ranks seen by the agents (local ranks beyond 64 share `other`).'),
+  queryVar('namespace', 'Namespace', `label_values(stepwise_rank_wait_seconds_total{${SEL}}, namespace)`, "Kubernetes namespace of the ranks' pods (a label of the per-rank series; none outside Kubernetes)."),
+  queryVar('pod', 'Pod', `label_values(stepwise_rank_wait_seconds_total{${SEL}, namespace=~"$namespace"}, pod)`, "The ranks' pods (a label of the per-rank series; none outside Kubernetes)."),
+  queryVar('local_rank', 'Local rank', `label_values(stepwise_rank_wait_seconds_total{${SEL}, namespace=~"$namespace", pod=~"$pod"}, local_rank)`, 'Rank within its host (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID…): GPU i of every node.'),
+  queryVar('rank', 'Rank', `label_values(stepwise_rank_wait_seconds_total{${SEL_WHO}}, rank)`, 'Global ranks of the selected pods and local ranks (at most 64 values per host at a time, then `other`).'),
   {
     type: 'textbox',
     name: 'comm',
@@ -177,7 +183,7 @@ function layout(panels) {
 const perStep = (expr, by) =>
   `${expr} / on(${by}) group_left() (sum by (${by}) (rate(stepwise_steps_total{${SEL}}[${RI}])) > 0)`;
 
-const waitIncrease = `sum by (instance, rank) (increase(stepwise_rank_wait_seconds_total{${SEL}}[$__range]))`;
+const waitIncrease = `sum by (instance, rank) (increase(stepwise_rank_wait_seconds_total{${SEL_WHO}}[$__range]))`;
 
 const DASHBOARDS = [
   {
@@ -239,7 +245,7 @@ const DASHBOARDS = [
             'rank {{rank}} ({{instance}})',
             { instant: true, range: false, format: 'table' },
           ),
-          target('B', `topk(1, sum by (instance, rank) (increase(stepwise_rank_late_seconds_total{${SEL}}[$__range])))`, 'rank {{rank}} ({{instance}})', {
+          target('B', `topk(1, sum by (instance, rank) (increase(stepwise_rank_late_seconds_total{${SEL_WHO}}[$__range])))`, 'rank {{rank}} ({{instance}})', {
             instant: true,
             range: false,
             format: 'table',

@@ -239,7 +239,9 @@ impl Agent {
 /// Value of the first sample of `name` whose labels contain all of `labels` (`k="v"` pairs),
 /// parsed from Prometheus text.
 pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    samples(text, name).into_iter().find(|(l, _)| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))).map(|(_, v)| v)
+    // Whole labels only: `rank="2"` must not match inside `local_rank="2"`.
+    let has = |l: &str, k: &str, v: &str| l.split(',').any(|kv| kv.trim() == format!("{k}=\"{v}\""));
+    samples(text, name).into_iter().find(|(l, _)| labels.iter().all(|(k, v)| has(l, k, v))).map(|(_, v)| v)
 }
 
 /// All samples of one metric name: (label text, value).

@@ -106,7 +106,7 @@ fn straggler_queries() -> Vec<(String, String)> {
     let mut out = Vec::new();
     for t in panel["targets"].as_array().expect("targets") {
         let mut e = t["expr"].as_str().expect("expr").replace("$__range", "1h");
-        for v in ["cluster", "job", "host"] {
+        for v in ["cluster", "job", "host", "namespace", "pod", "local_rank"] {
             e = e.replace(&format!("${v}"), ".*");
         }
         assert!(!e.contains('$'), "unsubstituted variable in {e}");

@@ -5,7 +5,7 @@
 //! block: the store's sink only queues, OTLP try-sends into a bounded channel.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
@@ -21,6 +21,7 @@ use prometheus_client::{
 
 use crate::{
     attribution::{Attribution, CauseKind},
+    labels::RankIdentity,
     timeline::{Collective, NicWindow},
 };
 
@@ -138,9 +139,19 @@ impl StepSink for StoreQueue {
 struct CauseLabel {
     cause: &'static str,
 }
+/// A per-rank series: the global rank and who its process is ([`RankIdentity`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RankLabel {
     rank: String,
+    local_rank: String,
+    namespace: String,
+    pod: String,
+}
+
+impl RankLabel {
+    fn new(rank: String, id: RankIdentity) -> RankLabel {
+        RankLabel { rank, local_rank: id.local_rank, namespace: id.namespace, pod: id.pod }
+    }
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RailLabel {
@@ -174,6 +185,11 @@ pub struct StepMetrics {
     /// family is empty (a 0 would read as "less than balanced", 1 is balanced).
     imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     rank_labels: crate::labels::RankLabels,
+    /// The labels of each rank value's series (a rank whose process changes, e.g. a new
+    /// job's pod, gets new series and its old ones are removed).
+    rank_series: HashMap<String, RankLabel>,
+    /// Each traced process's identity, as the collective source last published it.
+    identities: BTreeMap<u32, RankIdentity>,
     /// The nominal rate attribution uses per NIC (the dashboards' "vs rate" line).
     nic_rate: Family<NicLabel, Gauge<f64, AtomicU64>>,
     /// This host: per-rank series only for its ranks.
@@ -200,6 +216,8 @@ impl StepMetrics {
             rail_share: Family::default(),
             imbalance: Family::default(),
             rank_labels: Default::default(),
+            rank_series: HashMap::new(),
+            identities: BTreeMap::new(),
             nic_rate: Family::default(),
             host,
             slow_step,
@@ -226,6 +244,28 @@ impl StepMetrics {
         m
     }
 
+    /// The traced processes' identities (pid → local rank, namespace, pod).
+    pub fn set_identities(&mut self, ids: BTreeMap<u32, RankIdentity>) {
+        self.identities = ids;
+    }
+
+    /// The series labels of `rank` (this host's) in step `s`: its process's identity, from
+    /// any of its arrivals on this host.
+    fn rank_label(&self, s: &FinishedStep<'_>, rank: u32, value: String) -> RankLabel {
+        // `other` stands for many ranks: no one process's identity.
+        if value == "other" {
+            return RankLabel::new(value, RankIdentity::default());
+        }
+        let pid = s.collectives.iter().flat_map(|c| &c.arrivals).find(|a| a.rank == rank && a.host == self.host).map(|a| a.pid);
+        RankLabel::new(value, pid.and_then(|p| self.identities.get(&p)).cloned().unwrap_or_default())
+    }
+
+    /// Removes the series of a rank value's `old` labels.
+    fn forget_rank(&mut self, old: &RankLabel) {
+        self.rank_wait.remove(old);
+        self.rank_late.remove(old);
+    }
+
     /// `[steps] slow_step` after a reload.
     pub fn set_slow_step(&mut self, d: Duration) {
         self.slow_step = d;
@@ -235,9 +275,8 @@ impl StepMetrics {
 impl StepSink for StepMetrics {
     fn step(&mut self, s: &FinishedStep<'_>) {
         let (a, windows) = (s.attribution, s.windows);
-        let m = &*self;
-        m.duration.observe(a.seconds);
-        m.steps.inc();
+        self.duration.observe(a.seconds);
+        self.steps.inc();
         let slow = if self.slow_step > Duration::ZERO {
             a.seconds > self.slow_step.as_secs_f64()
         } else {
@@ -246,23 +285,29 @@ impl StepSink for StepMetrics {
             v.len() >= 5 && a.seconds > 1.5 * v[v.len() / 2]
         };
         if slow {
-            m.slow.inc();
+            self.slow.inc();
         }
         for c in &a.causes {
             if c.seconds > 0.0 {
-                m.attributed.get_or_create(&CauseLabel { cause: c.kind.as_str() }).inc_by(c.seconds);
+                self.attributed.get_or_create(&CauseLabel { cause: c.kind.as_str() }).inc_by(c.seconds);
             }
         }
         // Per-rank metrics only for ranks on this host (another host's agent exports theirs).
-        for r in a.ranks.iter().filter(|r| r.host == self.host) {
-            let (rank, old) = m.rank_labels.label(r.rank);
-            if let Some(old) = old {
-                m.rank_wait.remove(&RankLabel { rank: old.to_string() });
-                m.rank_late.remove(&RankLabel { rank: old.to_string() });
+        let host = self.host.clone();
+        for r in a.ranks.iter().filter(|r| r.host == host) {
+            let (rank, evicted) = self.rank_labels.label(r.rank);
+            if let Some(old) = evicted.and_then(|v| self.rank_series.remove(&v.to_string())) {
+                self.forget_rank(&old);
             }
-            m.rank_wait.get_or_create(&RankLabel { rank: rank.clone() }).inc_by(r.wait_seconds);
-            m.rank_late.get_or_create(&RankLabel { rank }).inc_by(r.late_seconds);
+            let label = self.rank_label(s, r.rank, rank.clone());
+            match self.rank_series.insert(rank, label.clone()) {
+                Some(old) if old != label => self.forget_rank(&old),
+                _ => {}
+            }
+            self.rank_wait.get_or_create(&label).inc_by(r.wait_seconds);
+            self.rank_late.get_or_create(&label).inc_by(r.late_seconds);
         }
+        let m = &*self;
         let mut per_rail: BTreeMap<String, f64> = BTreeMap::new();
         for w in windows.iter().flatten() {
             let rail = w.nic.rail.map(|r| r.to_string()).unwrap_or_else(|| w.nic.name.clone());

@@ -86,6 +86,15 @@ impl ProcInfo {
         }
     }
     /// The rank on this node, from the launcher's environment.
+    /// Its labels on the per-rank series.
+    pub fn identity(&self) -> crate::labels::RankIdentity {
+        let pod = self.pod.as_ref();
+        crate::labels::RankIdentity {
+            local_rank: self.local_rank().map(|v| v.to_string()).unwrap_or_default(),
+            namespace: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
+            pod: pod.and_then(|p| p.name.clone()).unwrap_or_default(),
+        }
+    }
     pub fn local_rank(&self) -> Option<u32> {
         self.env_u32(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"])
     }

@@ -135,6 +135,8 @@ pub struct History {
     pub plugin: super::profiler::PluginStore,
     /// The NICs each traced process uses ([`super::links`]), as last refreshed.
     pub links: Vec<crate::timeline::links::ProcessLink>,
+    /// Each traced process's local rank, namespace and pod (the per-rank series' labels).
+    pub identities: std::collections::BTreeMap<u32, crate::labels::RankIdentity>,
 }
 
 /// Lost-event spans kept at most.
@@ -162,6 +164,7 @@ impl History {
             pod_logs: "/var/log/pods".into(),
             plugin: Default::default(),
             links: Vec::new(),
+            identities: Default::default(),
         }
     }
 
