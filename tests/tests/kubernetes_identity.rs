@@ -3,7 +3,8 @@
 //! (`/kubepods/besteffort/pod<uid>/<container id>`, in the `pids` hierarchy), and the pod's
 //! log directory (`<namespace>_<name>_<uid>`) exists where `[collectives] pod_logs` points.
 //! `stepwise_rank_info` must name each rank with its local rank, pod, namespace and
-//! container, and lose the series once the job's processes are gone.
+//! container, and lose the series once the job's processes are gone; the per-rank series
+//! carry the local rank, pod and namespace too, and keep them.
 
 use std::{
     os::unix::process::CommandExt,
@@ -100,6 +101,18 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
 
     let out = child.wait_with_output().expect("job");
     assert!(out.status.success(), "job: {}", String::from_utf8_lossy(&out.stderr));
+    // The per-rank series carry the same identity (the dashboards' namespace, pod and local
+    // rank filters), and keep it after the processes are gone.
+    let per_rank = || samples(&agent.metrics().unwrap_or_default(), "stepwise_rank_wait_seconds_total").into_iter().map(|(l, _)| l).collect::<Vec<_>>();
+    let labelled = wait_for(Duration::from_secs(30), "per-rank series with the pod's identity", || {
+        let v: Vec<String> = per_rank().into_iter().filter(|l| l.contains("pod=\"llama-worker-0\"")).collect();
+        (v.len() >= 2).then_some(v)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", per_rank(), agent.proc.log_text()));
+    for r in ["0", "1"] {
+        let l = labelled.iter().find(|l| l.starts_with(&format!("rank=\"{r}\","))).unwrap_or_else(|| panic!("rank {r}: {labelled:?}"));
+        assert!(l.contains(&format!("local_rank=\"{r}\"")) && l.contains("namespace=\"training\""), "rank {r}: {l}");
+    }
     // Exited processes are forgotten once the probe consumer's watermark passes (30 s at most).
     wait_for(Duration::from_secs(45), "the job's series removed", || rank_info(&agent).iter().all(|l| !ours(l)).then_some(()))
         .unwrap_or_else(|e| panic!("{e}: {:?}", rank_info(&agent)));
