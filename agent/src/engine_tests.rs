@@ -182,17 +182,17 @@ fn per_rank_series_carry_the_process_identity_and_follow_it() {
         nranks: Some(1),
         arrivals: vec![arrival(pid)],
     };
-    let who = |pod: &str| RankIdentity { local_rank: "3".into(), namespace: "train".into(), pod: pod.into() };
+    let who = |pod: &str| RankIdentity { local_rank: "3".into(), namespace: "train".into(), pod: pod.into(), gpu: "0000:18:00.0".into() };
     m.set_identities([(100, who("job-a-0")), (200, who("job-b-0"))].into());
     let first = [coll(100)];
     m.step(&FinishedStep { job: "j", attribution: &step, collectives: &first, windows: &[], step_windows: &[] });
     let text = exposition(&registry);
-    assert!(text.contains(r#"stepwise_rank_late_seconds_total{rank="3",local_rank="3",namespace="train",pod="job-a-0"} 0.01"#), "{text}");
+    assert!(text.contains(r#"stepwise_rank_late_seconds_total{rank="3",local_rank="3",namespace="train",pod="job-a-0",gpu="0000:18:00.0"} 0.01"#), "{text}");
     // The next job's process (another pod) runs rank 3: its series replace job a's.
     let second = [coll(200)];
     m.step(&FinishedStep { job: "j", attribution: &step, collectives: &second, windows: &[], step_windows: &[] });
     let text = exposition(&registry);
-    assert!(text.contains(r#"pod="job-b-0"} 0.01"#), "{text}");
+    assert!(text.contains(r#"pod="job-b-0",gpu="0000:18:00.0"} 0.01"#), "{text}");
     assert!(!text.contains("job-a-0"), "the old pod's series are gone: {text}");
     assert_eq!(text.lines().filter(|l| l.starts_with("stepwise_rank_")).count(), 2, "{text}");
 }

@@ -37,14 +37,16 @@ pub struct BoundedLabels<K> {
 pub type RankLabels = BoundedLabels<u32>;
 
 /// Who a traced process is, as labels of its per-rank series (`stepwise_rank_wait_seconds`,
-/// `_late_seconds`) besides `rank`: its local rank and its Kubernetes namespace and pod (empty
-/// when unknown), so dashboards filter ranks by them without a join. One value per process,
-/// so they add no series of their own.
+/// `_late_seconds`) besides `rank`: its local rank, its Kubernetes namespace and pod and its
+/// GPU's PCI address (empty when unknown), so dashboards filter ranks by them and join them
+/// with DCGM's `pci_bus_id` without a join on an info metric. One value per process, so they
+/// add no series of their own.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
 pub struct RankIdentity {
     pub local_rank: String,
     pub namespace: String,
     pub pod: String,
+    pub gpu: String,
 }
 /// The `comm` label: NCCL's communicator hash.
 pub type CommLabels = BoundedLabels<u64>;

@@ -431,4 +431,20 @@ fn each_rank_is_linked_to_the_hca_nearest_the_gpu_its_plugin_reports() {
     }
     let gpus: std::collections::BTreeSet<String> = info.iter().filter_map(|(l, _)| l.split("gpu=\"").nth(1)?.split('"').next().map(String::from)).collect();
     assert_eq!(gpus, want.iter().map(|(g, _)| g.clone()).collect(), "rank_info's GPUs: {info:?}");
+    // The per-rank series carry each rank's GPU too (DCGM's pci_bus_id, no join needed).
+    let gpu_of = |m: &str, r: usize| {
+        stepwise_tests::harness::samples(m, "stepwise_rank_wait_seconds_total")
+            .into_iter()
+            .find(|(l, _)| l.starts_with(&format!("rank=\"{r}\",")))
+            .and_then(|(l, _)| l.split("gpu=\"").nth(1)?.split('"').next().map(String::from))
+    };
+    let per_rank = wait_for(Duration::from_secs(30), "per-rank series labelled with their GPU", || {
+        let m = s.agent.metrics().ok()?;
+        let got: Vec<Option<String>> = (0..4).map(|r| gpu_of(&m, r)).collect();
+        got.iter().all(|g| g.as_ref().is_some_and(|g| !g.is_empty())).then_some(got)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", stepwise_tests::harness::samples(&s.agent.metrics().unwrap_or_default(), "stepwise_rank_wait_seconds_total")));
+    for (r, g) in per_rank.iter().enumerate() {
+        assert_eq!(g.as_deref(), Some(want[r].0.as_str()), "rank {r} drives GPU {}", want[r].0);
+    }
 }

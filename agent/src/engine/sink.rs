@@ -146,11 +146,12 @@ struct RankLabel {
     local_rank: String,
     namespace: String,
     pod: String,
+    gpu: String,
 }
 
 impl RankLabel {
     fn new(rank: String, id: RankIdentity) -> RankLabel {
-        RankLabel { rank, local_rank: id.local_rank, namespace: id.namespace, pod: id.pod }
+        RankLabel { rank, local_rank: id.local_rank, namespace: id.namespace, pod: id.pod, gpu: id.gpu }
     }
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

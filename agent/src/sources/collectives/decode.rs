@@ -93,6 +93,7 @@ impl ProcInfo {
             local_rank: self.local_rank().map(|v| v.to_string()).unwrap_or_default(),
             namespace: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
             pod: pod.and_then(|p| p.name.clone()).unwrap_or_default(),
+            gpu: self.gpu.clone(),
         }
     }
     pub fn local_rank(&self) -> Option<u32> {

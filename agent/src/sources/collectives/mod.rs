@@ -579,21 +579,19 @@ impl Collectives {
         for f in ["nccl", "mpi", "gloo", "user"] {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
         }
-        let identities = self.procs.iter().map(|(p, i)| (*p, i.identity())).collect();
-        let (host, gpus) = self
-            .history
-            .lock()
-            .map(|mut h| {
-                h.identities = identities;
-                (h.host.to_string(), h.plugin.gpus())
-            })
-            .unwrap_or_default();
+        let (host, gpus) = self.history.lock().map(|h| (h.host.to_string(), h.plugin.gpus())).unwrap_or_default();
         let says = self.procs.iter().map(|(p, i)| (links::Says { pid: *p, env: &i.env, gpu: gpus.get(p).map(String::as_str) }, i.called));
         if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, says) {
             self.metrics.label_nics(self.procs.iter_mut(), &l, &gpus);
             if let Ok(mut h) = self.history.lock() {
                 h.links = l;
             }
+        }
+        // Who each process is, for the per-rank series' labels (its GPU as its plugin said).
+        let identities =
+            self.procs.iter().map(|(p, i)| (*p, crate::labels::RankIdentity { gpu: gpus.get(p).cloned().unwrap_or_default(), ..i.identity() })).collect();
+        if let Ok(mut h) = self.history.lock() {
+            h.identities = identities;
         }
     }
 
