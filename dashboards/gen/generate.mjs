@@ -19,7 +19,8 @@ const DS = { type: 'prometheus', uid: '${datasource}' };
 const SEL = 'cluster=~"$cluster", job=~"$job", instance=~"$host"';
 // Who a rank is: its process's Kubernetes namespace and pod and its local rank, labels of the
 // per-rank series themselves (empty when unknown; All is `.*`, which matches empty too).
-const SEL_WHO = `${SEL}, namespace=~"$namespace", pod=~"$pod", local_rank=~"$local_rank"`;
+const SEL_POD = `${SEL}, namespace=~"$namespace", pod=~"$pod"`;
+const SEL_WHO = `${SEL_POD}, local_rank=~"$local_rank"`;
 const SEL_RANK = `${SEL_WHO}, rank=~"$rank"`;
 const RI = '$__rate_interval';
 
@@ -183,7 +184,9 @@ function layout(panels) {
 const perStep = (expr, by) =>
   `${expr} / on(${by}) group_left() (sum by (${by}) (rate(stepwise_steps_total{${SEL}}[${RI}])) > 0)`;
 
-const waitIncrease = `sum by (instance, rank) (increase(stepwise_rank_wait_seconds_total{${SEL_WHO}}[$__range]))`;
+// The straggler is the one rank that stands out among all ranks of the selected pods: not
+// narrowed by local rank (one local rank per host alone has no "others" to compare with).
+const waitIncrease = `sum by (instance, rank) (increase(stepwise_rank_wait_seconds_total{${SEL_POD}}[$__range]))`;
 
 const DASHBOARDS = [
   {
@@ -245,7 +248,7 @@ const DASHBOARDS = [
             'rank {{rank}} ({{instance}})',
             { instant: true, range: false, format: 'table' },
           ),
-          target('B', `topk(1, sum by (instance, rank) (increase(stepwise_rank_late_seconds_total{${SEL_WHO}}[$__range])))`, 'rank {{rank}} ({{instance}})', {
+          target('B', `topk(1, sum by (instance, rank) (increase(stepwise_rank_late_seconds_total{${SEL_POD}}[$__range])))`, 'rank {{rank}} ({{instance}})', {
             instant: true,
             range: false,
             format: 'table',
