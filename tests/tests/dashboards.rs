@@ -386,7 +386,9 @@ fn every_panel_query_returns_series_from_real_agents() {
                 if title == "Straggler across hosts" {
                     let ranks: Vec<&str> = r.iter().filter_map(|s| s["metric"]["rank"].as_str()).collect();
                     let want = if t["refId"] == "B" { own.latest() } else { own.least_waiting() };
-                    let late = |a: &stepwise_tests::harness::Agent| stepwise_tests::harness::samples(&a.metrics().unwrap_or_default(), "stepwise_rank_late_seconds_total");
+                    let late = |a: &stepwise_tests::harness::Agent| {
+                        stepwise_tests::harness::samples(&a.metrics().unwrap_or_default(), "stepwise_rank_late_seconds_total")
+                    };
                     assert_eq!(
                         ranks,
                         vec![want.to_string().as_str()],
