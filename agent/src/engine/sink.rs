@@ -245,9 +245,14 @@ impl StepMetrics {
         m
     }
 
-    /// The traced processes' identities (pid → local rank, namespace, pod).
+    /// The traced processes' identities (pid → local rank, namespace, pod, GPU), merged into
+    /// those known: an exited process keeps its identity for the steps attributed after it is
+    /// gone (bounded: past 4 096 processes only the current ones are kept).
     pub fn set_identities(&mut self, ids: BTreeMap<u32, RankIdentity>) {
-        self.identities = ids;
+        if self.identities.len() + ids.len() > 4096 {
+            self.identities.retain(|p, _| ids.contains_key(p));
+        }
+        self.identities.extend(ids);
     }
 
     /// The series labels of `rank` (this host's) in step `s`: its process's identity, from
@@ -258,7 +263,12 @@ impl StepMetrics {
             return RankLabel::new(value, RankIdentity::default());
         }
         let pid = s.collectives.iter().flat_map(|c| &c.arrivals).find(|a| a.rank == rank && a.host == self.host).map(|a| a.pid);
-        RankLabel::new(value, pid.and_then(|p| self.identities.get(&p)).cloned().unwrap_or_default())
+        match pid.and_then(|p| self.identities.get(&p)) {
+            Some(id) => RankLabel::new(value, id.clone()),
+            // Not published yet (a process younger than the collective source's last rescan):
+            // the rank's series stay as they are rather than flicker.
+            None => self.rank_series.get(&value).cloned().unwrap_or_else(|| RankLabel::new(value, RankIdentity::default())),
+        }
     }
 
     /// Removes the series of a rank value's `old` labels.

@@ -1,6 +1,6 @@
 //! Joining calls of all ranks on `(CommId, seq)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -237,15 +237,74 @@ pub struct CallView {
     pub clock: Clocking,
 }
 
-/// Joins calls (from one or many hosts) on `(comm, seq)`. Calls without a communicator or a
-/// sequence number (p2p, lifecycle) are skipped. A rank seen twice for the same key (two
-/// agents answering for one host) keeps its first call.
+/// Collectives in which no rank returns before every rank has entered: each rank needs every
+/// other rank's input.
+const EVERY_RANK_NEEDED: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"];
+
+/// How far each process's sequence numbers run ahead, per `(comm, host, pid)` (absent: 0).
+///
+/// Sequence numbers of MPI and gloo communicators count the calls each process was seen
+/// making. Probes attached while a job runs (the agent found the library mapped by a running
+/// process) miss the collective the ranks were inside at that moment, but a rank that had
+/// not arrived yet — a straggler — sees it: its numbers run one ahead of the others' and every
+/// join pairs its call with the others' next one (seen on this machine: the late rank
+/// arriving "first" in every step, the others ~24 ms late). The same collective's calls
+/// overlap in time on one host's clock when no rank can return before every rank entered
+/// and the calls are timed to completion; so, per communicator and host, each process's call
+/// that overlaps most with the reference process's first call is the same collective, and
+/// the difference of their numbers is the offset. Offsets are taken relative to the process
+/// that started counting last, so the joined numbers do not depend on the window of history.
+fn seq_offsets<'a>(calls: &[&'a CallView]) -> HashMap<(&'a str, &'a str, u32), u64> {
+    let mut groups: BTreeMap<(&str, &str), BTreeMap<u32, Vec<&CallView>>> = BTreeMap::new();
+    for c in calls {
+        let (Some(comm), Some(_)) = (c.comm.as_deref(), c.seq) else { continue };
+        if c.clock.timing == Timing::HostCompletion && !c.aborted && EVERY_RANK_NEEDED.contains(&c.op.as_str()) {
+            groups.entry((comm, c.host.as_str())).or_default().entry(c.pid).or_default().push(c);
+        }
+    }
+    let mut out = HashMap::new();
+    for ((comm, host), mut procs) in groups {
+        if procs.len() < 2 {
+            continue;
+        }
+        for v in procs.values_mut() {
+            v.sort_by_key(|c| c.seq);
+        }
+        // The reference: the process whose first call here began last.
+        let Some(first) = procs.values().map(|v| v[0]).max_by(|a, b| a.enter.total_cmp(&b.enter)) else { continue };
+        let overlap = |c: &CallView| c.exit.min(first.exit) - c.enter.max(first.enter);
+        let rel: Vec<(u32, i64)> = procs
+            .iter()
+            .filter_map(|(pid, v)| {
+                let same = v.iter().filter(|c| overlap(c) >= 0.0).max_by(|a, b| overlap(a).total_cmp(&overlap(b)))?;
+                Some((*pid, same.seq? as i64 - first.seq? as i64))
+            })
+            .collect();
+        let low = rel.iter().map(|(_, d)| *d).min().unwrap_or(0);
+        for (pid, d) in rel {
+            if d > low {
+                out.insert((comm, host, pid), (d - low) as u64);
+            }
+        }
+    }
+    out
+}
+
+/// Joins calls (from one or many hosts) on `(comm, seq)`, each process's numbers aligned by
+/// [`seq_offsets`]. Calls without a communicator or a sequence number (p2p, lifecycle) are
+/// skipped. A rank seen twice for the same key (two agents answering for one host) keeps its
+/// first call.
 pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Collective> {
+    let calls: Vec<&CallView> = calls.into_iter().collect();
+    let offsets = seq_offsets(&calls);
     // Each collective with the ranks it has (a set: 1 024 ranks checked one by one against
     // every arrival made the join quadratic, ~5·10⁸ comparisons over 1 000 steps).
     let mut by_key: BTreeMap<(String, u64), (Collective, std::collections::HashSet<u32>)> = BTreeMap::new();
     for c in calls {
-        let (Some(comm), Some(seq)) = (&c.comm, c.seq) else { continue };
+        let (Some(comm), Some(raw)) = (&c.comm, c.seq) else { continue };
+        // A call before the others' first one (the collective they were inside when the
+        // probes attached) has no partners to join.
+        let Some(seq) = raw.checked_sub(offsets.get(&(comm.as_str(), c.host.as_str(), c.pid)).copied().unwrap_or(0)) else { continue };
         let (e, ranks) = by_key.entry((comm.clone(), seq)).or_insert_with(|| {
             let c =
                 Collective { comm: comm.clone(), seq, op: c.op.clone(), library: c.library.clone(), bytes: c.bytes, nranks: c.nranks, arrivals: Vec::new() };
@@ -317,5 +376,52 @@ mod tests {
         let mut c = call("c", 0, 0, "a", 1.0, 2.0);
         c.seq = None;
         assert!(join_calls(&[c]).is_empty());
+    }
+
+    /// Probes attached mid-job: ranks 0, 1, 3 were inside all-reduce #0 and missed it, rank 2
+    /// (late) saw it, so rank 2's own numbers run one ahead. The join still pairs the same
+    /// collectives, and the numbers do not depend on how much history is looked at.
+    #[test]
+    fn a_rank_that_saw_one_more_collective_is_aligned_by_overlap() {
+        let mut calls = Vec::new();
+        for k in 0..6u64 {
+            let t = 10.0 + 0.1 * k as f64;
+            for r in [0u32, 1, 3] {
+                if k > 0 {
+                    let mut c = call("w", k - 1, r, "a", t + 0.001 * f64::from(r), t + 0.035);
+                    c.clock.timing = Timing::HostCompletion;
+                    calls.push(c);
+                }
+            }
+            let mut late = call("w", k, 2, "a", t + 0.030, t + 0.035);
+            late.clock.timing = Timing::HostCompletion;
+            calls.push(late);
+        }
+        let joined = join_calls(&calls);
+        let full: Vec<&Collective> = joined.iter().filter(|c| c.arrivals.len() == 4).collect();
+        assert_eq!(full.len(), 5, "all-reduces #1..#5 with their 4 ranks: {joined:?}");
+        for c in &full {
+            let last = c.arrivals.iter().max_by(|a, b| a.enter.total_cmp(&b.enter)).expect("arrivals");
+            assert_eq!(last.rank, 2, "rank 2 is the late one in #{}", c.seq);
+            assert!(c.arrivals.iter().all(|a| a.exit >= last.enter), "one collective's calls overlap: {c:?}");
+        }
+        // A window that starts mid-job joins the same collectives under the same numbers.
+        let window: Vec<CallView> = calls.iter().filter(|c| c.enter > 10.25).cloned().collect();
+        let again: Vec<(u64, usize)> = join_calls(&window).iter().map(|c| (c.seq, c.arrivals.len())).collect();
+        let want: Vec<(u64, usize)> = full.iter().filter(|c| c.first_arrival() > 10.25).map(|c| (c.seq, 4)).collect();
+        assert_eq!(again, want);
+        // Calls not timed to completion (an asynchronous NCCL's enqueues) are never moved.
+        let enq: Vec<CallView> = calls
+            .iter()
+            .cloned()
+            .map(|mut c| {
+                c.clock.timing = Timing::HostEnqueue;
+                c
+            })
+            .collect();
+        let raw = join_calls(&enq);
+        let one = raw.iter().find(|c| c.seq == 1).expect("#1");
+        let r2 = one.arrivals.iter().find(|a| a.rank == 2).expect("rank 2");
+        assert!((r2.enter - 10.13).abs() < 1e-9, "enqueue-timed calls join on their own numbers: {one:?}");
     }
 }
