@@ -91,9 +91,15 @@ fn agents_with_clocks_40_ms_apart_still_name_the_straggler_and_its_seconds() {
             assert!((got - want).abs() <= 0.15 * want, "step {id}: readiness skew {:.1} ms vs the job's {:.1} ms", got * 1e3, want * 1e3);
             assert_eq!(cause(st, "readiness_skew")["rank"], 3, "step {id}: {st}");
         } else {
-            // The job's own jitter (ms on a loaded machine), not the clocks' 40 ms.
+            // The job's own jitter, not the clocks' 40 ms. The job reads its clock just before
+            // it calls and the probe fires at the call: on this 2-core machine a rank preempted
+            // in between puts ms between the two (seen: agent 2.3, 2.6, 2.9 and 5.1 ms against
+            // the job's 0.1-0.4 ms in 3 of 8 runs here and one CI rehearsal, the clock offset
+            // right within 0.06 ms, with the join before and after f07cbc0), so the bound is a quarter of
+            // the clocks' offset: a leak of the offset still fails, the offset itself is
+            // checked above.
             assert!(
-                (got - want).abs() <= (0.15 * want).max(2e-3),
+                (got - want).abs() <= (0.15 * want).max(0.010),
                 "step {id}: readiness skew {:.1} ms on a step without delay (the job's {:.1} ms)",
                 got * 1e3,
                 want * 1e3
