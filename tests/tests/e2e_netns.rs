@@ -561,6 +561,13 @@ fn run_phase(s: &Servers, dir: &Path, phase: &str, offset_ms: u64, mode: Timing)
                     summarize(&st)
                 );
             }
+            if let Some(d) = std::env::var_os("STEPWISE_E2E_DUMP") {
+                // For looking into a failure: the agent's steps and the workload's own lines.
+                let base = Path::new(&d).join(format!("{phase}-{mode:?}-job{}-server{k}", j + 1));
+                let _ = std::fs::create_dir_all(&d);
+                let _ = std::fs::write(base.with_extension("steps.json"), serde_json::to_string_pretty(&st).unwrap_or_default());
+                let _ = std::fs::write(base.with_extension("stdout"), out.text.values().cloned().collect::<Vec<_>>().join(""));
+            }
             assert_eq!(st.len(), per_job, "{phase} phase, job {} on server {k}: steps attributed\n{}", j + 1, summarize(&st));
             scenarios::assert_parts_sum(&st);
             per_server.push(st);

@@ -53,7 +53,7 @@ pub fn test(args: &[String]) -> Result<()> {
     }
     let started = Instant::now();
     for t in tiers {
-        eprintln!("\n=== tier {t} ===");
+        eprintln!("\n=== tier {t} ({}) ===", disk_free());
         match t {
             // Lints of every crate, including the eBPF program crate's host build.
             "lint" => {
@@ -81,8 +81,33 @@ pub fn test(args: &[String]) -> Result<()> {
             _ => unreachable!(),
         }
     }
-    eprintln!("\nall tiers passed in {:.0?}", started.elapsed());
+    eprintln!("\nall tiers passed in {:.0?} ({})", started.elapsed(), disk_free());
     Ok(())
+}
+
+/// Free space on the file system of target/, for the log of each tier (CI has run out of disk).
+fn disk_free() -> String {
+    let target = root().join("target");
+    let _ = std::fs::create_dir_all(&target);
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let path = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return "free disk unknown".into();
+    }
+    let (free, used) = (st.f_bavail as f64 * st.f_frsize as f64, dir_size(&target));
+    format!("{:.1} GB free on the disk of target/, target/ holds {:.1} GB", free / 1e9, used / 1e9)
+}
+
+fn dir_size(p: &Path) -> f64 {
+    let Ok(rd) = std::fs::read_dir(p) else { return 0.0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0.0, |m| m.len() as f64),
+            _ => 0.0,
+        })
+        .sum()
 }
 
 /// The main job: a real 4-rank OpenMPI job with one rank 30 ms late every 5th step, watched by
