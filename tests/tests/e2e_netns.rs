@@ -751,6 +751,45 @@ fn congestion_scenario(mode: Timing) {
             }
         }
     }
+    congestion_in_cluster_mode(&s, &out, mode);
+}
+
+/// `agent diagnose --peers` over both servers (issue 13: the e2e scenarios in cluster mode):
+/// the slowest steps are the in-phase ones, congestion is their top cause and, like each
+/// server's agent, one burst of the other job at the TBF rate (±15 %). Each host's uplink
+/// carries one burst of the other job; the ring waits for one of them, so the evidence's other
+/// traffic is one burst too, not the two hosts' sum.
+fn congestion_in_cluster_mode(s: &Servers, out: &PhaseRun, mode: Timing) {
+    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
+    let (code, text, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", "8", "--since", "10m"]).expect("diagnose runs");
+    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
+    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let steps = rep["steps"].as_array().expect("steps");
+    let what = format!("congestion, diagnose --peers ({mode:?})");
+    assert_eq!(steps.len(), 8, "{what}: {text}");
+    let wire: f64 = (0..2).map(|k| out.tx[k] / (2.0 * UP_STEPS as f64 * UP_BYTES as f64)).sum::<f64>() / 2.0;
+    let burst = UP_BYTES as f64 * wire;
+    let burst_s = burst / (UP_MBIT as f64 * 1e6 / 8.0);
+    let cong: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "congestion")).collect();
+    let other: Vec<f64> = steps.iter().map(|st| cause(st, "congestion")["evidence"]["other_traffic_bytes"].as_f64().unwrap_or(0.0)).collect();
+    eprintln!(
+        "congestion/{what}: congestion {:?} ms vs the burst {:.1} ms; other traffic {other:?} B vs {burst:.0} B\n{}",
+        cong.iter().map(|c| (c * 1e4).round() / 10.0).collect::<Vec<_>>(),
+        burst_s * 1e3,
+        summarize(steps)
+    );
+    for st in steps {
+        assert_eq!(st["ranks"].as_array().map(Vec::len), Some(2), "{what}: both ranks joined: {}", st["ranks"]);
+    }
+    let top = steps.iter().filter(|st| st["top_cause"] == "congestion").count();
+    assert!(4 * top >= 3 * steps.len(), "{what}: congestion top cause in {top} of {} steps", steps.len());
+    let other_med = median(other);
+    assert!(
+        within(other_med, burst, 0.30),
+        "{what}: other traffic {other_med:.0} bytes in the median step vs one burst of {burst:.0} bytes (each host carried one)"
+    );
+    let got = median(cong);
+    assert!(within(got, burst_s, 0.15), "{what}: congestion {:.1} ms (median step) vs the injected burst {:.1} ms", got * 1e3, burst_s * 1e3);
 }
 
 /// Per step of a 2-rank job, for rank `r`: (its transfer from the later of the two arrivals

@@ -53,6 +53,15 @@ pub fn expected_cross_host_bytes(c: &Collective, hosts: &[&str]) -> Option<f64> 
     Some(bytes)
 }
 
+/// Bytes the windows' NICs transmitted, per host (a NIC without a host: "").
+fn carried_per_host<'w>(wins: &[&'w NicWindow]) -> BTreeMap<&'w str, f64> {
+    let mut m = BTreeMap::new();
+    for w in wins {
+        *m.entry(w.nic.host.as_deref().unwrap_or("")).or_insert(0.0) += w.tx_bytes;
+    }
+    m
+}
+
 /// Congestion evidence over a transfer window.
 #[derive(Clone, Debug, Default)]
 pub struct Congestion {
@@ -60,8 +69,11 @@ pub struct Congestion {
     pub pause_seconds: f64,
     pub pause_frames: f64,
     pub xmit_wait_seconds: f64,
+    /// Other traffic on the worst host's linked NICs: the path that set the delay.
     pub other_traffic_bytes: f64,
     pub other_traffic_seconds: f64,
+    /// Other traffic on the linked NICs of every host (what is not this collective's bytes).
+    pub other_traffic_all_hosts_bytes: f64,
     pub ecn_marked: f64,
     pub cnp: f64,
     pub retransmits: f64,
@@ -76,7 +88,12 @@ impl Congestion {
     /// beyond what this collective is expected to send, at nominal rate). Queue backlog,
     /// drops, ECN/CNP marks and retransmissions are evidence of the same queues, never
     /// seconds of their own: their delay is already in the stall or the queued bytes.
-    pub fn from_windows(wins: &[&NicWindow], rate: f64, expected: Option<f64>, p: &Params) -> Congestion {
+    ///
+    /// Other traffic is counted per host (`expected` gives the bytes this collective puts on
+    /// a host's NICs): the hosts' uplinks are parallel paths of one ring, so the ring waits for
+    /// the most loaded one, not for the sum — two hosts each carrying one other burst delay a
+    /// collective by one burst, not two.
+    pub fn from_windows(wins: &[&NicWindow], rate: f64, expected: &dyn Fn(&str) -> Option<f64>, p: &Params) -> Congestion {
         let mut c = Congestion::default();
         let mut worst = 0.0;
         let mut worst_nic: Option<&str> = None;
@@ -98,15 +115,21 @@ impl Congestion {
             c.max_backlog_bytes = c.max_backlog_bytes.max(w.max_backlog_bytes);
         }
         c.nic = worst_nic.map(str::to_string);
-        if let Some(exp) = expected {
-            let carried: f64 = wins.iter().map(|w| w.tx_bytes).sum();
-            c.other_traffic_bytes = (carried - exp).max(0.0);
-            // Other traffic only delays us when the path also queued or dropped.
-            if c.max_backlog_bytes > 0.0 || c.drops > 0.0 || c.retransmits > 0.0 || worst > 0.0 {
-                c.other_traffic_seconds = c.other_traffic_bytes / rate.max(1.0);
-                if c.nic.is_none() {
-                    c.nic = wins.iter().max_by(|a, b| a.tx_bytes.total_cmp(&b.tx_bytes)).map(|w| w.nic.name.clone());
-                }
+        let mut worst_host: Option<&str> = None;
+        for (host, carried) in carried_per_host(wins) {
+            let Some(exp) = expected(host) else { continue };
+            let other = (carried - exp).max(0.0);
+            c.other_traffic_all_hosts_bytes += other;
+            if worst_host.is_none() || other > c.other_traffic_bytes {
+                (c.other_traffic_bytes, worst_host) = (other, Some(host));
+            }
+        }
+        // Other traffic only delays us when the path also queued or dropped.
+        if worst_host.is_some() && (c.max_backlog_bytes > 0.0 || c.drops > 0.0 || c.retransmits > 0.0 || worst > 0.0) {
+            c.other_traffic_seconds = c.other_traffic_bytes / rate.max(1.0);
+            if c.nic.is_none() {
+                let on_path = wins.iter().filter(|w| w.nic.host.as_deref().unwrap_or("") == worst_host.unwrap_or(""));
+                c.nic = on_path.max_by(|a, b| a.tx_bytes.total_cmp(&b.tx_bytes)).map(|w| w.nic.name.clone());
             }
         }
         c.seconds = worst + c.other_traffic_seconds;
@@ -123,6 +146,7 @@ impl Congestion {
             xmit_wait_seconds: self.xmit_wait_seconds * f,
             other_traffic_bytes: self.other_traffic_bytes * f,
             other_traffic_seconds: self.other_traffic_seconds * f,
+            other_traffic_all_hosts_bytes: self.other_traffic_all_hosts_bytes * f,
             ecn_marked: self.ecn_marked * f,
             cnp: self.cnp * f,
             retransmits: self.retransmits * f,
@@ -139,6 +163,7 @@ impl Congestion {
         self.xmit_wait_seconds += o.xmit_wait_seconds;
         self.other_traffic_bytes += o.other_traffic_bytes;
         self.other_traffic_seconds += o.other_traffic_seconds;
+        self.other_traffic_all_hosts_bytes += o.other_traffic_all_hosts_bytes;
         self.ecn_marked += o.ecn_marked;
         self.cnp += o.cnp;
         self.retransmits += o.retransmits;
@@ -192,13 +217,34 @@ mod tests {
         let p = Params::default();
         // Paused 300 µs by PFC; transmit wait counted the same 300 µs (75 000 ticks of 4 ns).
         let w = nic(300e-6, 75_000.0);
-        let c = Congestion::from_windows(&[&w], 1e9, Some(1e6), &p);
+        let c = Congestion::from_windows(&[&w], 1e9, &|_| Some(1e6), &p);
         assert!((c.seconds - 300e-6).abs() < 1e-12, "{}", c.seconds);
         // Transmit wait beyond the pause (credits, not PFC): the larger one is the stall.
         let w = nic(100e-6, 125_000.0);
-        let c = Congestion::from_windows(&[&w], 1e9, Some(1e6), &p);
+        let c = Congestion::from_windows(&[&w], 1e9, &|_| Some(1e6), &p);
         assert!((c.seconds - 500e-6).abs() < 1e-12, "{}", c.seconds);
         assert!((c.pause_seconds - 100e-6).abs() < 1e-12 && (c.xmit_wait_seconds - 500e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn other_traffic_on_parallel_hosts_delays_by_the_worst_host_not_the_sum() {
+        // A 2-rank ring over two hosts' uplinks (1 MB/s): each host sends 1 MB of ours and
+        // carries another job's burst, 0.5 MB on host a and 0.25 MB on host b, both queued.
+        let on = |host: &str, tx: f64| {
+            let mut w = nic(0.0, 0.0);
+            w.nic.host = Some(host.into());
+            w.tx_bytes = tx;
+            w.max_backlog_bytes = 1e5;
+            w
+        };
+        let (a, b) = (on("a", 1.5e6), on("b", 1.25e6));
+        let c = Congestion::from_windows(&[&a, &b], 1e6, &|_| Some(1e6), &Params::default());
+        assert!((c.other_traffic_bytes - 0.5e6).abs() < 1e-6, "{c:?}");
+        assert!((c.seconds - 0.5).abs() < 1e-9, "one burst of 0.5 s, not 0.75 s: {c:?}");
+        assert!((c.other_traffic_all_hosts_bytes - 0.75e6).abs() < 1e-6, "{c:?}");
+        // A host whose bytes of ours are not known adds nothing.
+        let c = Congestion::from_windows(&[&a, &b], 1e6, &|h| (h == "b").then_some(1e6), &Params::default());
+        assert!((c.seconds - 0.25).abs() < 1e-9, "{c:?}");
     }
 
     #[test]
@@ -207,7 +253,7 @@ mod tests {
         w.ecn_marked = 5000.0;
         w.cnp_sent = 300.0;
         w.retransmits = 12.0;
-        let c = Congestion::from_windows(&[&w], 1e9, Some(1e6), &Params::default());
+        let c = Congestion::from_windows(&[&w], 1e9, &|_| Some(1e6), &Params::default());
         assert_eq!(c.seconds, 0.0);
         let e = c.to_evidence();
         assert_eq!(e["ecn_marked_packets"], 5000.0);

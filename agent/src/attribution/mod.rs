@@ -196,16 +196,11 @@ impl<'a> Acc<'a> {
         let (rate, frac) = (r.rate, span.frac);
         let (sum_tx, max_tx) = self.rails.add(&r.wins);
         let n = r.wins.len().max(1) as f64;
-        let mut hosts: Vec<&str> = Vec::new();
-        for h in r.wins.iter().filter_map(|w| w.nic.host.as_deref()) {
-            if !hosts.contains(&h) {
-                hosts.push(h);
-            }
-        }
-        let cg = congestion::Congestion::from_windows(&r.wins, rate, congestion::expected_cross_host_bytes(c, &hosts), p);
+        let expected = |h: &str| congestion::expected_cross_host_bytes(c, &[h]);
+        let cg = congestion::Congestion::from_windows(&r.wins, rate, &expected, p);
         // Other traffic that queued ahead of ours is congestion: it is not part of the ideal
         // time of *our* bytes (counting it in both would leave congestion no room).
-        let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_bytes.min(sum_tx) } else { 0.0 };
+        let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_all_hosts_bytes.min(sum_tx) } else { 0.0 };
         let ours = sum_tx - other;
         let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
         let (c_last, c_exit) = (c.last_arrival(), c.last_exit());
