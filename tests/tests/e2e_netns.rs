@@ -1038,6 +1038,36 @@ fn in_flight_scenario(mode: Timing) {
         );
         assert_no_false_causes(steps, &[], &format!("window 16 server {k}"), &disturbance(&runs[&16].0, &[k as u32]));
     }
+    in_flight_in_cluster_mode(&s, excess, mode);
+}
+
+/// `agent diagnose --peers` over both servers (issue 13: the e2e scenarios in cluster mode):
+/// the slowest steps are window 1's, with the in-flight limit their top cause, measured by the
+/// same source as each server's agent and as large as the workload's own excess (±15 %).
+fn in_flight_in_cluster_mode(s: &Servers, excess: f64, mode: Timing) {
+    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
+    let n = IF_STEPS as usize - 1;
+    let (code, text, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", &n.to_string(), "--since", "10m"]).expect("diagnose runs");
+    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
+    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let steps = rep["steps"].as_array().expect("steps");
+    let what = format!("in flight, diagnose --peers ({mode:?})");
+    assert_eq!(steps.len(), n, "{what}: {text}");
+    let got: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "in_flight_limit")).collect();
+    eprintln!(
+        "in-flight/{what}: in_flight_limit {:?} ms vs the workload's excess {:.1} ms\n{}",
+        got.iter().map(|c| (c * 1e4).round() / 10.0).collect::<Vec<_>>(),
+        excess * 1e3,
+        summarize(steps)
+    );
+    let source = if mode == Timing::Blocking { "sampled_requests" } else { "nccl_proxy_steps" };
+    for st in steps {
+        assert_eq!(st["ranks"].as_array().map(Vec::len), Some(2), "{what}: both ranks joined: {}", st["ranks"]);
+        assert_eq!(top_problem(st).0, "in_flight_limit", "{what}: {}", summarize(std::slice::from_ref(st)));
+        assert_eq!(cause(st, "in_flight_limit")["evidence"]["source"], source, "{what}: measured by {source}");
+    }
+    let med = median(got);
+    assert!(within(med, excess, 0.15), "{what}: in_flight_limit {:.1} ms (median step) vs the workload's excess {:.1} ms", med * 1e3, excess * 1e3);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -172,9 +172,14 @@ impl PluginStore {
         self.procs.values().filter_map(|p| Some((p.pid, p.gpu.clone()?))).collect()
     }
 
-    /// Whether the uprobe call `c` is replaced by this process's plugin calls.
+    /// Whether the uprobe call `c` is replaced by this process's plugin calls: it returned
+    /// after the plugin's first GPU-timed collective was enqueued. The Coll event starts
+    /// inside the call, so the call that enqueued that collective is still running then, and
+    /// the calls before it have returned. (Its entry can be milliseconds before the enqueue:
+    /// a first collective that starts the stream's worker, or a rank preempted in between on
+    /// a loaded host; comparing the entry left such a call as a second, host-timed arrival.)
     pub fn replaces(&self, c: &CallRecord) -> bool {
-        c.call.library == Lib::Nccl && c.call.seq.is_some() && self.procs.get(&c.call.pid).and_then(|p| p.gpu_since).is_some_and(|t| c.enter >= t)
+        c.call.library == Lib::Nccl && c.call.seq.is_some() && self.procs.get(&c.call.pid).and_then(|p| p.gpu_since).is_some_and(|t| c.exit >= t)
     }
 
     /// Plugin calls that entered at or after `since`, at most `limit`.

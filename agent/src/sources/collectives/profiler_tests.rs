@@ -66,9 +66,12 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     let m = ProfilerMetrics::register(&mut reg);
     let mut h = History::new("host-a".into(), 64);
     h.clock = ClockMap { offset_ns: 0, error_seconds: 0.0, synchronized: true };
-    // Process 10 (plugin) and 11 (no plugin) called all_reduce; 10's host call entered half a
-    // millisecond before its Coll start callback (the plugin's enqueue time, 1000.028 s).
-    h.push_call(uprobe(10, 0, 1_000_027_500_000));
+    // Process 10 (plugin) and 11 (no plugin) called all_reduce; 10's host call entered 5 ms
+    // before its Coll start callback (the plugin's enqueue time, 1000.028 s: preempted, or a
+    // first call that started the stream's worker) and returned after it.
+    let mut first = uprobe(10, 0, 1_000_023_000_000);
+    first.exit_ns = 1_000_028_010_000;
+    h.push_call(first);
     h.push_call(uprobe(11, 0, 1_000_000_000_000));
     handle_datagram(&mut h, &datagram(10, &[rec(0, 0, 30, 42), rec(0, 1, 100, 111)], 3), &m, 1001.0);
     handle_datagram(&mut h, b"garbage", &m, 1001.0);
