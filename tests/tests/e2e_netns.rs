@@ -392,17 +392,24 @@ fn check_flat_ring(s: &Servers, ring: &JobOutput, (t0, t1): (f64, f64), tx: &[Ve
     balanced_pred
 }
 
+/// `agent diagnose --peers A,B --json --slowest N --since T` over both servers' agents: the
+/// whole report, once it ran and both agents answered.
+fn diagnose_peers(s: &Servers, slowest: usize, since: &str) -> Value {
+    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
+    let (code, text, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", &slowest.to_string(), "--since", since]).expect("diagnose runs");
+    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
+    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    assert_eq!(rep["peers"]["answered"].as_array().map(Vec::len), Some(2), "both agents answered: {}", rep["peers"]);
+    rep
+}
+
 /// `agent diagnose --peers` over the flat ring's steps, then the hierarchical algorithm on
 /// fresh agents: no rail imbalance, and as fast as the flat ring's balanced prediction.
 fn rails_diagnose_and_hierarchical(s: &mut Servers, dir: &Path, tx: &[Vec<f64>], balanced_pred: Vec<f64>, rate: f64) {
     // agent diagnose --peers joins both agents' ranks (8) and NICs.
-    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
-    let (code, out, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", "3", "--since", "5m"]).expect("diagnose runs");
-    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{out}");
-    let rep: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("diagnose --json: {e}: {out}"));
-    assert_eq!(rep["peers"]["answered"].as_array().map(Vec::len), Some(2), "both agents answered: {}", rep["peers"]);
+    let rep = diagnose_peers(s, 3, "5m");
     let dsteps = rep["steps"].as_array().expect("steps");
-    assert_eq!(dsteps.len(), 3, "{out}");
+    assert_eq!(dsteps.len(), 3, "{rep}");
     let excess_all: f64 = {
         let per: Vec<f64> = tx.iter().flatten().map(|b| b / RAIL_STEPS as f64).collect();
         (per.iter().cloned().fold(0.0, f64::max) - per.iter().sum::<f64>() / 8.0) / rate
@@ -695,11 +702,7 @@ fn congestion_scenario(mode: Timing) {
                         assert!(ev["max_queue_backlog_bytes"].as_f64().is_some_and(|b| b > 0.0), "{what}: qdisc backlog in the evidence: {ev}");
                         assert_eq!(ev["nic"], "rail0", "{ev}");
                     }
-                    // The other job's burst on this server's uplink, from `ip -s link` (wire
-                    // bytes per payload byte, measured out of phase) and the TBF rate.
-                    let wire = out.tx[k] / (2.0 * UP_STEPS as f64 * UP_BYTES as f64);
-                    let burst = UP_BYTES as f64 * wire;
-                    let burst_s = burst / (UP_MBIT as f64 * 1e6 / 8.0);
+                    let (burst, burst_s) = other_burst(&out, k);
                     let other = median(steps.iter().map(|st| cause(st, "congestion")["evidence"]["other_traffic_bytes"].as_f64().unwrap_or(0.0)).collect());
                     // ±30 %: the two jobs' phases drift when the machine is loaded, so only part of
                     // the other burst may overlap a step (seen: 204 of 266 KB at load 9). The
@@ -754,22 +757,26 @@ fn congestion_scenario(mode: Timing) {
     congestion_in_cluster_mode(&s, &out, mode);
 }
 
+/// The other job's burst on server `k`'s uplink: bytes on the wire, from `ip -s link` (wire
+/// bytes per payload byte, measured out of phase), and seconds at the TBF rate.
+fn other_burst(out: &PhaseRun, k: usize) -> (f64, f64) {
+    let wire = out.tx[k] / (2.0 * UP_STEPS as f64 * UP_BYTES as f64);
+    let burst = UP_BYTES as f64 * wire;
+    (burst, burst / (UP_MBIT as f64 * 1e6 / 8.0))
+}
+
 /// `agent diagnose --peers` over both servers (issue 13: the e2e scenarios in cluster mode):
 /// the slowest steps are the in-phase ones, congestion is their top cause and, like each
 /// server's agent, one burst of the other job at the TBF rate (±15 %). Each host's uplink
 /// carries one burst of the other job; the ring waits for one of them, so the evidence's other
 /// traffic is one burst too, not the two hosts' sum.
 fn congestion_in_cluster_mode(s: &Servers, out: &PhaseRun, mode: Timing) {
-    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
-    let (code, text, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", "8", "--since", "10m"]).expect("diagnose runs");
-    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
-    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let rep = diagnose_peers(s, 8, "10m");
     let steps = rep["steps"].as_array().expect("steps");
     let what = format!("congestion, diagnose --peers ({mode:?})");
-    assert_eq!(steps.len(), 8, "{what}: {text}");
-    let wire: f64 = (0..2).map(|k| out.tx[k] / (2.0 * UP_STEPS as f64 * UP_BYTES as f64)).sum::<f64>() / 2.0;
-    let burst = UP_BYTES as f64 * wire;
-    let burst_s = burst / (UP_MBIT as f64 * 1e6 / 8.0);
+    assert_eq!(steps.len(), 8, "{what}: {rep}");
+    let (b0, b1) = (other_burst(out, 0), other_burst(out, 1));
+    let (burst, burst_s) = ((b0.0 + b1.0) / 2.0, (b0.1 + b1.1) / 2.0);
     let cong: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "congestion")).collect();
     let other: Vec<f64> = steps.iter().map(|st| cause(st, "congestion")["evidence"]["other_traffic_bytes"].as_f64().unwrap_or(0.0)).collect();
     eprintln!(
@@ -1045,14 +1052,11 @@ fn in_flight_scenario(mode: Timing) {
 /// the slowest steps are window 1's, with the in-flight limit their top cause, measured by the
 /// same source as each server's agent and as large as the workload's own excess (±15 %).
 fn in_flight_in_cluster_mode(s: &Servers, excess: f64, mode: Timing) {
-    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
     let n = IF_STEPS as usize - 1;
-    let (code, text, err) = scenarios::diagnose(s, &["--peers", &peers, "--json", "--slowest", &n.to_string(), "--since", "10m"]).expect("diagnose runs");
-    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
-    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let rep = diagnose_peers(s, n, "10m");
     let steps = rep["steps"].as_array().expect("steps");
     let what = format!("in flight, diagnose --peers ({mode:?})");
-    assert_eq!(steps.len(), n, "{what}: {text}");
+    assert_eq!(steps.len(), n, "{what}: {rep}");
     let got: Vec<f64> = steps.iter().map(|st| cause_seconds(st, "in_flight_limit")).collect();
     eprintln!(
         "in-flight/{what}: in_flight_limit {:?} ms vs the workload's excess {:.1} ms\n{}",
@@ -1131,13 +1135,10 @@ fn healthy_hierarchical_job_is_compute_and_ideal_communication() {
     // cause but compute, ideal communication and unexplained above the thresholds (the remote
     // ranks' lateness, unexplained on one host, is readiness skew once joined); unexplained is
     // the job's own loss beyond the ideal, as on each server.
-    let peers = format!("{},{}", s.agents[0].addr, s.agents[1].addr);
-    let (code, text, err) = scenarios::diagnose(&s, &["--peers", &peers, "--json", "--slowest", "10", "--since", "5m"]).expect("diagnose runs");
-    assert_eq!(code, 0, "agent diagnose --peers: {err}\n{text}");
-    let rep: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let rep = diagnose_peers(&s, 10, "5m");
     let dsteps: Vec<Value> = rep["steps"].as_array().expect("steps").iter().filter(|st| st["step"].as_u64() != Some(0)).cloned().collect();
     eprintln!("healthy/diagnose --peers:\n{}", summarize(&dsteps));
-    assert!(dsteps.len() >= steps_n as usize - 2, "diagnose --peers: {} steps\n{text}", dsteps.len());
+    assert!(dsteps.len() >= steps_n as usize - 2, "diagnose --peers: {} steps\n{rep}", dsteps.len());
     for st in &dsteps {
         assert_eq!(st["ranks"].as_array().map(Vec::len), Some(8), "diagnose joins the 8 ranks of both servers: {}", st["ranks"]);
     }

@@ -89,6 +89,7 @@ pub fn test(args: &[String]) -> Result<()> {
 fn disk_free() -> String {
     let target = root().join("target");
     let _ = std::fs::create_dir_all(&target);
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value, overwritten below.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let path = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).unwrap_or_default();
     // SAFETY: a NUL-terminated path and a valid out-pointer.
