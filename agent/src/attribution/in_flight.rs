@@ -119,8 +119,10 @@ impl InFlight {
 pub(super) struct Charge {
     rdma: Option<InFlight>,
     tcp: Option<transport::TcpInFlight>,
-    /// Request-timed transfers not charged because they queued behind other traffic.
+    /// Request-timed transfers whose occupancy held queueing the congestion cause charged,
+    /// and those seconds (taken out of the in-flight excess).
     queued: usize,
+    queued_seconds: f64,
 }
 
 /// What the in-flight limit cost one transfer.
@@ -138,8 +140,9 @@ pub(super) struct Transfer<'a> {
     pub bytes: f64,
     /// Share of the transfer not covered by an earlier collective.
     pub frac: f64,
-    /// The congestion cause charged this transfer (other traffic or a queue on its path).
-    pub congested: bool,
+    /// Seconds the congestion cause charged this transfer (other traffic, pauses or a queue
+    /// on its path), already scaled by `frac`.
+    pub congestion: f64,
 }
 
 impl Charge {
@@ -150,15 +153,16 @@ impl Charge {
             self.rdma = Some(self.rdma.as_ref().map_or(inf.clone(), |e| e.merge(&inf)));
             // T is the requests' observed occupancy, so N·m/T is whatever the transfer
             // achieved: queueing behind other traffic lowers it as much as a small window
-            // does. When the transfer was congested (the congestion cause found other traffic
-            // or a queue on its path and charged it first), what is left cannot be split
-            // between the two from these figures: it is not charged (it stays unexplained)
-            // and the evidence says so.
-            if t.congested {
+            // does. The transfer took about (requests / N)·T = bytes / (N·m/T); the queueing
+            // the congestion cause charged added those seconds to it, spread over the
+            // requests' occupancy. T less that queueing is the window's own round, so the
+            // in-flight excess is the excess of N·m/T less the congestion seconds (§2.2).
+            let excess = t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate);
+            if t.congestion > 0.0 {
                 self.queued += 1;
-                return 0.0;
+                self.queued_seconds += t.congestion.min(excess.max(0.0));
             }
-            return (t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate)).max(0.0).min(left.max(0.0));
+            return (excess - t.congestion).max(0.0).min(left.max(0.0));
         }
         let Some(tcp) = transport::TcpInFlight::measure(t.wins, t.span, t.rate) else { return 0.0 };
         // TCP (§2.2 per connection, N·m/T = bytes in flight / RTT): only a send buffer or
@@ -176,7 +180,8 @@ impl Charge {
     pub fn evidence(&self) -> BTreeMap<String, serde_json::Value> {
         let mut ev = self.rdma.as_ref().map(|e| e.to_evidence()).or_else(|| self.tcp.as_ref().map(|t| t.to_evidence())).unwrap_or_default();
         if self.queued > 0 {
-            ev.insert("not_charged_queued_transfers".into(), serde_json::json!(self.queued));
+            ev.insert("congested_transfers".into(), serde_json::json!(self.queued));
+            ev.insert("queueing_seconds_left_to_congestion".into(), serde_json::json!(self.queued_seconds));
         }
         ev
     }

@@ -226,7 +226,7 @@ impl<'a> Acc<'a> {
             rate,
             bytes: max_ours.max(c.bytes.unwrap_or(0) as f64),
             frac,
-            congested: cong > 0.0,
+            congestion: cong,
         };
         let extra = self.in_flight.add(&t, left);
         left -= extra;
