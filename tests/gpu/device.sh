@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The one call on a lent GPU machine (never CI): tests/gpu/check.py with release builds made
+# here and carried in DIR (default .gpu): DIR/agent (stripped) and DIR/libnccl_profiler.so.
+# Its output goes to $OUT (the device tool's folder) or /tmp. See tests/gpu/README.md.
+set -u
+dir=${1:-.gpu}
+out=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader
+uname -r
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
+python3 -m pip list 2>/dev/null | grep -i nccl
+exec python3 tests/gpu/check.py --plugin "$dir/libnccl_profiler.so" --agent "$dir/agent" --out "$out"
