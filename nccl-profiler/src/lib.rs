@@ -135,11 +135,7 @@ pub struct Global {
 static GLOBAL: OnceLock<Global> = OnceLock::new();
 
 pub fn global() -> &'static Global {
-    GLOBAL.get_or_init(|| {
-        let g = Global { ring: ring::Ring::new(RING_RECORDS), counters: Default::default() };
-        g.counters.nccl_version.store(nccl_version(), Relaxed);
-        g
-    })
+    GLOBAL.get_or_init(|| Global { ring: ring::Ring::new(RING_RECORDS), counters: Default::default() })
 }
 
 fn start_sender(g: &'static Global) {
@@ -152,12 +148,28 @@ fn start_sender(g: &'static Global) {
     });
 }
 
-/// `ncclGetVersion` of the NCCL in this process (e.g. 23007 for 2.30.7), 0 when not found.
-fn nccl_version() -> u32 {
-    // SAFETY: dlsym with a static NUL-terminated name; the symbol, if any, has NCCL's
-    // signature `ncclResult_t ncclGetVersion(int*)`.
+/// `ncclGetVersion` of the NCCL that loaded the plugin (e.g. 23007 for 2.30.7), 0 when not
+/// found. `log` is the logger NCCL passed to init, a function inside NCCL itself: PyTorch
+/// loads NCCL as a dependency of a library Python opened with RTLD_LOCAL, so NCCL's symbols
+/// are not in the global scope (seen on a GPU with PyTorch 2.11 and NCCL 2.28.9) and the
+/// library is found from that address instead.
+fn nccl_version(log: *const c_void) -> u32 {
+    // SAFETY: dlsym/dladdr/dlopen with valid NUL-terminated names and an address NCCL passed
+    // (or null, which dladdr rejects); the symbol, if any, has NCCL's signature
+    // `ncclResult_t ncclGetVersion(int*)`. RTLD_NOLOAD never loads a library: the handle is
+    // of one already mapped, and dlclose only drops the reference it took.
     unsafe {
-        let f = libc::dlsym(libc::RTLD_DEFAULT, c"ncclGetVersion".as_ptr());
+        let mut f = libc::dlsym(libc::RTLD_DEFAULT, c"ncclGetVersion".as_ptr());
+        if f.is_null() && !log.is_null() {
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            if libc::dladdr(log, &mut info) != 0 && !info.dli_fname.is_null() {
+                let h = libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                if !h.is_null() {
+                    f = libc::dlsym(h, c"ncclGetVersion".as_ptr());
+                    libc::dlclose(h);
+                }
+            }
+        }
         if f.is_null() {
             return 0;
         }
@@ -193,11 +205,14 @@ pub fn choose_mask(version: u32, env: Option<&str>) -> u64 {
     }
 }
 
-fn init_common(context: *mut *mut c_void, comm: u64, mask_out: *mut c_int, nranks: c_int, rank: c_int) -> c_int {
+fn init_common(context: *mut *mut c_void, comm: u64, mask_out: *mut c_int, nranks: c_int, rank: c_int, log: *const c_void) -> c_int {
     if context.is_null() || mask_out.is_null() {
         return OK;
     }
     let g = global();
+    if g.counters.nccl_version.load(Relaxed) == 0 {
+        g.counters.nccl_version.store(nccl_version(log), Relaxed);
+    }
     if g.counters.gpu_pci.get().is_none() {
         if let Some(pci) = gpu::current_pci() {
             let _ = g.counters.gpu_pci.set(pci);
@@ -224,9 +239,9 @@ unsafe extern "C" fn init_v5(
     _nodes: c_int,
     nranks: c_int,
     rank: c_int,
-    _log: *const c_void,
+    log: *const c_void,
 ) -> c_int {
-    init_common(context, comm_id, mask, nranks, rank)
+    init_common(context, comm_id, mask, nranks, rank, log)
 }
 
 unsafe extern "C" fn init_v4(
@@ -237,9 +252,9 @@ unsafe extern "C" fn init_v4(
     _nodes: c_int,
     nranks: c_int,
     rank: c_int,
-    _log: *const c_void,
+    log: *const c_void,
 ) -> c_int {
-    init_common(context, comm_hash, mask, nranks, rank)
+    init_common(context, comm_hash, mask, nranks, rank, log)
 }
 
 /// A C string NCCL passed (empty for null).

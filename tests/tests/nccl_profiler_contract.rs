@@ -130,3 +130,48 @@ fn nccl_steps_gpu_delay_is_waited_for_in_the_synchronize() {
         assert_eq!(s["bad"], "0");
     }
 }
+
+/// PyTorch loads NCCL as a dependency of a library Python opened with RTLD_LOCAL, so NCCL's
+/// symbols are not global. On a real GPU (PyTorch 2.11, NCCL 2.28.9) the Stepwise plugin then
+/// reported NCCL version 0 (it looked `ncclGetVersion` up in the global scope only), and its
+/// `auto` event mask, which depends on the version, could not tell NCCL 2.31 apart. Here the
+/// test library is opened the same way (Python ctypes, RTLD_LOCAL) and one rank all-reduces
+/// with the plugin: every datagram's header carries the library's version (2.30.7).
+#[test]
+fn the_plugin_reads_the_nccl_version_when_nccl_is_not_global() {
+    let build = workloads::build().expect("workloads");
+    let plugin = workloads::profiler_plugin().expect("the Stepwise plugin");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock_path = dir.path().join("profiler.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).expect("bind");
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
+    const PROG: &str = r#"
+import ctypes, os, sys
+lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_LOCAL | os.RTLD_NOW)
+class Id(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+uid, comm = Id(), ctypes.c_void_p()
+assert lib.ncclGetUniqueId(ctypes.byref(uid)) == 0
+assert lib.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0
+buf = (ctypes.c_float * 1024)()
+for _ in range(3):
+    assert lib.ncclAllReduce(buf, buf, 1024, 7, 0, comm, None) == 0
+assert lib.ncclAbiStreamSynchronize(None) == 0
+assert lib.ncclCommDestroy(comm) == 0
+"#;
+    let out = Command::new("python3")
+        .args(["-c", PROG])
+        .arg(build.join("libnccl.so.2"))
+        .env("NCCL_PROFILER_PLUGIN", &plugin)
+        .env("STEPWISE_PROFILER_SOCKET", &sock_path)
+        .env("NCCL_ABI_IFACE_ADDR", "127.0.0.1")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let mut buf = [0u8; 65536];
+    let n = sock.recv(&mut buf).expect("a datagram from the plugin");
+    assert!(n >= 20 && buf[..4] == 0x4650_5753u32.to_le_bytes(), "not a plugin datagram ({n} bytes)");
+    let version = u32::from_le_bytes(buf[16..20].try_into().expect("4 bytes"));
+    assert_eq!(version, 23007, "the header's NCCL version");
+}
