@@ -49,7 +49,12 @@ pub struct Skew {
 impl Skew {
     /// Clock-free estimate from per-rank totals (when only the attribution is at hand,
     /// e.g. from the store): exact when the same rank is the late one in every collective.
+    /// None when a collective was timed at the host enqueue: the time inside such a call is
+    /// the enqueue, and the rank that spent the least there is no straggler.
     pub fn from_ranks(a: &Attribution) -> Skew {
+        if a.timing.contains("host_enqueue") {
+            return Skew { wall_seconds: a.cause(CauseKind::ReadinessSkew), clock_free_seconds: None, clock_free_late_rank: None };
+        }
         let inside = a.ranks.iter().map(|r| (r.rank, r.inside_seconds));
         let min = inside.clone().min_by(|x, y| x.1.total_cmp(&y.1));
         let max = inside.map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
@@ -327,6 +332,14 @@ mod tests {
         assert_eq!(r.skew.clock_free_late_rank, Some(5));
         let ranked: Vec<CauseKind> = r.ranked(0.001).iter().map(|c| c.kind).collect();
         assert_eq!(ranked, vec![CauseKind::ReadinessSkew, CauseKind::RailImbalance, CauseKind::Unexplained]);
+        // Timed at the host enqueue (real NCCL without the plugin, seen on a GPU): the time
+        // inside the call is the enqueue, so there is no clock-free estimate and no late rank.
+        for timing in ["host_enqueue", "mixed (gpu 6, host_enqueue 2)"] {
+            let mut a = fixtures::attribution();
+            a.timing = timing.into();
+            let r = StepReport::from_attribution(a);
+            assert_eq!((r.skew.clock_free_seconds, r.skew.clock_free_late_rank), (None, None), "{timing}");
+        }
     }
 
     #[test]

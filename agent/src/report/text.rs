@@ -104,6 +104,7 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
     let free = match (r.skew.clock_free_seconds, r.skew.clock_free_late_rank) {
         (Some(s), Some(k)) => format!("{}, late rank {k}", duration(s)),
         (Some(s), None) => duration(s),
+        _ if a.timing.contains("host_enqueue") => "n/a (timed at the host enqueue)".into(),
         _ => "n/a (one rank)".into(),
     };
     let _ = writeln!(out, "\n  readiness skew: wall clock {}{clock} · clock-free {free}", duration(r.skew.wall_seconds));

@@ -51,11 +51,12 @@ pub struct Analysis {
 
 /// Clock-free skew of a set of collectives: Σ (max − min) of each collective's time inside
 /// the call, and the rank that spent the least time inside most often (by summed deficit).
-/// `None` when no collective was seen on two ranks.
+/// `None` when no collective was seen on two ranks. Collectives timed at the host enqueue
+/// are left out: the time inside such a call is the enqueue, not the wait for the peers.
 pub fn clock_free(colls: &[&Collective]) -> (Option<f64>, Option<u32>) {
     let mut total = None;
     let mut deficit: BTreeMap<u32, f64> = BTreeMap::new();
-    for c in colls.iter().filter(|c| c.arrivals.len() >= 2) {
+    for c in colls.iter().filter(|c| c.arrivals.len() >= 2 && !c.host_enqueue_timed()) {
         let inside = |a: &crate::timeline::Arrival| (a.exit - a.enter).max(0.0);
         let max = c.arrivals.iter().map(inside).fold(f64::NEG_INFINITY, f64::max);
         let min = c.arrivals.iter().map(inside).fold(f64::INFINITY, f64::min);

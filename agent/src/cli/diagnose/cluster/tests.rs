@@ -181,3 +181,30 @@ fn clocks_known_worse_than_the_skew_fall_back_to_the_clock_free_estimate() {
         assert!(a.notes.iter().any(|n| n.contains("readiness skew is the clock-free estimate")), "{:?}", a.notes);
     }
 }
+
+#[test]
+fn the_clock_free_estimate_leaves_out_calls_timed_at_the_host_enqueue() {
+    use crate::timeline::{join::Timing, Arrival, Collective};
+    // Rank 1 spent 5 ms less inside the call: a late arrival when the call waits for the
+    // peers, only a faster enqueue when it returns once the work is queued (real NCCL without
+    // the profiler plugin).
+    let arrival = |rank: u32, inside: f64, timing: Timing| {
+        let mut a = Arrival { rank, host: "h".into(), pid: rank, enter: 1.0, exit: 1.0 + inside, aborted: false, clock: Default::default() };
+        a.clock.timing = timing;
+        a
+    };
+    let coll = |timing: Timing| Collective {
+        comm: "c".into(),
+        seq: 1,
+        op: "all_reduce".into(),
+        library: "nccl".into(),
+        bytes: Some(1024),
+        nranks: Some(2),
+        arrivals: vec![arrival(0, 0.006, timing), arrival(1, 0.001, timing)],
+    };
+    let waited = coll(Timing::HostCompletion);
+    let (free, late) = super::clock_free(&[&waited]);
+    assert!(free.is_some_and(|f| (f - 0.005).abs() < 1e-9) && late == Some(1), "{free:?} {late:?}");
+    let enqueued = coll(Timing::HostEnqueue);
+    assert_eq!(super::clock_free(&[&enqueued]), (None, None));
+}
