@@ -304,9 +304,11 @@ def checks_of(a, jobs, per_rank, skew, agent):
     headers = jobs["plugin"]["headers"]
     ev = {k: v["cuda_event_ms_median"] for k, v in per_rank.items()}
     # Rank 0 waits inside its all-reduce for rank 1's data: its CUDA-event time beyond the
-    # healthy steps' is how much later rank 1's GPU arrived than in those steps.
+    # healthy steps' is how much longer it waited for rank 1 than in those steps (where it
+    # waited max(healthy skew, 0)).
     wait = (ev["rank0"]["gpu_late"] - ev["rank0"]["healthy"]) if "rank0" in ev else None
     g = {ph: (skew.get(ph, {}).get("gpu_start_skew_ms_median") or 0.0) for ph in PHASES}
+    base = max(g["healthy"], 0.0)
     c = {
         "ranks_finished": rcs == [0, 0, 0, 0],
         "datagrams_received": bool(headers),
@@ -318,7 +320,7 @@ def checks_of(a, jobs, per_rank, skew, agent):
         "every_16MiB_allreduce_once_warmup_steps_hang": bool(per_rank) and all(v["allreduces_of_16MiB"] == 5 + a.steps * len(PHASES) + 1 for v in per_rank.values()),
         "gpu_durations_within_5pct_of_cuda_events": bool(per_rank) and all((v["gpu_vs_cuda_event_abs_err_median"] or 1) <= 0.05 for v in per_rank.values()),
         "gpu_late_knob_made_rank_1_late": g["gpu_late"] - g["healthy"] >= 10.0,
-        "gpu_start_skew_matches_rank_0_cuda_wait_15pct": wait is not None and abs((g["gpu_late"] - g["healthy"]) - wait) <= 0.15 * abs(wait),
+        "gpu_start_skew_matches_rank_0_cuda_wait_15pct": wait is not None and abs((g["gpu_late"] - base) - wait) <= 0.15 * abs(wait),
         "cpu_late_knob_made_rank_1_enqueue_late": (skew.get("cpu_late", {}).get("host_enqueue_skew_ms_median") or 0) >= 0.8 * CPU_LATE_MS,
         "cpu_late_gpu_skew_below_half_the_host_enqueue_skew": (skew.get("cpu_late", {}).get("gpu_start_abs_skew_ms_median") or 99) < 0.5 * (skew.get("cpu_late", {}).get("host_enqueue_skew_ms_median") or 0),
     }
@@ -333,7 +335,7 @@ def checks_of(a, jobs, per_rank, skew, agent):
         off = [(k, v, got.get(k)) for ph in PHASES for k, v in per[ph].items()]
         c["agent_skew_is_the_gpu_timer_skew_per_step_5pct_or_0.25ms"] = bool(off) and all(
             g2 is not None and abs(g2["wall_ms"] - abs(v)) <= max(0.05 * abs(v), 0.25) and (abs(v) < 0.25 or g2["late_rank"] == (1 if v > 0 else 0)) for _, v, g2 in off)
-        c["agent_gpu_late_skew_matches_rank_0_cuda_wait_15pct"] = wait is not None and abs((ag["gpu_late"] - ag["healthy"]) - wait) <= 0.15 * abs(wait)
+        c["agent_gpu_late_skew_matches_rank_0_cuda_wait_15pct"] = wait is not None and abs((ag["gpu_late"] - base) - wait) <= 0.15 * abs(wait)
         c["agent_gpu_late_names_rank_1"] = d.get("gpu_late", {}).get("late_rank") == ["1"]
         hs = skew.get("cpu_late", {}).get("host_enqueue_skew_ms_median") or 0.0
         c["agent_cpu_late_skew_below_half_the_host_enqueue_skew"] = d.get("cpu_late", {}).get("steps", 0) > 0 and ag["cpu_late"] < 0.5 * hs

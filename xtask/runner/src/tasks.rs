@@ -212,16 +212,19 @@ pub fn bench(args: &[String]) -> Result<()> {
     }
 }
 
-/// The profiler plugin (release) in PyTorch's real NCCL on this host's GPU: `tests/gpu/check.py`
-/// (tests/gpu/README.md). Needs an NVIDIA GPU and PyTorch with CUDA; CI never runs it.
+/// The profiler plugin and the agent (release) beside two ranks of PyTorch's real NCCL on
+/// this host's first GPU: `tests/gpu/check.py` (tests/gpu/README.md). Needs root, an NVIDIA
+/// GPU and PyTorch with CUDA; CI never runs it.
 pub fn gpu_check(args: &[String]) -> Result<()> {
     if harness::which("nvidia-smi").is_none() {
         bail!("gpu-check needs an NVIDIA GPU and its driver (nvidia-smi not found); CI never runs it");
     }
     sh(cargo().args(["build", "--release", "-p", "nccl-profiler"]))?;
+    let agent = build_agent(true)?;
     let plugin = root().join("target/release/libnccl_profiler.so");
     let out = tempdir("gpu-check")?;
-    sh(Command::new("python3").arg(root().join("tests/gpu/check.py")).arg("--plugin").arg(&plugin).arg("--out").arg(&out).args(args))
+    println!("gpu-check: output in {}", out.display());
+    sh(Command::new("python3").arg(root().join("tests/gpu/check.py")).arg("--plugin").arg(&plugin).arg("--agent").arg(&agent).arg("--out").arg(&out).args(args))
 }
 
 /// `agent diagnose --peers` over 128 agents × 8 ranks × 1 000 steps served on loopback by
