@@ -276,6 +276,10 @@ fn without_the_plugin_enqueue_times_name_no_straggler() {
     let ar: Vec<&serde_json::Value> = v["calls"].as_array().expect("calls").iter().filter(|c| c["op"] == "all_reduce").collect();
     assert!(ar.len() >= 4 * STEPS, "{} all-reduces", ar.len());
     assert!(ar.iter().all(|c| c["enter_ns"] == c["exit_ns"] && c["ret"].is_null()), "entry-only calls: {:?}", ar.iter().take(3).collect::<Vec<_>>());
+    // And the hang report says what it cannot see.
+    let out = Command::new(stepwise_tests::harness::agent_bin()).args(["diagnose", "--hang", "--agent", &s.agent.addr]).output().expect("diagnose --hang");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.contains("4 rank(s) call NCCL asynchronously without the profiler plugin"), "{t}");
 }
 
 /// Issue 15: rank 2's GPU stops before step 5's all-reduce (10 minutes of simulated GPU work)

@@ -134,9 +134,9 @@ mod tests {
         if with_probes {
             let mut h = History::new("h".into(), 16);
             // Two communicators; this test process is the rank of the first (a live pid).
-            h.progress.observe(&call(7, std::process::id(), 0), 1.0, 2.0);
+            h.progress.observe(&call(7, std::process::id(), 0), 1.0, 2.0, crate::timeline::join::Timing::HostCompletion);
             h.progress.set_open(vec![(call(7, std::process::id(), 1), 3.0)]);
-            h.progress.observe(&call(8, 999_999_999, 0), 1.0, 2.0);
+            h.progress.observe(&call(8, 999_999_999, 0), 1.0, 2.0, crate::timeline::join::Timing::HostCompletion);
             *s.collectives.write().expect("lock") = Some(Arc::new(Mutex::new(h)));
         }
         s

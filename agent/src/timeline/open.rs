@@ -48,6 +48,10 @@ pub struct RankProgress {
     pub exited: Option<Exit>,
     /// What the process is doing (filled for live local processes by `/api/v1/open`).
     pub state: Option<ProcState>,
+    /// Its calls are timed at the enqueue (asynchronous NCCL without the profiler plugin):
+    /// they return before the work runs, so a collective stuck on its GPU is never open here.
+    #[serde(default)]
+    pub enqueue_only: bool,
 }
 
 /// A call entered and not returned.

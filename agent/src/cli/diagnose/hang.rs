@@ -58,6 +58,9 @@ pub fn report(source: String, answers: Vec<(String, Result<OpenWire, fetch::Peer
     if cluster && !rep.peers.failed.is_empty() {
         rep.notes.push("some peers did not answer: ranks not seen may be on them, so they are listed but not counted as missing".into());
     }
+    if let Some(n) = enqueue_only_note(&wires) {
+        rep.notes.push(n);
+    }
     let views: Vec<_> = wires.iter().map(|w| w.view.clone()).collect();
     rep.hangs = crate::hang::evaluate(&views, &cfg, cluster && rep.peers.failed.is_empty());
     // An agent's own suspicion (held by its hysteresis) stands even when the joined rule
@@ -70,6 +73,30 @@ pub fn report(source: String, answers: Vec<(String, Result<OpenWire, fetch::Peer
         }
     }
     rep
+}
+
+/// What cannot be seen: ranks whose NCCL calls are timed at the enqueue (asynchronous, no
+/// profiler plugin) return before their work runs, so a collective stuck on their GPUs is
+/// never open in these views and cannot be suspected.
+fn enqueue_only_note(wires: &[OpenWire]) -> Option<String> {
+    let mut who: Vec<String> = wires
+        .iter()
+        .flat_map(|w| &w.view.comms)
+        .flat_map(|c| c.ranks.iter().filter(|r| r.enqueue_only).map(move |r| (c, r)))
+        .map(|(c, r)| format!("{} (pid {}, comm {})", r.rank.map_or("rank ?".into(), |k| format!("rank {k}")), r.pid, c.comm))
+        .collect();
+    if who.is_empty() {
+        return None;
+    }
+    who.sort();
+    who.dedup();
+    let n = who.len();
+    who.truncate(4);
+    Some(format!(
+        "{n} rank(s) call NCCL asynchronously without the profiler plugin ({}{}): their calls return once the work is enqueued, so a collective stuck on their GPUs is not seen here and cannot be suspected; load the plugin for GPU-side progress (docs/profiler-plugin.md)",
+        who.join(", "),
+        if n > 4 { ", …" } else { "" }
+    ))
 }
 
 pub fn main(a: &DiagnoseArgs, peers: Vec<String>, cluster: bool) -> ExitCode {
@@ -142,5 +169,17 @@ mod tests {
         let held = vec![("a:1".to_string(), Ok(wire("a", vec![inside(0, "a", 99.9)], true)))];
         let rep = report("agent a:1".into(), held, false);
         assert_eq!((rep.suspected(), rep.hangs[0].suspected_since), (1, Some(90.0)));
+        assert!(!rep.notes.iter().any(|n| n.contains("without the profiler plugin")), "{:?}", rep.notes);
+    }
+
+    #[test]
+    fn ranks_timed_at_the_enqueue_are_said_to_be_blind_spots() {
+        let done = |rank: u32, enqueue_only: bool| RankProgress { rank: Some(rank), pid: 40 + rank, host: "a".into(), enqueue_only, ..Default::default() };
+        let rep = report("agent a:1".into(), vec![("a:1".to_string(), Ok(wire("a", vec![done(0, true), done(1, true)], false)))], false);
+        assert_eq!(rep.suspected(), 0);
+        let note = rep.notes.iter().find(|n| n.contains("without the profiler plugin")).expect("a note on what cannot be seen");
+        assert!(note.starts_with("2 rank(s)") && note.contains("rank 0 (pid 40, comm 00000000000000aa)"), "{note}");
+        let rep = report("agent a:1".into(), vec![("a:1".to_string(), Ok(wire("a", vec![done(0, false)], false)))], false);
+        assert!(rep.notes.is_empty(), "{:?}", rep.notes);
     }
 }

@@ -218,7 +218,7 @@ impl History {
             duration: call.exit_ns.saturating_sub(call.enter_ns) as f64 * 1e-9,
             call,
         };
-        self.progress.observe(&rec.call, rec.enter, rec.exit);
+        self.progress.observe(&rec.call, rec.enter, rec.exit, rec.clock.timing);
         if self.calls.len() >= self.cap {
             self.calls.pop_front();
             self.evicted += 1;

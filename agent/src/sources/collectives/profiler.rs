@@ -457,7 +457,7 @@ fn gpu_progress(p: &mut super::progress::Progress, r: &Record, pid: u32, host: &
         let since = r.gpu_start_host_ns().map_or(c.enter, |t| t as f64 * 1e-9);
         p.gpu_started(&c.call, since);
     } else if c.clock.timing == Timing::Gpu {
-        p.observe(&c.call, c.enter, c.exit);
+        p.observe(&c.call, c.enter, c.exit, c.clock.timing);
     }
 }
 

@@ -11,7 +11,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::decode::{Call, CommId};
-use crate::timeline::open::{CommProgress, DoneCall, Exit, HostProgress, OpenCall, RankProgress};
+use crate::timeline::{
+    join::Timing,
+    open::{CommProgress, DoneCall, Exit, HostProgress, OpenCall, RankProgress},
+};
 
 /// Communicators tracked at most (the least recently active is forgotten first).
 pub const MAX_COMMS: usize = 256;
@@ -28,6 +31,8 @@ struct Member {
     last_done: Option<DoneCall>,
     aborted: Option<OpenCall>,
     exited: Option<Exit>,
+    /// Its last call was timed at the enqueue.
+    enqueue_only: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -83,8 +88,9 @@ impl Progress {
         e
     }
 
-    /// A decoded collective (returned or aborted) at wall times `enter`..`exit`.
-    pub fn observe(&mut self, c: &Call, enter: f64, exit: f64) {
+    /// A decoded collective (returned or aborted) at wall times `enter`..`exit`, timed by
+    /// `timing`.
+    pub fn observe(&mut self, c: &Call, enter: f64, exit: f64, timing: Timing) {
         let (Some(id), Some(seq)) = (c.comm, c.seq) else { return };
         if self.gpu_open.get(&(id, c.pid)).is_some_and(|o| o.seq <= seq) {
             self.gpu_open.remove(&(id, c.pid));
@@ -95,6 +101,7 @@ impl Progress {
         }
         let m = comm.members.entry(c.pid).or_default();
         m.rank = c.rank.or(m.rank);
+        m.enqueue_only = timing == Timing::HostEnqueue;
         if c.aborted {
             m.aborted = Some(OpenCall { seq, op: c.op.to_string(), tid: c.tid, since: enter });
             return;
@@ -190,6 +197,7 @@ impl Progress {
                         aborted: m.aborted.clone(),
                         exited: m.exited.clone(),
                         state: None,
+                        enqueue_only: m.enqueue_only,
                     })
                     .collect();
                 ranks.sort_by_key(|r| (r.rank.unwrap_or(u32::MAX), r.pid));
@@ -238,13 +246,13 @@ mod tests {
     fn open_done_aborted_and_exited_ranks_are_reported() {
         let mut p = Progress::default();
         for (seq, d) in [(0, 0.1), (1, 0.3), (2, 0.2)] {
-            p.observe(&call(10, 0, seq), 100.0 + seq as f64, 100.0 + seq as f64 + d);
-            p.observe(&call(11, 1, seq), 100.0 + seq as f64, 100.0 + seq as f64 + d);
+            p.observe(&call(10, 0, seq), 100.0 + seq as f64, 100.0 + seq as f64 + d, crate::timeline::join::Timing::HostCompletion);
+            p.observe(&call(11, 1, seq), 100.0 + seq as f64, 100.0 + seq as f64 + d, crate::timeline::join::Timing::HostCompletion);
         }
         p.set_open(vec![(call(10, 0, 3), 104.0), (call(11, 1, 3), 104.5)]);
         let mut killed = call(11, 1, 3);
         killed.aborted = true;
-        p.observe(&killed, 104.5, 106.0);
+        p.observe(&killed, 104.5, 106.0, crate::timeline::join::Timing::HostCompletion);
         p.exited(11, Exit { at: 106.0, signal: Some(9), code: None });
         let v = p.snapshot("h", 107.0);
         assert_eq!(v.comms.len(), 1);
@@ -269,7 +277,7 @@ mod tests {
         // Four ranks' GPUs finished seq 4; three started seq 5, rank 2's GPU never did.
         let mut p = Progress::default();
         for r in 0..4u32 {
-            p.observe(&call(10 + r, r, 4), 100.0, 100.1);
+            p.observe(&call(10 + r, r, 4), 100.0, 100.1, crate::timeline::join::Timing::HostCompletion);
         }
         for r in [0u32, 1, 3] {
             p.gpu_started(&call(10 + r, r, 5), 100.2 + f64::from(r) * 0.01);
@@ -279,7 +287,7 @@ mod tests {
         assert_eq!(open, [(Some(0), Some(5)), (Some(1), Some(5)), (Some(2), None), (Some(3), Some(5))]);
         assert_eq!(v.comms[0].ranks[0].open.as_ref().map(|o| o.since), Some(100.2));
         // A late progress record of an already completed collective opens nothing.
-        p.observe(&call(10, 0, 5), 100.2, 100.3);
+        p.observe(&call(10, 0, 5), 100.2, 100.3, crate::timeline::join::Timing::HostCompletion);
         p.gpu_started(&call(10, 0, 5), 100.2);
         let v = p.snapshot("h", 110.0);
         assert!(v.comms[0].ranks[0].open.is_none(), "completed: {:?}", v.comms[0].ranks[0]);
@@ -297,7 +305,7 @@ mod tests {
         for i in 0..(MAX_COMMS as u64 + 10) {
             let mut c = call(1, 0, 0);
             c.comm = Some(CommId(i));
-            p.observe(&c, i as f64, i as f64 + 1.0);
+            p.observe(&c, i as f64, i as f64 + 1.0, crate::timeline::join::Timing::HostCompletion);
         }
         let v = p.snapshot("h", 0.0);
         assert_eq!(v.comms.len(), MAX_COMMS);
