@@ -193,11 +193,6 @@ impl Probes {
                 UProbeAttachLocation::SymbolOffset(s, o) => UProbeAttachLocation::SymbolOffset(s, *o),
             };
             let point = UProbeAttachPoint { location: loc, cookie: Some(cookie) };
-            let scope = match scope {
-                UProbeScope::AllProcesses => UProbeScope::AllProcesses,
-                UProbeScope::CallingProcess => UProbeScope::CallingProcess,
-                UProbeScope::OneProcess(pid) => UProbeScope::OneProcess(pid),
-            };
             let attached = p.attach(point, target, scope);
             match attached {
                 Ok(id) => links.push(AttachedLink { program: name, id }),

@@ -394,8 +394,15 @@ pub fn summarize(steps: &[serde_json::Value]) -> String {
                 .into_iter()
                 .flatten()
                 .find(|c| c["kind"] == "in_flight_limit")
-                .and_then(|c| Some((c["evidence"]["congested_transfers"].as_u64()?, c["evidence"]["queueing_seconds_left_to_congestion"].as_f64()?)))
-                .map(|(n, q)| format!(" (in-flight net of {:.1} ms congestion queueing over {n} transfers)", q * 1e3))
+                .and_then(|c| {
+                    let e = &c["evidence"];
+                    Some((
+                        e["congested_transfers"].as_u64()?,
+                        e["queueing_seconds_left_to_congestion"].as_f64()?,
+                        e["not_charged_mostly_congested_transfers"].as_u64()?,
+                    ))
+                })
+                .map(|(n, q, d)| format!(" (in-flight net of {:.1} ms congestion queueing over {n} transfers, {d} mostly congested: not charged)", q * 1e3))
                 .unwrap_or_default();
             format!("  step {} {:.1} ms: {}{queued}", s["step"], s["seconds"].as_f64().unwrap_or(0.0) * 1e3, parts.join(" "))
         })

@@ -123,6 +123,10 @@ pub(super) struct Charge {
     /// and those seconds (taken out of the in-flight excess).
     queued: usize,
     queued_seconds: f64,
+    /// Of those, transfers where congestion explained at least half of the excess (nothing
+    /// charged), and the excess left unexplained there.
+    dominated: usize,
+    dominated_seconds: f64,
 }
 
 /// What the in-flight limit cost one transfer.
@@ -157,10 +161,19 @@ impl Charge {
             // the congestion cause charged added those seconds to it, spread over the
             // requests' occupancy. T less that queueing is the window's own round, so the
             // in-flight excess is the excess of N·m/T less the congestion seconds (§2.2).
+            // When congestion explains half the excess or more, what is left is within the
+            // error of the congestion estimate (its bytes and pauses are counted per counter
+            // sample, not per request): not charged to the window, left unexplained.
             let excess = t.frac * (t.bytes / inf.bound_bytes_per_second - t.bytes / t.rate);
-            if t.congestion > 0.0 {
-                self.queued += 1;
-                self.queued_seconds += t.congestion.min(excess.max(0.0));
+            if t.congestion <= 0.0 {
+                return excess.max(0.0).min(left.max(0.0));
+            }
+            self.queued += 1;
+            self.queued_seconds += t.congestion.min(excess.max(0.0));
+            if t.congestion >= 0.5 * excess {
+                self.dominated += 1;
+                self.dominated_seconds += (excess - t.congestion).max(0.0);
+                return 0.0;
             }
             return (excess - t.congestion).max(0.0).min(left.max(0.0));
         }
@@ -182,6 +195,8 @@ impl Charge {
         if self.queued > 0 {
             ev.insert("congested_transfers".into(), serde_json::json!(self.queued));
             ev.insert("queueing_seconds_left_to_congestion".into(), serde_json::json!(self.queued_seconds));
+            ev.insert("not_charged_mostly_congested_transfers".into(), serde_json::json!(self.dominated));
+            ev.insert("not_charged_seconds".into(), serde_json::json!(self.dominated_seconds));
         }
         ev
     }

@@ -217,6 +217,31 @@ fn requests_slowed_by_a_congested_path_leave_the_queueing_to_congestion() {
 }
 
 #[test]
+fn a_mostly_congested_transfer_leaves_the_rest_unexplained_not_in_flight() {
+    // The same one-at-a-time requests, paused for 60 ms of the 100 ms: congestion explains
+    // more than half of N·m/T's 93.4 ms excess, so the remaining 33.4 ms is within the
+    // congestion estimate's error and is not charged to the window.
+    let mut c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
+    for a in &mut c.arrivals {
+        a.clock.proxy_wait = Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 100.0, send_bytes: 6_553_600.0, ..Default::default() });
+    }
+    let s = step(0.0, 0.1);
+    let mut w = nic("eth0", "a", 6_553_600.0, 1e9);
+    w.pause_seconds = 0.06;
+    let cs = [&c];
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+    let cong = a.cause(CauseKind::Congestion);
+    assert!((cong - 0.06).abs() < 1e-3, "{:?}", a.causes);
+    assert_eq!(a.cause(CauseKind::InFlightLimit), 0.0, "{:?}", a.causes);
+    let un = a.cause(CauseKind::Unexplained);
+    assert!((un - (0.1 - 0.006_553_6 - cong)).abs() < 1e-3, "{:?}", a.causes);
+    let ev = &a.causes.iter().find(|c| c.kind == CauseKind::InFlightLimit).expect("in-flight cause listed").evidence;
+    assert_eq!(ev.get("not_charged_mostly_congested_transfers").and_then(|v| v.as_u64()), Some(1), "{ev:?}");
+    let left = ev.get("not_charged_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
+    assert!((left - un).abs() < 1e-3, "{ev:?}");
+}
+
+#[test]
 fn requests_that_only_queued_are_not_an_in_flight_limit() {
     // A wide window (N = 16) whose requests waited only behind the pause: N·m/T's excess is
     // the pause itself, which congestion charges; nothing is left for the in-flight cause.
