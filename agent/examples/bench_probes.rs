@@ -174,11 +174,6 @@ struct Consumer {
 
 impl Consumer {
     fn new(probes: Probes) -> Consumer {
-        Consumer::with(probes, false)
-    }
-
-    /// `entry_only`: the probe as attached to an asynchronous NCCL call (entry alone).
-    fn with(probes: Probes, entry_only: bool) -> Consumer {
         let mut decoder = CallDecoder::default();
         decoder.register(
             PROBE_ID,
@@ -187,7 +182,6 @@ impl Consumer {
                 op: Op::User,
                 decoder: Decoder::Fixed { count: Some(Arg::Reg(0)), elem_size: 4, comm: None },
                 user_op: Some("bench".into()),
-                entry_only,
             },
         );
         Consumer {
@@ -566,15 +560,12 @@ fn hits_per_collective(dir: &Path) -> Result<Hits> {
     let drops = metric(&m, "stepwise_probe_drops_total", "").unwrap_or(0.0) - dr0;
     let count = |op: &str| metric(&m, "stepwise_collective_calls_total", &format!("op=\"{op}\"")).unwrap_or(0.0);
     let ar = count("all_reduce");
-    // Entry and return: communicator and group calls; the entry alone: send and recv
-    // (asynchronous, like the all-reduce).
-    let other_calls: f64 = ["comm_init", "comm_destroy", "comm_split", "comm_abort", "group_start", "group_end"].iter().map(|o| 2.0 * count(o)).sum::<f64>()
-        + ["send", "recv"].iter().map(|o| count(o)).sum::<f64>();
+    let other_calls: f64 = ["comm_init", "comm_destroy", "comm_split", "comm_abort", "group_start", "group_end", "send", "recv"].iter().map(|o| count(o)).sum();
     if ar as u64 != want {
         bail!("the agent saw {ar} of {want} ncclAllReduce calls");
     }
-    let runs = ev + drops - other_calls;
-    Ok(Hits { per_collective: runs / ar, api_per_collective: 1.0, allreduces: ar as u64, bytes, drops })
+    let runs = ev + drops - 2.0 * other_calls;
+    Ok(Hits { per_collective: runs / ar, api_per_collective: 2.0, allreduces: ar as u64, bytes, drops })
 }
 
 /// One `mpi_steps` run on 4 ranks in `ns`; per-step times in µs (step 0 dropped).
@@ -690,7 +681,6 @@ fn main() -> Result<()> {
     time_calls(per_round / 10); // warm up
     let (mut none_v, mut entry_v, mut empty_v, mut bpf_empty_v, mut agent_v, mut spin_v, mut ratios, mut perf_ratios) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-    let (mut entry_only_v, mut entry_only_ratios) = (vec![], vec![]);
     let (mut percall_drained, mut percall_drops) = (0u64, 0u64);
     let mut kept: Option<(Consumer, Vec<stepwise::ebpf::AttachedLink>)> = None;
     for round in 0..rounds {
@@ -718,24 +708,6 @@ fn main() -> Result<()> {
             let end = Instant::now() + Duration::from_secs(30);
             while stepwise::ebpf::detaching() > 0 && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(5));
-            }
-            t
-        };
-        // The agent's entry program alone (one hit per call: an asynchronous NCCL call).
-        let entry_only = {
-            let mut p = Probes::load()?;
-            let links = p.attach_entry_offset(&exe, off, SYMBOL, agent_common::cookie(PROBE_ID, false, None))?;
-            let d0 = p.drops();
-            let consumer = start_consumer_on(Consumer::with(p, true), &consumer_cpus);
-            let t = per_call(per_round, batches);
-            consumer.wait_drained(n_round + d0, Duration::from_secs(30));
-            let mut c = consumer.stop();
-            let drops = c.probes.drops() - d0;
-            if c.drained + drops != n_round || c.calls + drops != n_round {
-                bail!("the entry program ran {} times and made {} calls for {n_round} calls", c.drained + drops, c.calls);
-            }
-            for l in links {
-                c.probes.detach(l);
             }
             t
         };
@@ -777,8 +749,6 @@ fn main() -> Result<()> {
         agent_v.push(agent);
         spin_v.push(spin);
         ratios.push(agent / bpf_empty_ns);
-        entry_only_v.push(entry_only);
-        entry_only_ratios.push(entry_only / bpf_empty_ns);
         perf_ratios.push(agent / pair_ns);
         if round + 1 == rounds {
             kept = Some((c, links));
@@ -791,7 +761,6 @@ fn main() -> Result<()> {
     let (none_ns, empty_entry_ns, perf_ns, empty_ns, agent_ns, spin_ns) =
         (median(&mut none_v), median(&mut entry_v), median(&mut empty_v), median(&mut bpf_empty_v), median(&mut agent_v), median(&mut spin_v));
     let ratio = median(&mut ratios.clone());
-    let (entry_only_ns, entry_only_ratio) = (median(&mut entry_only_v), median(&mut entry_only_ratios));
     let perf_ratio = median(&mut perf_ratios.clone());
     let (mut c, links) = kept.ok_or_else(|| anyhow!("no rounds"))?;
     // The event path uses every CPU.
@@ -868,7 +837,6 @@ fn main() -> Result<()> {
     println!("    uprobe, no BPF program (perf count)       {empty_entry_ns:>9.1} ns   (+ uretprobe: {perf_ns:.1} ns)");
     println!("    empty uprobe + uretprobe (BPF, return 0)  {empty_ns:>9.1} ns");
     println!("    agent call_enter + call_exit (RingBuf)    {agent_ns:>9.1} ns   ({percall_drained} events drained and decoded, {percall_drops} dropped)");
-    println!("    agent call_enter alone (async NCCL call)  {entry_only_ns:>9.1} ns   = {entry_only_ratio:.3}x the empty uprobe pair (one hit per call, decoded as a whole call)");
     println!("    agent programs, consumer spinning         {spin_ns:>9.1} ns   (diagnosis: nobody sleeps in poll(2), so no thread wakeups)");
     println!("    agent programs, no consumer in poll(2)    {quiet_ns:>9.1} ns   (median of 2000-call fills of the ring: no RingBuf wakeups)");
     println!(
@@ -901,7 +869,7 @@ fn main() -> Result<()> {
         std::fs::create_dir_all(&dir)?;
         let h = hits_per_collective(&dir)?;
         println!("  hits per collective (real agent, NCCL-ABI, 4 ranks, {} x ncclAllReduce of {} B):", h.allreduces, h.bytes);
-        println!("    probe program runs per ncclAllReduce      {:>9.2}   (target <= 2; the asynchronous call's entry = {:.0}, the rest is the permanently attached ncclIbIsend/ncclIbIrecv, one pair per chunk; {} dropped)", h.per_collective, h.api_per_collective, h.drops);
+        println!("    probe program runs per ncclAllReduce      {:>9.2}   (target <= 2; entry+return = {:.0}, the rest is the permanently attached ncclIbIsend/ncclIbIrecv, one pair per chunk; {} dropped)", h.per_collective, h.api_per_collective, h.drops);
         hits_s = format!("{:.2}", h.per_collective);
         extra.push_str(&format!(" api_hits_per_collective={:.0}", h.api_per_collective));
         let (pairs, steps) = (5, 60);

@@ -126,19 +126,6 @@ impl Probes {
         self.attach_at(target, UProbeAttachLocation::AbsoluteOffset(offset), what, cookie, [PROG_CALL_ENTER, PROG_CALL_EXIT])
     }
 
-    /// Attaches only the entry program at a file offset, for every process: one hit per call
-    /// (asynchronous NCCL calls, whose return only says the work was enqueued).
-    pub fn attach_entry_offset(&mut self, target: &Path, offset: u64, what: &str, cookie: u64) -> Result<Vec<AttachedLink>, EbpfError> {
-        self.attach_scoped(target, offset, what, cookie, &[PROG_CALL_ENTER], UProbeScope::AllProcesses)
-    }
-
-    /// Attaches only the return program at a file offset, for one process (an NCCL process
-    /// whose calls block until done, `CUDA_LAUNCH_BLOCKING=1`).
-    pub fn attach_return_offset_for(&mut self, target: &Path, offset: u64, what: &str, cookie: u64, pid: u32) -> Result<Vec<AttachedLink>, EbpfError> {
-        let Some(pid) = std::num::NonZeroU32::new(pid) else { return Ok(Vec::new()) };
-        self.attach_scoped(target, offset, what, cookie, &[PROG_CALL_EXIT], UProbeScope::OneProcess(pid))
-    }
-
     /// Attaches the *empty* programs (`empty_enter`/`empty_exit`, which do nothing) at a file
     /// offset: the baseline `bench probes` compares the agent's programs with. Loaded on first
     /// use; the agent itself never attaches them.
@@ -160,32 +147,8 @@ impl Probes {
         cookie: u64,
         programs: [&'static str; 2],
     ) -> Result<Vec<AttachedLink>, EbpfError> {
-        self.attach_with(target, location, symbol, cookie, &programs, UProbeScope::AllProcesses)
-    }
-
-    fn attach_scoped(
-        &mut self,
-        target: &Path,
-        offset: u64,
-        what: &str,
-        cookie: u64,
-        programs: &[&'static str],
-        scope: UProbeScope,
-    ) -> Result<Vec<AttachedLink>, EbpfError> {
-        self.attach_with(target, UProbeAttachLocation::AbsoluteOffset(offset), what, cookie, programs, scope)
-    }
-
-    fn attach_with(
-        &mut self,
-        target: &Path,
-        location: UProbeAttachLocation<'_>,
-        symbol: &str,
-        cookie: u64,
-        programs: &[&'static str],
-        scope: UProbeScope,
-    ) -> Result<Vec<AttachedLink>, EbpfError> {
-        let mut links = Vec::with_capacity(programs.len());
-        for &name in programs {
+        let mut links = Vec::with_capacity(2);
+        for name in programs {
             let p = uprobe(&mut self.ebpf, name)?;
             let loc = match &location {
                 UProbeAttachLocation::Symbol(s) => UProbeAttachLocation::Symbol(s),
@@ -193,7 +156,7 @@ impl Probes {
                 UProbeAttachLocation::SymbolOffset(s, o) => UProbeAttachLocation::SymbolOffset(s, *o),
             };
             let point = UProbeAttachPoint { location: loc, cookie: Some(cookie) };
-            let attached = p.attach(point, target, scope);
+            let attached = p.attach(point, target, UProbeScope::AllProcesses);
             match attached {
                 Ok(id) => links.push(AttachedLink { program: name, id }),
                 Err(source) => {

@@ -269,14 +269,7 @@ fn without_the_plugin_enqueue_times_name_no_straggler() {
     assert!(t.contains("clock-free n/a (timed at the host enqueue)") && !t.contains("late rank"), "{t}");
     let status = s.agent.status().expect("status");
     assert_eq!(status["collectives_detail"]["profiler"]["active_gpu"], 0);
-    // One probe hit per asynchronous call: only the entry is probed, so each all-reduce is
-    // complete at its entry (its return only said the work was enqueued).
-    let r = s.agent.get("/api/v1/collectives?limit=100000").expect("collectives");
-    let v: serde_json::Value = serde_json::from_str(&r.body).expect("collectives JSON");
-    let ar: Vec<&serde_json::Value> = v["calls"].as_array().expect("calls").iter().filter(|c| c["op"] == "all_reduce").collect();
-    assert!(ar.len() >= 4 * STEPS, "{} all-reduces", ar.len());
-    assert!(ar.iter().all(|c| c["enter_ns"] == c["exit_ns"] && c["ret"].is_null()), "entry-only calls: {:?}", ar.iter().take(3).collect::<Vec<_>>());
-    // And the hang report says what it cannot see.
+    // The hang report says what it cannot see.
     let out = Command::new(stepwise_tests::harness::agent_bin()).args(["diagnose", "--hang", "--agent", &s.agent.addr]).output().expect("diagnose --hang");
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(t.contains("4 rank(s) call NCCL asynchronously without the profiler plugin"), "{t}");

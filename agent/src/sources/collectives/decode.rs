@@ -48,9 +48,6 @@ pub struct ProbeInfo {
     pub op: Op,
     pub decoder: Decoder,
     pub user_op: Option<String>,
-    /// Only the entry is probed, except in processes given [`CallDecoder::returns_from`]:
-    /// the call is complete at its entry (an asynchronous NCCL call, which only enqueues).
-    pub entry_only: bool,
 }
 
 /// Facts about a traced process (from its allowlisted environment and its mappings).
@@ -196,9 +193,6 @@ impl DecodeError {
 pub enum Decoded {
     Nothing,
     Call(Call),
-    /// A call complete at its entry whose arguments did not all decode (counted; the call
-    /// is kept).
-    CallWithError(Call, DecodeError),
     Net(NetRequest),
 }
 
@@ -209,12 +203,6 @@ pub struct CallDecoder {
     /// allocation per call or per event).
     probes: HashMap<u32, (std::sync::Arc<ProbeInfo>, std::sync::Arc<str>)>,
     pending: HashMap<u32, Vec<Pending>>,
-    /// Processes whose entry-only probes also have return probes, from this CLOCK_MONOTONIC
-    /// ns on (the time their attachment finished: an earlier entry may have no return).
-    returns_since: HashMap<u32, u64>,
-    /// Entry-only calls of such processes taken as complete at their entry (it came before
-    /// the time above) whose return may still arrive: (pid, tid, probe id) → how many.
-    early: HashMap<(u32, u32, u32), u32>,
     comms: HashMap<(u32, u64), CommState>,
     group_depth: HashMap<u32, u32>,
     /// (pid, request handle) → (send, bytes, posted_ns)
@@ -250,19 +238,7 @@ impl CallDecoder {
     /// Forgets a process (after it exited): returns its calls still in flight as aborted.
     /// A tid reused by another process keeps that process's calls (fuzz target
     /// `probe_events`: they were reported as this one's, aborted, and lost).
-    /// From `since_ns` on, `pid`'s entry-only probes also have return probes: its calls are
-    /// timed from entry to return (a process whose NCCL calls block until done).
-    pub fn returns_from(&mut self, pid: u32, since_ns: u64) {
-        self.returns_since.insert(pid, since_ns);
-    }
-
-    fn has_return(&self, info: &ProbeInfo, ev: &ProbeEvent) -> bool {
-        !info.entry_only || self.returns_since.get(&ev.pid).is_some_and(|t| ev.ts_ns >= *t)
-    }
-
     pub fn process_exited(&mut self, pid: u32, now_ns: u64) -> Vec<Call> {
-        self.returns_since.remove(&pid);
-        self.early.retain(|k, _| k.0 != pid);
         let tids: Vec<u32> = self.pending.iter().filter(|(_, v)| v.iter().any(|p| p.ev.pid == pid)).map(|(t, _)| *t).collect();
         let mut out = Vec::new();
         for tid in tids {
@@ -363,29 +339,15 @@ impl CallDecoder {
     pub fn feed(&mut self, ev: &ProbeEvent, proc: &ProcInfo) -> Result<Decoded, DecodeError> {
         let info = self.probes.get(&ev.probe_id).map(|(i, _)| i.clone()).ok_or(DecodeError::UnknownProbe)?;
         if ev.kind == KIND_ENTER {
-            return self.enter(&info, ev, proc);
+            return self.enter(&info, ev, proc).map(|_| Decoded::Nothing);
         }
         if ev.kind != KIND_EXIT {
             return Err(DecodeError::UnknownProbe);
         }
-        let newest = self.pending.get(&ev.tid).and_then(|st| st.iter().rposition(|p| p.probe_id == ev.probe_id && p.ev.pid == ev.pid));
-        let Some(pos) = newest else {
-            // The return of an entry-only call whose entry came while the process's return
-            // probes were being attached (it was complete at its entry): no error.
-            let key = (ev.pid, ev.tid, ev.probe_id);
-            if let Some(n) = self.early.get_mut(&key) {
-                *n -= 1;
-                if *n == 0 {
-                    self.early.remove(&key);
-                }
-                return Ok(Decoded::Nothing);
-            }
-            return Err(DecodeError::UnpairedExit);
-        };
-        // Return probes fire in LIFO order per thread; `pos` is the newest entry of this
-        // probe by this process (a tid may be reused by another process before the first is
-        // reaped).
-        let Some(stack) = self.pending.get_mut(&ev.tid) else { return Err(DecodeError::UnpairedExit) };
+        let stack = self.pending.get_mut(&ev.tid).ok_or(DecodeError::UnpairedExit)?;
+        // Return probes fire in LIFO order per thread; find the newest entry of this probe by
+        // this process (a tid may be reused by another process before the first is reaped).
+        let pos = stack.iter().rposition(|p| p.probe_id == ev.probe_id && p.ev.pid == ev.pid).ok_or(DecodeError::UnpairedExit)?;
         let p = stack.remove(pos);
         if stack.is_empty() {
             self.pending.remove(&ev.tid);
@@ -490,7 +452,7 @@ impl CallDecoder {
         }
     }
 
-    fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> Result<Decoded, DecodeError> {
+    fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> Result<(), DecodeError> {
         let grouped = self.group_depth.get(&ev.tid).copied().unwrap_or(0) > 0;
         let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None, split_index: None };
         let mut result = Ok(());
@@ -532,23 +494,13 @@ impl CallDecoder {
                 Err(e) => result = Err(e),
             }
         }
-        if !self.has_return(info, ev) {
-            if self.returns_since.contains_key(&ev.pid) && self.early.len() < 4096 {
-                *self.early.entry((ev.pid, ev.tid, ev.probe_id)).or_default() += 1;
-            }
-            let c = self.make_call(info, &pend, None, ev.ts_ns, false);
-            return Ok(match result {
-                Ok(()) => Decoded::Call(c),
-                Err(e) => Decoded::CallWithError(c, e),
-            });
-        }
         let stack = self.pending.entry(ev.tid).or_default();
         // A thread that died mid-call and whose tid was reused would grow this forever: cap.
         if stack.len() >= 64 {
             stack.remove(0);
         }
         stack.push(pend);
-        result.map(|()| Decoded::Nothing)
+        result
     }
 
     fn make_call(&self, info: &ProbeInfo, p: &Pending, ret: Option<i64>, exit_ns: u64, aborted: bool) -> Call {

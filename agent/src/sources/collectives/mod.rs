@@ -6,7 +6,6 @@
 //! strong `pncclX` share an address) → the RingBuf is drained → [`decode::CallDecoder`] pairs
 //! entry/exit per thread and assigns `(CommId, seq)` → [`history::History`] and metrics.
 
-mod blocking;
 pub mod decode;
 mod drain;
 pub mod elf;
@@ -66,13 +65,6 @@ struct Attachment {
     pinned: bool,
     /// Probe ids registered for this file (forgotten when it is detached).
     probe_ids: Vec<u32>,
-    /// Probes attached (entry and return, or the entry alone).
-    attached_probes: usize,
-    /// Entry-only probes' returns, (file offset, cookie, symbol): attached per process for
-    /// the processes whose calls block (see [`blocking`]).
-    returns: Vec<(u64, u64, String)>,
-    /// Those return links per process.
-    pid_returns: HashMap<u32, Vec<AttachedLink>>,
 }
 
 /// The running probe service (owned by one blocking thread).
@@ -357,7 +349,7 @@ impl Collectives {
             Ok(h) => h,
             Err(p) => p.into_inner(),
         };
-        for &(pid, seen) in &ready {
+        for (pid, seen) in ready {
             self.exiting.remove(&pid);
             for c in self.decoder.process_exited(pid, seen) {
                 self.metrics.observe(&c);
@@ -369,10 +361,6 @@ impl Collectives {
                 self.metrics.forget_rank_info(&p);
             }
             self.probes.forget_process(pid);
-        }
-        drop(hist);
-        for (pid, _) in &ready {
-            self.drop_returns(*pid);
         }
     }
 
@@ -418,12 +406,6 @@ impl Collectives {
             match self.decoder.feed(ev, proc) {
                 Ok(Decoded::Call(c)) => {
                     proc.called = true;
-                    self.metrics.observe(&c);
-                    hist.push_call_timed(c, procs::launch_blocking(&proc.env));
-                }
-                Ok(Decoded::CallWithError(c, e)) => {
-                    proc.called = true;
-                    self.metrics.decode_error(e.kind());
                     self.metrics.observe(&c);
                     hist.push_call_timed(c, procs::launch_blocking(&proc.env));
                 }
@@ -474,8 +456,6 @@ impl Collectives {
         let info = self.proc_info(pid, &libs);
         self.procs.insert(pid, info);
         self.exits.watch(pid);
-        let keys: Vec<FileKey> = found.iter().map(|(_, _, key, _)| *key).collect();
-        self.blocking_returns(pid, &keys);
         true
     }
 
@@ -555,8 +535,6 @@ impl Collectives {
                 self.procs.insert(f.pid, info);
                 self.exits.watch(f.pid);
             }
-            let keys: Vec<FileKey> = f.libs.iter().map(|(_, _, key, _)| *key).collect();
-            self.blocking_returns(f.pid, &keys);
         }
         self.reap_exited();
         let proc_root = self.cfg.proc_root.clone();
@@ -583,7 +561,7 @@ impl Collectives {
                 for id in &a.probe_ids {
                     self.decoder.unregister(*id);
                 }
-                for l in a.links.into_iter().chain(a.sampled_links).chain(a.pid_returns.into_values().flatten()) {
+                for l in a.links.into_iter().chain(a.sampled_links) {
                     self.probes.detach(l);
                 }
             }
@@ -596,7 +574,7 @@ impl Collectives {
         self.metrics.processes.set(self.procs.len() as i64);
         let mut per_lib: BTreeMap<&'static str, i64> = BTreeMap::new();
         for a in self.attached.values() {
-            *per_lib.entry(self.targets[a.target].family.as_str()).or_default() += a.attached_probes as i64;
+            *per_lib.entry(self.targets[a.target].family.as_str()).or_default() += (a.links.len() / 2) as i64;
         }
         for f in ["nccl", "mpi", "gloo", "user"] {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
@@ -657,7 +635,6 @@ impl Collectives {
         let mut probe_ids = Vec::new();
         let mut seen_offsets: HashSet<u64> = HashSet::new();
         let mut missing = Vec::new();
-        let (mut returns, mut attached_probes) = (Vec::new(), 0);
         for spec in &target.probes {
             let Some((sym, off)) = spec.symbols.iter().find_map(|s| symbols.offset(s).map(|o| (s.clone(), o))) else {
                 if !spec.optional {
@@ -671,8 +648,7 @@ impl Collectives {
             let id = self.next_probe_id;
             self.next_probe_id += 1;
             probe_ids.push(id);
-            let info = ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone(), entry_only: spec.entry_only_async };
-            self.decoder.register(id, info);
+            self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
             let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
             if spec.sampled {
                 cookie |= agent_common::COOKIE_LAZY_WAKE;
@@ -684,17 +660,8 @@ impl Collectives {
                 sampled.push((off, cookie, sym));
                 continue;
             }
-            let attached = if spec.entry_only_async {
-                returns.push((off, cookie, sym.clone()));
-                self.probes.attach_entry_offset(path, off, &sym, cookie)
-            } else {
-                self.probes.attach_offset(path, off, &sym, cookie)
-            };
-            match attached {
-                Ok(l) => {
-                    links.extend(l);
-                    attached_probes += 1;
-                }
+            match self.probes.attach_offset(path, off, &sym, cookie) {
+                Ok(l) => links.extend(l),
                 Err(e) => {
                     warn!("{e}");
                     self.metrics.decode_error("attach");
@@ -704,7 +671,7 @@ impl Collectives {
         if !missing.is_empty() {
             warn!(library = %path.display(), "symbols not found: {}", missing.join(", "));
         }
-        info!(library = %path.display(), family = target.family.as_str(), probes = attached_probes, entry_only = returns.len(), sampled = sampled.len(), "attached");
+        info!(library = %path.display(), family = target.family.as_str(), probes = links.len() / 2, sampled = sampled.len(), "attached");
         debug!(?key, "attachment key");
         self.attached.insert(
             key,
@@ -718,9 +685,6 @@ impl Collectives {
                 symbols,
                 pinned: false,
                 probe_ids,
-                attached_probes,
-                returns,
-                pid_returns: HashMap::new(),
             },
         );
     }

@@ -11,23 +11,13 @@ fn ev(kind: u32, probe_id: u32, tid: u32, ts: u64, args: [u64; 6]) -> ProbeEvent
     ProbeEvent { ts_ns: ts, pid: 100, tid, kind, probe_id, args, ..ProbeEvent::default() }
 }
 
-/// A decoder with the NCCL table registered under ids 1.. in table order, for processes 100
-/// and 200 whose calls block (`CUDA_LAUNCH_BLOCKING=1`: every probe has its return).
+/// A decoder with the NCCL table registered under ids 1.. in table order.
 fn nccl_decoder() -> (CallDecoder, impl Fn(Op) -> u32) {
-    let (mut d, id) = nccl_decoder_async();
-    d.returns_from(100, 0);
-    d.returns_from(200, 0);
-    (d, id)
-}
-
-/// The NCCL table as attached for asynchronous processes: collectives and point-to-point
-/// calls have their entry only.
-fn nccl_decoder_async() -> (CallDecoder, impl Fn(Op) -> u32) {
     let mut d = CallDecoder::default();
     let t = targets::nccl();
     let ids: Vec<(Op, u32)> = t.probes.iter().enumerate().map(|(i, p)| (p.op, i as u32 + 1)).collect();
     for (i, p) in t.probes.iter().enumerate() {
-        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None, entry_only: p.entry_only_async });
+        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
     }
     (d, move |op| ids.iter().find(|(o, _)| *o == op).map(|(_, i)| *i).expect("op in table"))
 }
@@ -127,7 +117,7 @@ fn mpi_world_comm_uses_job_env_and_ompi_datatype_addresses() {
     let mut d = CallDecoder::default();
     let t = targets::mpi();
     for (i, p) in t.probes.iter().enumerate() {
-        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None, entry_only: p.entry_only_async });
+        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
     }
     let id = |op| t.probes.iter().position(|p| p.op == op).map(|i| i as u32 + 1).expect("op");
     let mut proc = ProcInfo::default();
@@ -202,43 +192,5 @@ fn a_tid_reused_by_another_process_keeps_each_process_calls_apart() {
     match d.feed(&ProbeEvent { pid: 200, ..ev(KIND_EXIT, ar, 7, 60, [0; 6]) }, &p) {
         Ok(Decoded::Call(c)) => assert_eq!((c.pid, c.bytes, c.enter_ns, c.aborted), (200, Some(64 * 4), 40, false)),
         other => panic!("pid 200's call must survive pid 100's exit: {other:?}"),
-    }
-}
-
-#[test]
-fn an_asynchronous_nccl_call_is_one_entry_and_a_blocking_one_a_pair() {
-    let (mut d, id) = nccl_decoder_async();
-    let comm = init(&mut d, id(Op::CommInit), 7, 0xabc0, 0x5a, 8, 3);
-    // Asynchronous (no return probe for this process): the entry is the whole call.
-    let e = ev(KIND_ENTER, id(Op::AllReduce), 7, 100, [1, 2, 1 << 20, 7, 0, 0xabc0]);
-    let Ok(Decoded::Call(c)) = d.feed(&e, &ProcInfo::default()) else { panic!("an entry-only call is complete at its entry") };
-    assert_eq!((c.enter_ns, c.exit_ns, c.ret, c.seq, c.comm, c.bytes), (100, 100, None, Some(0), Some(comm), Some(4 << 20)));
-    assert!(d.open_calls().is_empty(), "nothing stays open");
-    // Group calls keep both probes (the group depth is counted at their return).
-    assert!(!targets::nccl().probes.iter().any(|p| p.entry_only_async && matches!(p.op, Op::GroupStart | Op::GroupEnd | Op::CommInit)));
-    // The process turns out to block: from t = 150 on its entries wait for their return; an
-    // entry before that (no return probe yet) was complete at its entry, and a return that
-    // arrives for it anyway is no error.
-    d.returns_from(100, 150);
-    let e = ev(KIND_ENTER, id(Op::AllReduce), 7, 140, [1, 2, 256, 7, 0, 0xabc0]);
-    assert!(matches!(d.feed(&e, &ProcInfo::default()), Ok(Decoded::Call(c)) if c.exit_ns == 140 && c.seq == Some(1)));
-    assert_eq!(d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 7, 145, [0; 6]), &ProcInfo::default()), Ok(Decoded::Nothing));
-    let e = ev(KIND_ENTER, id(Op::AllReduce), 7, 200, [1, 2, 256, 7, 0, 0xabc0]);
-    assert_eq!(d.feed(&e, &ProcInfo::default()), Ok(Decoded::Nothing));
-    assert_eq!(d.open_calls().len(), 1, "a blocking call is open until its return");
-    let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 7, 260, [0; 6]), &ProcInfo::default()) else { panic!("paired") };
-    assert_eq!((c.enter_ns, c.exit_ns, c.seq), (200, 260, Some(2)));
-    // A probe with both programs still reports an unpaired return.
-    assert_eq!(d.feed(&ev(KIND_EXIT, id(Op::GroupEnd), 9, 300, [0; 6]), &ProcInfo::default()), Err(DecodeError::UnpairedExit));
-}
-
-#[test]
-fn an_entry_only_call_whose_datatype_does_not_decode_is_kept_and_the_error_counted() {
-    let (mut d, id) = nccl_decoder_async();
-    init(&mut d, id(Op::CommInit), 7, 0xabc0, 0x5a, 8, 3);
-    let e = ev(KIND_ENTER, id(Op::AllReduce), 7, 100, [1, 2, 1 << 20, 99, 0, 0xabc0]);
-    match d.feed(&e, &ProcInfo::default()) {
-        Ok(Decoded::CallWithError(c, _)) => assert_eq!((c.bytes, c.seq), (None, Some(0))),
-        other => panic!("{other:?}"),
     }
 }
