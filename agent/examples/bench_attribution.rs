@@ -68,28 +68,44 @@ fn thread_cpu() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-fn main() {
-    let steps = 200u64;
-    let data: Vec<_> = (0..steps).map(synth).collect();
-    let params = Params::default();
-    let mut best = f64::INFINITY;
-    let mut best_wall = f64::INFINITY;
-    let mut checksum = 0.0;
-    for _ in 0..5 {
+type Synth = (Step, Vec<Collective>, Vec<Vec<NicWindow>>);
+
+/// Best CPU and wall seconds of `reps` passes of attribution over `data`.
+fn measure(data: &[Synth], reps: usize, params: &Params) -> (f64, f64, f64) {
+    let (mut best, mut best_wall, mut checksum) = (f64::INFINITY, f64::INFINITY, 0.0);
+    for _ in 0..reps {
         let t = Instant::now();
         let c0 = thread_cpu();
-        for (step, colls, wins) in &data {
+        for (step, colls, wins) in data {
             let refs: Vec<&Collective> = colls.iter().collect();
-            let a = attribute(&StepData { step, collectives: &refs, windows: wins, net: &[], dropped_events: false }, &params);
+            let a = attribute(&StepData { step, collectives: &refs, windows: wins, net: &[], dropped_events: false }, params);
             checksum += a.seconds;
         }
         best = best.min(thread_cpu() - c0);
         best_wall = best_wall.min(t.elapsed().as_secs_f64());
     }
-    let records = steps as f64 * COLLS_PER_STEP as f64 * RANKS as f64;
-    let rate = records / best;
-    println!("attribution: {steps} steps x {COLLS_PER_STEP} collectives x {RANKS} ranks = {records:.0} collective records in {:.1} ms CPU ({:.1} ms wall), best of 5, one thread", best * 1e3, best_wall * 1e3);
-    println!("bench attribution: records_per_s={rate:.0} target=10000000 ok={} (checksum {checksum:.1})", rate >= 1e7);
+    (best, best_wall, checksum)
+}
+
+fn main() {
+    let params = Params::default();
+    // The figure the target is judged on: a 200-step history (≈ 30 MB of records and NIC
+    // windows, about this machine's L3) attributed in one pass, so every record is read
+    // from memory first. Then 10 steps (≈ 1.5 MB) passed over repeatedly: the daemon
+    // attributes a step right after joining it, while its inputs are still in the caches.
+    // Best of 15 (300) passes: this shared machine moves single passes by ±30 %.
+    for (steps, reps, what) in [(200u64, 15, "history of 200 steps, read from memory"), (10, 300, "10 steps, in cache")] {
+        let data: Vec<Synth> = (0..steps).map(synth).collect();
+        let (best, best_wall, checksum) = measure(&data, reps, &params);
+        let records = steps as f64 * COLLS_PER_STEP as f64 * RANKS as f64;
+        let rate = records / best;
+        println!("attribution ({what}): {steps} steps x {COLLS_PER_STEP} collectives x {RANKS} ranks = {records:.0} collective records in {:.2} ms CPU ({:.2} ms wall), best of {reps}, one thread", best * 1e3, best_wall * 1e3);
+        if steps == 200 {
+            println!("bench attribution: records_per_s={rate:.0} target=10000000 ok={} (checksum {checksum:.1})", rate >= 1e7);
+        } else {
+            println!("bench attribution: in cache records_per_s={rate:.0} (checksum {checksum:.1})");
+        }
+    }
 
     if let Some(db) = std::env::args().nth(1) {
         let _ = std::fs::remove_file(&db);

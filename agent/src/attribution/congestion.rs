@@ -53,12 +53,18 @@ pub fn expected_cross_host_bytes(c: &Collective, hosts: &[&str]) -> Option<f64> 
     Some(bytes)
 }
 
-/// Bytes the windows' NICs transmitted, per host (a NIC without a host: "").
-fn carried_per_host<'w>(wins: &[&'w NicWindow]) -> BTreeMap<&'w str, f64> {
-    let mut m = BTreeMap::new();
+/// Bytes the windows' NICs transmitted, per host (a NIC without a host: ""), sorted by host
+/// (a collective's windows span a few hosts: a sorted list beats a map).
+fn carried_per_host<'w>(wins: &[&'w NicWindow]) -> Vec<(&'w str, f64)> {
+    let mut m: Vec<(&str, f64)> = Vec::new();
     for w in wins {
-        *m.entry(w.nic.host.as_deref().unwrap_or("")).or_insert(0.0) += w.tx_bytes;
+        let host = w.nic.host.as_deref().unwrap_or("");
+        match m.iter_mut().find(|(h, _)| *h == host) {
+            Some(e) => e.1 += w.tx_bytes,
+            None => m.push((host, w.tx_bytes)),
+        }
     }
+    m.sort_unstable_by(|a, b| a.0.cmp(b.0));
     m
 }
 

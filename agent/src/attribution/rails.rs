@@ -40,11 +40,11 @@ pub(super) fn select<'a>(c: &Collective, all: Option<&'a Vec<NicWindow>>, p: &Pa
     if wins.is_empty() {
         return Err(NoRails::NoNic);
     }
-    let rates: Vec<f64> = wins.iter().filter_map(|w| w.nic.rate_bytes_per_second.filter(|r| *r > 0.0)).collect();
-    if rates.is_empty() {
+    let (sum, n) = wins.iter().filter_map(|w| w.nic.rate_bytes_per_second.filter(|r| *r > 0.0)).fold((0.0, 0usize), |(s, n), r| (s + r, n + 1));
+    if n == 0 {
         return Err(NoRails::RateUnknown);
     }
-    let rate = rates.iter().sum::<f64>() / rates.len() as f64;
+    let rate = sum / n as f64;
     let carrying = wins.len();
     let railed = wins.iter().any(|w| w.nic.rail.is_some());
     for w in all.iter().filter(|w| w.tx_bytes + w.rx_bytes < p.min_nic_bytes) {

@@ -161,8 +161,13 @@ fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_
     // 1 ms each in SendWait; no sampled ncclIb requests.
     let mut c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
     for a in &mut c.arrivals {
-        a.clock.proxy_wait =
-            Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 100.0, send_bytes: 6_553_600.0, recv_wait: 0.1, ..Default::default() });
+        a.clock.proxy_wait = Some(Box::new(crate::timeline::join::ProxyWait {
+            send_wait: 0.1,
+            send_requests: 100.0,
+            send_bytes: 6_553_600.0,
+            recv_wait: 0.1,
+            ..Default::default()
+        }));
     }
     let s = step(0.0, 0.1);
     let wins = vec![vec![nic("eth0", "a", 6_553_600.0, 1e9)]];
@@ -180,7 +185,8 @@ fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_
     assert!(ev("nccl_proxy_wait_seconds").get("send_requests").is_none());
     // Too few requests to measure: no proxy figure, nothing charged without another source.
     for a in &mut c.arrivals {
-        a.clock.proxy_wait = Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 1.0, send_bytes: 6_553_600.0, ..Default::default() });
+        a.clock.proxy_wait =
+            Some(Box::new(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 1.0, send_bytes: 6_553_600.0, ..Default::default() }));
     }
     let cs = [&c];
     let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
@@ -192,7 +198,8 @@ fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_
 fn one_at_a_time_paused(pause: f64) -> Attribution {
     let mut c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
     for a in &mut c.arrivals {
-        a.clock.proxy_wait = Some(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 100.0, send_bytes: 6_553_600.0, ..Default::default() });
+        a.clock.proxy_wait =
+            Some(Box::new(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 100.0, send_bytes: 6_553_600.0, ..Default::default() }));
     }
     let s = step(0.0, 0.1);
     let mut w = nic("eth0", "a", 6_553_600.0, 1e9);
@@ -243,7 +250,8 @@ fn requests_that_only_queued_are_not_an_in_flight_limit() {
     for a in &mut c.arrivals {
         // N = 16 · 0.04 / 0.04: T = 16 · 0.04 / 100 = 6.4 ms, N·m/T = 164 MB/s: 40 ms for the
         // bytes, 6.55 ms of them the path's own.
-        a.clock.proxy_wait = Some(crate::timeline::join::ProxyWait { send_wait: 0.64, send_requests: 100.0, send_bytes: 6_553_600.0, ..Default::default() });
+        a.clock.proxy_wait =
+            Some(Box::new(crate::timeline::join::ProxyWait { send_wait: 0.64, send_requests: 100.0, send_bytes: 6_553_600.0, ..Default::default() }));
     }
     let s = step(0.0, 0.04);
     let mut w = nic("eth0", "a", 6_553_600.0, 1e9);

@@ -196,20 +196,20 @@ pub struct CallRow(
 
 /// A GPU-timed call's `host_enqueue`, `gpu_offset_error` and `proxy_wait`
 /// (`timeline::join::Clocking` less the timing).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuClock {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_enqueue: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_offset_error: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy_wait: Option<crate::timeline::join::ProxyWait>,
+    pub proxy_wait: Option<Box<crate::timeline::join::ProxyWait>>,
 }
 
 impl GpuClock {
     /// `None` when the call has none of the three.
     pub fn of(c: &Clocking) -> Option<GpuClock> {
-        let g = GpuClock { host_enqueue: c.host_enqueue, gpu_offset_error: c.gpu_offset_error, proxy_wait: c.proxy_wait };
+        let g = GpuClock { host_enqueue: c.host_enqueue, gpu_offset_error: c.gpu_offset_error, proxy_wait: c.proxy_wait.clone() };
         (g.host_enqueue.is_some() || g.gpu_offset_error.is_some() || g.proxy_wait.is_some()).then_some(g)
     }
 }

@@ -36,12 +36,12 @@ fn records() -> Vec<CallRecord> {
         timing: Timing::Gpu,
         host_enqueue: Some(1_764_000_000.125),
         gpu_offset_error: Some(2e-6),
-        proxy_wait: Some(ProxyWait { send_wait: 0.01, recv_gpu_wait: 0.02, ..Default::default() }),
+        proxy_wait: Some(Box::new(ProxyWait { send_wait: 0.01, recv_gpu_wait: 0.02, ..Default::default() })),
     };
     let host = Clocking { timing: Timing::HostEnqueue, ..Default::default() };
     vec![
         record(Some(0xabc), Some(3), "all_reduce", gpu, false),
-        record(Some(0xdef), Some(4), "all_gather", host, true),
+        record(Some(0xdef), Some(4), "all_gather", host.clone(), true),
         record(None, None, "send", Clocking::default(), false),
         record(Some(0xabc), Some(5), "all_reduce", host, false),
     ]

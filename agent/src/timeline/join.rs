@@ -90,7 +90,7 @@ impl ProxyWait {
 
 /// How a call or arrival was timed (flattened into its JSON: `timing`, `host_enqueue`,
 /// `gpu_offset_error`, `proxy_wait`).
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Clocking {
     #[serde(default)]
     pub timing: Timing,
@@ -100,8 +100,10 @@ pub struct Clocking {
     /// GPU-timed calls: bound of the GPU-timer-to-host-clock error, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_offset_error: Option<f64>,
+    /// Boxed: only plugin-timed calls have it, and an inline 88 bytes in every arrival
+    /// nearly doubled what attribution reads per record (`cargo xtask bench attribution`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy_wait: Option<ProxyWait>,
+    pub proxy_wait: Option<Box<ProxyWait>>,
 }
 
 /// One rank's part in a collective. Times are wall-clock seconds since the epoch.
@@ -317,7 +319,7 @@ pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Coll
         }
         e.nranks = e.nranks.or(c.nranks);
         e.bytes = e.bytes.or(c.bytes);
-        e.arrivals.push(Arrival { rank, host: c.host.clone(), pid: c.pid, enter: c.enter, exit: c.exit, aborted: c.aborted, clock: c.clock });
+        e.arrivals.push(Arrival { rank, host: c.host.clone(), pid: c.pid, enter: c.enter, exit: c.exit, aborted: c.aborted, clock: c.clock.clone() });
     }
     let mut out: Vec<Collective> = by_key.into_values().map(|(c, _)| c).collect();
     for c in &mut out {

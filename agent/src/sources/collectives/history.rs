@@ -82,7 +82,7 @@ impl CallRecord {
             enter: self.enter,
             exit: self.exit,
             aborted: c.aborted,
-            clock: self.clock,
+            clock: self.clock.clone(),
         }
     }
 }

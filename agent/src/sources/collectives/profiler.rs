@@ -93,17 +93,19 @@ pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMa
     };
     let w = r.proxy_wait_ns.map(|n| n as f64 * 1e-9);
     let any = w.iter().any(|v| *v > 0.0) || r.requests.iter().any(|n| *n > 0);
-    let proxy_wait = any.then(|| ProxyWait {
-        send_gpu_wait: w[0],
-        send_peer_wait: w[1],
-        send_wait: w[2],
-        recv_wait: w[3],
-        recv_flush_wait: w[4],
-        recv_gpu_wait: w[5],
-        send_requests: r.requests[0] as f64,
-        send_bytes: r.request_bytes[0] as f64,
-        recv_requests: r.requests[1] as f64,
-        recv_bytes: r.request_bytes[1] as f64,
+    let proxy_wait = any.then(|| {
+        Box::new(ProxyWait {
+            send_gpu_wait: w[0],
+            send_peer_wait: w[1],
+            send_wait: w[2],
+            recv_wait: w[3],
+            recv_flush_wait: w[4],
+            recv_gpu_wait: w[5],
+            send_requests: r.requests[0] as f64,
+            send_bytes: r.request_bytes[0] as f64,
+            recv_requests: r.requests[1] as f64,
+            recv_bytes: r.request_bytes[1] as f64,
+        })
     });
     let mono = |t: f64| ((t * 1e9) as i128 - clock.offset_ns).max(0) as u64;
     let call = Call {

@@ -87,7 +87,7 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     assert!((g.clock.host_enqueue.expect("enqueue") - 1000.028).abs() < 1e-6);
     assert_eq!(g.clock.gpu_offset_error, Some(20e-6));
     assert_eq!(h.plugin.gpus(), [(10, "0000:b2:00.0".to_string())].into(), "process 10's GPU, in sysfs's spelling");
-    let w = g.clock.proxy_wait.expect("waits");
+    let w = g.clock.proxy_wait.clone().expect("waits");
     assert!((w.send_wait - 0.003).abs() < 1e-12);
     assert_eq!((w.send_requests, w.send_bytes, w.recv_requests), (4.0, f64::from(4 << 20), 0.0), "the proxy's requests reach the join");
     assert_eq!((g.op.as_str(), g.library.as_str(), g.bytes, g.rank, g.nranks), ("all_reduce", "nccl", Some(4 << 20), Some(0), Some(4)));
@@ -179,7 +179,7 @@ fn attribution_charges_skew_from_gpu_times_never_from_enqueue_times() {
             .map(|rank| {
                 // Rank 3 is 30 ms late by these times; the call lasts until 51 ms.
                 let enter = if rank == 3 { 0.050 } else { 0.020 };
-                let proxy_wait = (timing == Timing::Gpu).then_some(ProxyWait { send_wait: 0.002, ..Default::default() });
+                let proxy_wait = (timing == Timing::Gpu).then_some(Box::new(ProxyWait { send_wait: 0.002, ..Default::default() }));
                 Arrival { rank, host: "a".into(), pid: rank, enter, exit: 0.051, aborted: false, clock: Clocking { timing, proxy_wait, ..Default::default() } }
             })
             .collect(),
