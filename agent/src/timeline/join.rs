@@ -241,7 +241,7 @@ pub struct CallView {
 
 /// Collectives in which no rank returns before every rank has entered: each rank needs every
 /// other rank's input.
-const EVERY_RANK_NEEDED: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"];
+pub(super) const EVERY_RANK_NEEDED: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"];
 
 /// How far each process's sequence numbers run ahead, per `(comm, host, pid)` (absent: 0).
 ///
@@ -293,12 +293,13 @@ fn seq_offsets<'a>(calls: &[&'a CallView]) -> HashMap<(&'a str, &'a str, u32), u
 }
 
 /// Joins calls (from one or many hosts) on `(comm, seq)`, each process's numbers aligned by
-/// [`seq_offsets`]. Calls without a communicator or a sequence number (p2p, lifecycle) are
-/// skipped. A rank seen twice for the same key (two agents answering for one host) keeps its
-/// first call.
+/// [`seq_offsets`] and each host's onto the others' by [`super::align::host_shifts`]. Calls
+/// without a communicator or a sequence number (p2p, lifecycle) are skipped. A rank seen
+/// twice for the same key (two agents answering for one host) keeps its first call.
 pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Collective> {
     let calls: Vec<&CallView> = calls.into_iter().collect();
     let offsets = seq_offsets(&calls);
+    let shifts = super::align::host_shifts(&calls, &offsets);
     // Each collective with the ranks it has (a set: 1 024 ranks checked one by one against
     // every arrival made the join quadratic, ~5·10⁸ comparisons over 1 000 steps).
     let mut by_key: BTreeMap<(String, u64), (Collective, std::collections::HashSet<u32>)> = BTreeMap::new();
@@ -306,7 +307,9 @@ pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Coll
         let (Some(comm), Some(raw)) = (&c.comm, c.seq) else { continue };
         // A call before the others' first one (the collective they were inside when the
         // probes attached) has no partners to join.
-        let Some(seq) = raw.checked_sub(offsets.get(&(comm.as_str(), c.host.as_str(), c.pid)).copied().unwrap_or(0)) else { continue };
+        let off = offsets.get(&(comm.as_str(), c.host.as_str(), c.pid)).copied().unwrap_or(0);
+        let shift = shifts.get(&(comm.as_str(), c.host.as_str())).copied().unwrap_or(0);
+        let Some(seq) = (raw as i64).checked_sub(off as i64).and_then(|k| k.checked_add(shift)).and_then(|k| u64::try_from(k).ok()) else { continue };
         let (e, ranks) = by_key.entry((comm.clone(), seq)).or_insert_with(|| {
             let c =
                 Collective { comm: comm.clone(), seq, op: c.op.clone(), library: c.library.clone(), bytes: c.bytes, nranks: c.nranks, arrivals: Vec::new() };
@@ -330,7 +333,7 @@ pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Coll
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     pub(crate) fn call(comm: &str, seq: u64, rank: u32, host: &str, enter: f64, exit: f64) -> CallView {

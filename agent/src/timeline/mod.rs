@@ -1,7 +1,8 @@
 //! Calls → collectives → steps; counter samples → windows.
 //!
 //! - [`join`]: calls of every rank joined on `(CommId, seq)` into [`Collective`]s with one
-//!   [`Arrival`] per rank (locally, or across hosts in `agent diagnose --peers`);
+//!   [`Arrival`] per rank (locally, or across hosts in `agent diagnose --peers`, where
+//!   [`align`] renumbers a host whose agent started counting elsewhere);
 //! - [`markers`]: explicit step markers (Unix socket, `POST /api/v1/markers`, `agent mark`);
 //! - [`steps`]: step windows from markers, or from the period of a communicator's
 //!   `(op, bytes)` sequence when there are none;
@@ -10,6 +11,7 @@
 //!   exited ranks), judged by [`crate::hang`].
 
 pub mod admission;
+pub mod align;
 pub mod clocks;
 pub mod join;
 pub mod links;
