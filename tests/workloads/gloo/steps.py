@@ -58,7 +58,8 @@ def parse():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--bytes", type=int, default=1 << 20)
     p.add_argument("--compute-ms", type=float, default=20.0)
-    p.add_argument("--marker-socket")
+    # Per rank from the environment when ranks of one job report to different agents.
+    p.add_argument("--marker-socket", default=os.environ.get("STEPS_MARKER_SOCKET"))
     p.add_argument("--late-rank", type=int, default=-1)
     p.add_argument("--late-ms", type=float, default=0.0)
     p.add_argument("--late-every", type=int, default=1)
