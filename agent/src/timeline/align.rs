@@ -14,14 +14,15 @@
 //! for every collective they share, so the intervals of correctly paired collectives have a
 //! common point and those of a wrong pairing (in a job whose collectives are not perfectly
 //! periodic) do not. Per communicator, every host is compared with the reference (the host
-//! with the most such calls; ties: the first name): a host whose pairing as numbered is
-//! consistent with a clock offset within [`TRUSTED_OFFSET`] keeps its numbers — hosts that
-//! counted from the same place are not moved. Otherwise the shifts that put one of its first
-//! calls against a reference call within [`MAX_CLOCK_OFFSET`] are tried; among those
-//! consistent with every shared collective the one implying the smallest clock offset wins,
-//! if smaller than the numbering's own (a perfectly periodic job admits a shift by whole
-//! periods with an offset of that many periods: clocks of one cluster agree far better than
-//! that). No such shift: the numbers stay, and the clock estimate reports what it finds.
+//! whose numbers run highest: it counted longest; ties: more calls, then the first name): a
+//! host whose pairing as numbered is consistent with a clock offset within [`TRUSTED_OFFSET`]
+//! keeps its numbers — hosts that counted from the same place are not moved. Otherwise the
+//! shifts that put one of its first calls against a reference call within
+//! [`MAX_CLOCK_OFFSET`] are tried; among those consistent with every shared collective the one
+//! implying the smallest clock offset wins, if smaller than the numbering's own (a perfectly
+//! periodic job admits a shift by whole periods with an offset of that many periods: clocks of
+//! one cluster agree far better than that). No such shift: the numbers stay, and the clock
+//! estimate reports what it finds.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -119,7 +120,10 @@ pub(super) fn host_shifts<'a>(calls: &[&'a CallView], offsets: &HashMap<(&'a str
     }
     let mut out = HashMap::new();
     for (comm, hosts) in per {
-        let Some((reference, a)) = hosts.iter().max_by(|x, y| x.1.len().cmp(&y.1.len()).then(y.0.cmp(x.0))) else { continue };
+        // The reference counted longest (its numbers run highest): the others shift up onto
+        // it, so no call's number goes below 0 and none is lost.
+        let top = |s: &Spans| s.last_key_value().map_or(i64::MIN, |(k, _)| *k);
+        let Some((reference, a)) = hosts.iter().max_by(|x, y| top(x.1).cmp(&top(y.1)).then(x.1.len().cmp(&y.1.len())).then(y.0.cmp(x.0))) else { continue };
         for (host, b) in hosts.iter().filter(|(h, _)| *h != reference) {
             let shift = shift_for(a, b);
             if shift != 0 {
@@ -178,6 +182,24 @@ mod tests {
             let late = joined.iter().filter(|c| c.arrivals.len() == 4 && c.skew() - theta.max(0.0) > 0.015).count();
             assert!(late >= 5, "θ {theta}: {late} late collectives");
         }
+    }
+
+    #[test]
+    fn the_host_that_counted_longest_is_the_reference_and_no_call_is_lost() {
+        // Host a's agent came in late (numbers from 0 at collective 12); host b's counted since
+        // 500 collectives earlier. Host a's calls move up onto b's numbers: none is dropped.
+        let calls: Vec<CallView> = job(0.003, 0, 0)
+            .into_iter()
+            .filter_map(|mut c| {
+                let k = c.seq?;
+                c.seq = if c.host == "a" { k.checked_sub(12) } else { Some(k + 500) };
+                c.seq.map(|_| c)
+            })
+            .collect();
+        let joined = join_calls(&calls);
+        assert_eq!(joined.iter().filter(|c| c.arrivals.len() == 4).count(), 28);
+        assert!(joined.iter().all(|c| c.seq >= 500), "numbered as host b counts: {:?}", joined.iter().map(|c| c.seq).collect::<Vec<_>>());
+        assert_eq!(joined.iter().map(|c| c.arrivals.iter().filter(|a| a.host == "a").count()).sum::<usize>(), 28 * 2);
     }
 
     #[test]
