@@ -183,6 +183,36 @@ fn clocks_known_worse_than_the_skew_fall_back_to_the_clock_free_estimate() {
 }
 
 #[test]
+fn a_clock_free_estimate_outside_what_the_clocks_allow_is_not_used() {
+    // No rank late (rank 5's 30 ms taken out); rank 2 leaves the big all-reduce 30 ms before
+    // the others (its part of the algorithm ended early). The small all-reduce bounds the
+    // clocks to ± 1 ms, no better than the wall-clock skew of 0, so the clock-free estimate is
+    // considered: 30 ms of spread in time inside, which causality rules out (0 ± 2 ms).
+    let peer_of = |host: &str, ranks: std::ops::Range<u32>| {
+        let mut p = peer(host, ranks, true);
+        for c in p.calls.iter_mut().filter(|c| c.bytes == Some(64 << 20)) {
+            match c.rank {
+                Some(5) => c.enter -= 0.030,
+                Some(2) => c.exit -= 0.030,
+                _ => {}
+            }
+        }
+        p
+    };
+    let peers = [peer_of("node-a", 0..4), peer_of("node-b", 4..8)];
+    let an = analyze(&peers, &sel(None, None), &Params::default()).expect("steps");
+    assert!(an.clocks.hosts[0].error_seconds <= 0.001 + 1e-9, "{:?}", an.clocks);
+    assert_eq!(an.steps.len(), STEPS as usize);
+    for s in &an.steps {
+        let a = &s.attribution;
+        assert!((s.skew.clock_free_seconds.unwrap_or(0.0) - 0.030).abs() < 1e-6, "the estimate itself: {:?}", s.skew);
+        let skew = a.causes.iter().find(|c| c.kind == CauseKind::ReadinessSkew).expect("skew");
+        assert!(skew.seconds < 1e-6 && skew.evidence.get("estimate").is_none(), "the wall-clock 0 stays: {:?}", skew);
+        assert!(a.notes.iter().any(|n| n.contains("lies outside what the clocks allow")), "{:?}", a.notes);
+    }
+}
+
+#[test]
 fn the_clock_free_estimate_leaves_out_calls_timed_at_the_host_enqueue() {
     use crate::timeline::{join::Timing, Arrival, Collective};
     // Rank 1 spent 5 ms less inside the call: a late arrival when the call waits for the
