@@ -32,12 +32,12 @@ fn mean_positive(v: impl Iterator<Item = f64>) -> Option<f64> {
 /// windows' NICs that carried data during the transfer, half the smoothed RTT where the kernel
 /// gave no minimum; `None` when no NIC measured one (RDMA, or no TCP connection moved).
 pub fn one_way_latency(wins: &[&NicWindow]) -> Option<f64> {
-    mean_positive(wins.iter().map(|w| if w.tcp.min_rtt_seconds > 0.0 { w.tcp.min_rtt_seconds } else { w.tcp.rtt_seconds })).map(|r| r / 2.0)
+    mean_positive(wins.iter().map(|w| if w.tcp().min_rtt_seconds > 0.0 { w.tcp().min_rtt_seconds } else { w.tcp().rtt_seconds })).map(|r| r / 2.0)
 }
 
 /// Mean smoothed RTT (T of Little's law: the time a byte stays in flight, queue included).
 fn smoothed_rtt(wins: &[&NicWindow]) -> Option<f64> {
-    mean_positive(wins.iter().map(|w| w.tcp.rtt_seconds))
+    mean_positive(wins.iter().map(|w| w.tcp().rtt_seconds))
 }
 
 /// The per-round latency of a transfer: the path's measured round trip where known, else
@@ -107,16 +107,16 @@ impl TcpInFlight {
     pub fn measure(wins: &[&NicWindow], span: f64, rate: f64) -> Option<TcpInFlight> {
         let (mut busy, mut rwnd, mut sndbuf, mut ibs, mut buf, mut cwnd, mut acked) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
         for w in wins {
-            acked += w.tcp.bytes_acked;
-            busy += w.tcp.busy_seconds;
-            rwnd += w.tcp.rwnd_limited_seconds;
-            sndbuf += w.tcp.sndbuf_limited_seconds;
-            ibs += w.tcp.in_flight_byte_seconds;
-            buf += w.tcp.sndbuf_bytes;
-            cwnd += w.tcp.cwnd_bytes;
+            acked += w.tcp().bytes_acked;
+            busy += w.tcp().busy_seconds;
+            rwnd += w.tcp().rwnd_limited_seconds;
+            sndbuf += w.tcp().sndbuf_limited_seconds;
+            ibs += w.tcp().in_flight_byte_seconds;
+            buf += w.tcp().sndbuf_bytes;
+            cwnd += w.tcp().cwnd_bytes;
         }
         let rtt = smoothed_rtt(wins)?;
-        let mss = wins.iter().map(|w| w.tcp.mss_bytes).fold(0.0, f64::max);
+        let mss = wins.iter().map(|w| w.tcp().mss_bytes).fold(0.0, f64::max);
         if span <= 0.0 || busy <= 0.0 || ibs <= 0.0 || rate <= 0.0 {
             return None;
         }
@@ -183,14 +183,14 @@ mod tests {
     fn win(rtt: f64, busy: f64, sndbuf_limited: f64, ibs: f64) -> NicWindow {
         NicWindow {
             tx_bytes: 1e6,
-            tcp: TcpSample {
+            tcp: Some(Box::new(TcpSample {
                 rtt_seconds: rtt,
                 busy_seconds: busy,
                 sndbuf_limited_seconds: sndbuf_limited,
                 in_flight_byte_seconds: ibs,
                 mss_bytes: 1448.0,
                 ..Default::default()
-            },
+            })),
             ..Default::default()
         }
     }
@@ -212,7 +212,7 @@ mod tests {
         // The path's smallest RTT where the kernel gave one: the queue a transfer builds is not
         // latency.
         let mut q = win(0.030, 0.0, 0.0, 0.0);
-        q.tcp.min_rtt_seconds = 0.020;
+        q.tcp.as_mut().expect("tcp").min_rtt_seconds = 0.020;
         assert!((round_latency(&[&q], &none, 1e-6).0 - 0.020).abs() < 1e-12);
         // An RDMA window measures nothing: α.
         let r = NicWindow::default();
@@ -276,7 +276,7 @@ mod tests {
         let w = NicWindow {
             nic: NicInfo { name: "eth0".into(), host: Some("a".into()), rail: None, rate_bytes_per_second: Some(25e6) },
             tx_bytes: 1e6,
-            tcp,
+            tcp: Some(Box::new(tcp)),
             ..Default::default()
         };
         let s = Step { id: 1, begin: 0.0, end: t, source: StepSource::Markers, ranks: BTreeMap::new() };
