@@ -21,7 +21,7 @@ mod ideal;
 mod in_flight;
 mod rails;
 mod skew;
-pub use skew::use_clock_free;
+pub use skew::{fall_back_to_clock_free, use_clock_free};
 mod transport;
 
 use std::collections::BTreeMap;

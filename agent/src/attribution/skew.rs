@@ -141,6 +141,38 @@ pub(super) fn timing_evidence(colls: &[&Collective], causes: &mut [super::Cause]
     }
 }
 
+/// §3.2 across hosts whose clocks are known only to ± `clock_error`: when that is no better
+/// than the step's wall-clock readiness skew, the clock-free estimate `free` (with its late
+/// rank) replaces it through [`use_clock_free`] — unless it is refuted. Each collective's
+/// wall-clock skew is off by at most the clocks' error, so the true skew lies within the
+/// wall-clock figure ± the error per collective; an estimate outside that band is ruled out
+/// by causality (the time inside a call also varies with each rank's place in the algorithm,
+/// not only with lateness) and the wall-clock figure stays. Every case leaves a note.
+pub fn fall_back_to_clock_free(a: &mut super::Attribution, free: Option<f64>, late: Option<u32>, clock_error: f64, collectives: usize) {
+    use crate::report::duration;
+    let wall = a.cause(super::CauseKind::ReadinessSkew);
+    if clock_error <= 0.0 || clock_error < wall {
+        return;
+    }
+    let why =
+        format!("the hosts' clocks are known to ± {} only, not better than this step's wall-clock readiness skew ({})", duration(clock_error), duration(wall));
+    let band = clock_error * collectives.max(1) as f64;
+    let note = match free {
+        Some(f) if (f - wall).abs() <= band => {
+            use_clock_free(a, f, late, clock_error);
+            format!("{why}: readiness skew is the clock-free estimate ({})", duration(f))
+        }
+        Some(f) => format!(
+            "{why}, but the clock-free estimate ({}) lies outside what the clocks allow ({} ± {}): not used, readiness skew stays the wall-clock figure",
+            duration(f),
+            duration(wall),
+            duration(band)
+        ),
+        None => format!("{why}, and no collective of it was seen on two ranks for a clock-free estimate"),
+    };
+    a.notes.push(note);
+}
+
 /// §3.2 without clocks, for a step whose ranks ran on hosts whose clocks are known only to
 /// ± `clock_error`, no better than its wall-clock skew: the readiness skew becomes the
 /// clock-free estimate `free` — over the step's collectives, the spread of the ranks' time

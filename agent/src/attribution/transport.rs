@@ -32,7 +32,7 @@ fn mean_positive(v: impl Iterator<Item = f64>) -> Option<f64> {
 /// windows' NICs that carried data during the transfer, half the smoothed RTT where the kernel
 /// gave no minimum; `None` when no NIC measured one (RDMA, or no TCP connection moved).
 pub fn one_way_latency(wins: &[&NicWindow]) -> Option<f64> {
-    mean_positive(wins.iter().map(|w| if w.tcp().min_rtt_seconds > 0.0 { w.tcp().min_rtt_seconds } else { w.tcp().rtt_seconds })).map(|r| r / 2.0)
+    mean_positive(wins.iter().map(|w| w.tcp()).map(|t| if t.min_rtt_seconds > 0.0 { t.min_rtt_seconds } else { t.rtt_seconds })).map(|r| r / 2.0)
 }
 
 /// Mean smoothed RTT (T of Little's law: the time a byte stays in flight, queue included).
@@ -106,14 +106,14 @@ impl TcpInFlight {
     /// From the NICs' TCP deltas over a transfer of `span` seconds on a path of `rate`.
     pub fn measure(wins: &[&NicWindow], span: f64, rate: f64) -> Option<TcpInFlight> {
         let (mut busy, mut rwnd, mut sndbuf, mut ibs, mut buf, mut cwnd, mut acked) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        for w in wins {
-            acked += w.tcp().bytes_acked;
-            busy += w.tcp().busy_seconds;
-            rwnd += w.tcp().rwnd_limited_seconds;
-            sndbuf += w.tcp().sndbuf_limited_seconds;
-            ibs += w.tcp().in_flight_byte_seconds;
-            buf += w.tcp().sndbuf_bytes;
-            cwnd += w.tcp().cwnd_bytes;
+        for t in wins.iter().map(|w| w.tcp()) {
+            acked += t.bytes_acked;
+            busy += t.busy_seconds;
+            rwnd += t.rwnd_limited_seconds;
+            sndbuf += t.sndbuf_limited_seconds;
+            ibs += t.in_flight_byte_seconds;
+            buf += t.sndbuf_bytes;
+            cwnd += t.cwnd_bytes;
         }
         let rtt = smoothed_rtt(wins)?;
         let mss = wins.iter().map(|w| w.tcp().mss_bytes).fold(0.0, f64::max);

@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::join::{CallView, Timing, EVERY_RANK_NEEDED};
+use super::join::{aligned_seq, aligns_by_overlap, CallView, SeqOffsets};
 
 /// The largest clock disagreement between two hosts a re-numbering may imply, seconds.
 pub const MAX_CLOCK_OFFSET: f64 = 5.0;
@@ -102,7 +102,7 @@ fn shift_for(a: &Spans, b: &Spans) -> i64 {
 
 /// Per `(comm, host)`: the shift to add to that host's numbers (after its processes'
 /// `offsets` are taken off) so they match the reference host's. Absent: 0.
-pub(super) fn host_shifts<'a>(calls: &[&'a CallView], offsets: &HashMap<(&'a str, &'a str, u32), u64>) -> HashMap<(&'a str, &'a str), i64> {
+pub(super) fn host_shifts<'a>(calls: &[&'a CallView], offsets: &SeqOffsets<'a>) -> HashMap<(&'a str, &'a str), i64> {
     let mut per: BTreeMap<&str, BTreeMap<&str, Spans>> = BTreeMap::new();
     // One host (the daemon's own calls): nothing to align across.
     if calls.iter().all(|c| calls.first().is_some_and(|f| f.host == c.host)) {
@@ -110,10 +110,10 @@ pub(super) fn host_shifts<'a>(calls: &[&'a CallView], offsets: &HashMap<(&'a str
     }
     for c in calls {
         let (Some(comm), Some(raw)) = (c.comm.as_deref(), c.seq) else { continue };
-        if c.clock.timing != Timing::HostCompletion || c.aborted || !EVERY_RANK_NEEDED.contains(&c.op.as_str()) {
+        if !aligns_by_overlap(c) {
             continue;
         }
-        let k = raw as i64 - offsets.get(&(comm, c.host.as_str(), c.pid)).copied().unwrap_or(0) as i64;
+        let k = aligned_seq(offsets, comm, c, raw);
         let s = per.entry(comm).or_default().entry(c.host.as_str()).or_default().entry(k).or_insert((f64::NEG_INFINITY, f64::INFINITY));
         s.0 = s.0.max(c.enter);
         s.1 = s.1.min(c.exit);
@@ -137,7 +137,7 @@ pub(super) fn host_shifts<'a>(calls: &[&'a CallView], offsets: &HashMap<(&'a str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::join::{join_calls, tests::call};
+    use crate::timeline::join::{join_calls, tests::call, Timing};
 
     /// Two hosts of two ranks, 40 all-reduces at irregular times (a step's length varies),
     /// rank 3 (host b) 20 ms late in every 5th; host b's clock reads `theta` ahead. Host a's

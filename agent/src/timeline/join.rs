@@ -241,7 +241,21 @@ pub struct CallView {
 
 /// Collectives in which no rank returns before every rank has entered: each rank needs every
 /// other rank's input.
-pub(super) const EVERY_RANK_NEEDED: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"];
+const EVERY_RANK_NEEDED: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"];
+
+/// A call the numbers are aligned by: timed to completion, not aborted, of a collective no
+/// rank leaves before every rank has entered — so the same collective's calls overlap.
+pub(super) fn aligns_by_overlap(c: &CallView) -> bool {
+    c.clock.timing == Timing::HostCompletion && !c.aborted && EVERY_RANK_NEEDED.contains(&c.op.as_str())
+}
+
+/// Per `(comm, host, pid)`: how far each process's sequence numbers run ahead.
+pub(super) type SeqOffsets<'a> = HashMap<(&'a str, &'a str, u32), u64>;
+
+/// `raw` of `c`'s process on communicator `comm`, less its process's offset.
+pub(super) fn aligned_seq(offsets: &SeqOffsets<'_>, comm: &str, c: &CallView, raw: u64) -> i64 {
+    raw as i64 - offsets.get(&(comm, c.host.as_str(), c.pid)).copied().unwrap_or(0) as i64
+}
 
 /// How far each process's sequence numbers run ahead, per `(comm, host, pid)` (absent: 0).
 ///
@@ -256,11 +270,11 @@ pub(super) const EVERY_RANK_NEEDED: [&str; 5] = ["all_reduce", "all_gather", "re
 /// that overlaps most with the reference process's first call is the same collective, and
 /// the difference of their numbers is the offset. Offsets are taken relative to the process
 /// that started counting last, so the joined numbers do not depend on the window of history.
-fn seq_offsets<'a>(calls: &[&'a CallView]) -> HashMap<(&'a str, &'a str, u32), u64> {
+fn seq_offsets<'a>(calls: &[&'a CallView]) -> SeqOffsets<'a> {
     let mut groups: BTreeMap<(&str, &str), BTreeMap<u32, Vec<&CallView>>> = BTreeMap::new();
     for c in calls {
         let (Some(comm), Some(_)) = (c.comm.as_deref(), c.seq) else { continue };
-        if c.clock.timing == Timing::HostCompletion && !c.aborted && EVERY_RANK_NEEDED.contains(&c.op.as_str()) {
+        if aligns_by_overlap(c) {
             groups.entry((comm, c.host.as_str())).or_default().entry(c.pid).or_default().push(c);
         }
     }
@@ -307,9 +321,8 @@ pub fn join_calls<'a>(calls: impl IntoIterator<Item = &'a CallView>) -> Vec<Coll
         let (Some(comm), Some(raw)) = (&c.comm, c.seq) else { continue };
         // A call before the others' first one (the collective they were inside when the
         // probes attached) has no partners to join.
-        let off = offsets.get(&(comm.as_str(), c.host.as_str(), c.pid)).copied().unwrap_or(0);
         let shift = shifts.get(&(comm.as_str(), c.host.as_str())).copied().unwrap_or(0);
-        let Some(seq) = (raw as i64).checked_sub(off as i64).and_then(|k| k.checked_add(shift)).and_then(|k| u64::try_from(k).ok()) else { continue };
+        let Some(seq) = aligned_seq(&offsets, comm, c, raw).checked_add(shift).and_then(|k| u64::try_from(k).ok()) else { continue };
         let (e, ranks) = by_key.entry((comm.clone(), seq)).or_insert_with(|| {
             let c =
                 Collective { comm: comm.clone(), seq, op: c.op.clone(), library: c.library.clone(), bytes: c.bytes, nranks: c.nranks, arrivals: Vec::new() };

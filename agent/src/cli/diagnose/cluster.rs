@@ -219,27 +219,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         let hosts: Vec<&str> = inp.collectives.iter().flat_map(|c| c.arrivals.iter().map(|x| x.host.as_str())).collect();
         let err = clocks.error(&hosts);
         let wall = a.cause(crate::attribution::CauseKind::ReadinessSkew);
-        if err > 0.0 && err >= wall {
-            let why =
-                format!("the hosts' clocks are known to ± {} only, not better than this step's wall-clock readiness skew ({})", duration(err), duration(wall));
-            // Each collective's wall-clock skew is off by at most the clocks' error: a
-            // clock-free estimate outside that band is refuted by causality (the time inside a
-            // call also varies with the algorithm's place of each rank, not only lateness).
-            let band = err * inp.collectives.len().max(1) as f64;
-            match cf {
-                Some(free) if (free - wall).abs() <= band => {
-                    crate::attribution::use_clock_free(&mut a, free, late, err);
-                    a.notes.push(format!("{why}: readiness skew is the clock-free estimate ({})", duration(free)));
-                }
-                Some(free) => a.notes.push(format!(
-                    "{why}, but the clock-free estimate ({}) lies outside what the clocks allow ({} ± {}): not used, readiness skew stays the wall-clock figure",
-                    duration(free),
-                    duration(wall),
-                    duration(band)
-                )),
-                None => a.notes.push(format!("{why}, and no collective of it was seen on two ranks for a clock-free estimate")),
-            }
-        }
+        crate::attribution::fall_back_to_clock_free(&mut a, cf, late, err, inp.collectives.len());
         let skew = Skew { wall_seconds: wall, clock_free_seconds: cf, clock_free_late_rank: late };
         steps.push(StepReport { nics: nics_of(&a), skew, attribution: a, collectives: inp.collectives.iter().map(|c| (*c).clone()).collect() });
     }
