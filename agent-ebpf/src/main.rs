@@ -9,7 +9,8 @@
 mod programs {
     use agent_common::{
         CpuState, EnterRecord, EnterStackRecord, ExitRecord, ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB,
-        EVENTS_RING_BYTES, KIND_ENTER, KIND_EXIT, KNOWN_ENTRIES, TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET, WAKE_EVERY_RECORDS,
+        ENTRY_ALONE_ENTRIES, EVENTS_RING_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT, KNOWN_ENTRIES, SESSION_IS_RETURN_PLACEHOLDER, TCP_TP_FAMILY_OFFSET,
+        TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET, WAKE_EVERY_RECORDS,
     };
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
@@ -147,21 +148,21 @@ mod programs {
     }
 
     /// Entry: writes the shortest record the probe needs (register arguments; plus the two
-    /// stack words; plus the 128-byte stack blob).
-    #[uprobe]
-    pub fn call_enter(ctx: ProbeContext) -> u32 {
-        // SAFETY: the context pointer is the program's own.
-        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    /// stack words; plus the 128-byte stack blob), of `kind` ([`KIND_ENTER`], or
+    /// [`KIND_ENTER_ALONE`] when no return will follow).
+    #[inline(always)]
+    fn record_enter(ctx: &ProbeContext, cookie: u64, kind: u32) {
         // SAFETY: regs points at the probed thread's saved registers.
         let rsp = unsafe { (*ctx.regs).rsp };
         if cookie & COOKIE_STACK_BLOB != 0 {
             let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
                 count_drop();
-                return 0;
+                return;
             };
             // SAFETY: `ev` points at a reserved, exclusively owned RingBuf record of our type.
             let ev = unsafe { &mut *entry.as_mut_ptr() };
             fill_enter!(ev, ctx, cookie);
+            ev.kind = kind;
             ev.stack = stack_words(rsp);
             // SAFETY: user memory read into the record's own buffer; a fault is an error.
             let ok = unsafe { bpf_probe_read_user_buf((rsp + 8) as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();
@@ -172,11 +173,12 @@ mod programs {
         } else if cookie & COOKIE_STACK_ARGS != 0 {
             let Some(mut entry) = EVENTS.reserve::<EnterStackRecord>(0) else {
                 count_drop();
-                return 0;
+                return;
             };
             // SAFETY: as above.
             let ev = unsafe { &mut *entry.as_mut_ptr() };
             fill_enter!(ev, ctx, cookie);
+            ev.kind = kind;
             ev.stack = stack_words(rsp);
             save_outptr(cookie, ev.tid, &ev.args, ev.stack);
             let flags = enter_flags(cookie, ev.pid);
@@ -184,26 +186,24 @@ mod programs {
         } else {
             let Some(mut entry) = EVENTS.reserve::<EnterRecord>(0) else {
                 count_drop();
-                return 0;
+                return;
             };
             // SAFETY: as above.
             let ev = unsafe { &mut *entry.as_mut_ptr() };
             fill_enter!(ev, ctx, cookie);
+            ev.kind = kind;
             save_outptr(cookie, ev.tid, &ev.args, [0; 2]);
             let flags = enter_flags(cookie, ev.pid);
             entry.submit(flags);
         }
-        0
     }
 
-    /// Return: the return value and, for an out-pointer probe, the value it points at.
-    #[uretprobe]
-    pub fn call_exit(ctx: RetProbeContext) -> u32 {
-        // SAFETY: the context pointer is the program's own.
-        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    /// Return: the return value `ret` and, for an out-pointer probe, the value it points at.
+    #[inline(always)]
+    fn record_exit(cookie: u64, ret: u64) {
         let Some(mut entry) = EVENTS.reserve::<ExitRecord>(0) else {
             count_drop();
-            return 0;
+            return;
         };
         // SAFETY: exclusively owned reserved record.
         let ev = unsafe { &mut *entry.as_mut_ptr() };
@@ -216,7 +216,7 @@ mod programs {
         ev.probe_id = cookie as u32;
         ev.has_blob = 0;
         ev.has_deref = 0;
-        ev.args[0] = ctx.ret::<u64>();
+        ev.args[0] = ret;
         ev.args[1] = 0;
         if (cookie >> COOKIE_DEREF_SHIFT) & 0xff != 0 {
             // SAFETY: map lookup by value; the pointer is read with the user-read helper.
@@ -230,7 +230,63 @@ mod programs {
             let _ = OUTPTR.remove(&ev.tid);
         }
         entry.submit(lazy_flags(CPU_STATE.get_ptr_mut(0)));
+    }
+
+    /// Entry of a probe attached with its return program.
+    #[uprobe]
+    pub fn call_enter(ctx: ProbeContext) -> u32 {
+        // SAFETY: the context pointer is the program's own.
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        record_enter(&ctx, cookie, KIND_ENTER);
         0
+    }
+
+    /// Return of a probe attached with [`call_enter`].
+    #[uretprobe]
+    pub fn call_exit(ctx: RetProbeContext) -> u32 {
+        // SAFETY: the context pointer is the program's own.
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        record_exit(cookie, ctx.ret::<u64>());
+        0
+    }
+
+    /// Processes whose session-probed calls are complete at their entry (see
+    /// `agent_common::ENTRY_ALONE_MAP`).
+    #[map(name = "ENTRY_ALONE")]
+    static ENTRY_ALONE: HashMap<u32, u8> = HashMap::with_max_entries(ENTRY_ALONE_ENTRIES, 0);
+
+    /// `bpf_session_is_return()`: the loader rewrites this call (a helper id no helper has)
+    /// into a call of the kfunc; only its low byte is defined (a C `bool`).
+    #[inline(always)]
+    fn session_is_return() -> bool {
+        // SAFETY: a call instruction the loader patches into the kfunc call; no arguments.
+        let f: unsafe extern "C" fn() -> u64 = unsafe { core::mem::transmute(SESSION_IS_RETURN_PLACEHOLDER as usize) };
+        unsafe { f() & 0xff != 0 }
+    }
+
+    /// Entry and return in one program (a uprobe session): the entry of a call by a process
+    /// in `ENTRY_ALONE` is recorded as the whole call and returns 1, which tells the kernel not
+    /// to run the return for this call — one probe hit per asynchronous NCCL call. Any other
+    /// process keeps its return (0), recorded as with [`call_exit`].
+    ///
+    /// Written without `#[uprobe]`: its expansion returns 0 whatever the function returns,
+    /// and this program's return value is the decision.
+    #[unsafe(no_mangle)]
+    #[unsafe(link_section = "uprobe")]
+    pub fn call_session(raw: *mut core::ffi::c_void) -> u32 {
+        let ctx = ProbeContext::new(raw);
+        // SAFETY: the context pointer is the program's own.
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        if session_is_return() {
+            // SAFETY: regs points at the probed thread's saved registers.
+            record_exit(cookie, unsafe { (*ctx.regs).rax });
+            return 0;
+        }
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        // SAFETY: map lookup by value; only presence is used.
+        let alone = unsafe { ENTRY_ALONE.get(&tgid) }.is_some();
+        record_enter(&ctx, cookie, if alone { KIND_ENTER_ALONE } else { KIND_ENTER });
+        alone as u32
     }
 
     /// The baseline of `bench probes` (never attached by the agent): a uprobe running a BPF

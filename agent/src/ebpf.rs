@@ -6,9 +6,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod session;
+
+pub use session::SessionError;
+
 use agent_common::{
-    CpuState, ProbeEvent, CPU_STATE_MAP, DROPS_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, MIN_RECORD_BYTES, PROG_CALL_ENTER, PROG_CALL_EXIT,
-    PROG_EMPTY_ENTER, PROG_EMPTY_EXIT,
+    CpuState, ProbeEvent, CPU_STATE_MAP, DROPS_MAP, ENTRY_ALONE_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, MIN_RECORD_BYTES, PROG_CALL_ENTER,
+    PROG_CALL_EXIT, PROG_CALL_SESSION, PROG_EMPTY_ENTER, PROG_EMPTY_EXIT,
 };
 use aya::{
     maps::{PerCpuArray, RingBuf},
@@ -27,11 +31,14 @@ pub fn detaching() -> usize {
     DETACHING.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A link on its way to the detacher: an aya uprobe link or a session link's fd.
+type Owned = Box<dyn Send>;
+
 /// The thread that drops (and so detaches) links handed over by [`Probes::detach`].
-fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<aya::programs::uprobe::UProbeLink>>> {
-    static TX: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<aya::programs::uprobe::UProbeLink>>>> = std::sync::OnceLock::new();
+fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<Owned>>> {
+    static TX: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Owned>>>> = std::sync::OnceLock::new();
     TX.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<aya::programs::uprobe::UProbeLink>();
+        let (tx, rx) = std::sync::mpsc::channel::<Owned>();
         let run = move || {
             for link in rx {
                 drop(link);
@@ -43,11 +50,22 @@ fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<aya::p
     .as_ref()
 }
 
-/// One attached program (entry or return) at one location.
+/// One attached program: entry or return at one location, or the session program at every
+/// location of one link ([`Probes::attach_session`]).
 #[derive(Debug)]
-pub struct AttachedLink {
-    program: &'static str,
-    id: UProbeLinkId,
+pub enum AttachedLink {
+    Probe { program: &'static str, id: UProbeLinkId },
+    Session { fd: std::os::fd::OwnedFd, points: usize },
+}
+
+impl AttachedLink {
+    /// Probed locations: 1 for an entry or return program, every location of a session link.
+    pub fn points(&self) -> usize {
+        match self {
+            AttachedLink::Probe { .. } => 1,
+            AttachedLink::Session { points, .. } => *points,
+        }
+    }
 }
 
 /// The eBPF object built by the agent-ebpf-object crate (empty only with AYA_BUILD_SKIP=1).
@@ -79,6 +97,15 @@ pub enum EbpfError {
         #[source]
         source: aya::programs::ProgramError,
     },
+    #[error("cannot attach the session program to {symbol} in {target}: {source}")]
+    AttachSession {
+        symbol: String,
+        target: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("uprobe session programs unavailable: {0}")]
+    NoSession(String),
     #[error("eBPF map {0} missing from the object")]
     Map(&'static str),
     #[error("{0}")]
@@ -98,6 +125,8 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, 
 pub struct Probes {
     ebpf: Ebpf,
     ring: Option<RingBuf<aya::maps::MapData>>,
+    /// The session program, or why this kernel cannot run it.
+    session: Result<session::SessionProgram, String>,
 }
 
 impl Probes {
@@ -106,12 +135,41 @@ impl Probes {
         if !embedded() {
             return Err(EbpfError::NotEmbedded);
         }
-        let mut ebpf = Ebpf::load(OBJECT).map_err(EbpfError::Load)?;
+        // One parse of the kernel's BTF serves aya's loader and the session program's kfunc.
+        let btf = aya::Btf::from_sys_fs().ok();
+        let mut ebpf = aya::EbpfLoader::new().btf(btf.as_ref()).load(OBJECT).map_err(EbpfError::Load)?;
         for name in [PROG_CALL_ENTER, PROG_CALL_EXIT] {
             uprobe(&mut ebpf, name)?.load().map_err(|source| EbpfError::Program { name, source })?;
         }
+        let session = session::SessionProgram::load(OBJECT, PROG_CALL_SESSION, &ebpf, btf.as_ref()).map_err(|e| e.to_string());
+        drop(btf);
         let ring = ebpf.take_map(EVENTS_MAP).and_then(|m| RingBuf::try_from(m).ok());
-        Ok(Probes { ebpf, ring })
+        Ok(Probes { ebpf, ring, session })
+    }
+
+    /// Why session programs are not available (`None` when they are): the agent then attaches
+    /// entry and return programs where it would attach the session program.
+    pub fn session_unavailable(&self) -> Option<&str> {
+        self.session.as_ref().err().map(String::as_str)
+    }
+
+    /// Attaches the session program at `points` (file offset, cookie) of `target` for every
+    /// process, in one link: entry, and return unless [`Probes::set_entry_alone`] said the
+    /// process's calls are complete at their entry.
+    pub fn attach_session(&mut self, target: &Path, points: &[(u64, u64)], what: &str) -> Result<AttachedLink, EbpfError> {
+        let program = self.session.as_ref().map_err(|e| EbpfError::NoSession(e.clone()))?;
+        match program.attach(target, points) {
+            Ok(fd) => Ok(AttachedLink::Session { fd, points: points.len() }),
+            Err(e) => Err(EbpfError::AttachSession { symbol: what.to_string(), target: target.display().to_string(), source: e }),
+        }
+    }
+
+    /// Marks `pid`'s session-probed calls as complete at their entry (its return is skipped
+    /// and the entry recorded as the whole call), or undoes it.
+    pub fn set_entry_alone(&mut self, pid: u32, alone: bool) {
+        let Some(map) = self.ebpf.map_mut(ENTRY_ALONE_MAP) else { return };
+        let Ok(mut m) = aya::maps::HashMap::<_, u32, u8>::try_from(map) else { return };
+        let _ = if alone { m.insert(pid, 1, 0) } else { m.remove(&pid) };
     }
 
     /// Attaches the entry and return programs to `symbol` in `target` for every process;
@@ -158,7 +216,7 @@ impl Probes {
             let point = UProbeAttachPoint { location: loc, cookie: Some(cookie) };
             let attached = p.attach(point, target, UProbeScope::AllProcesses);
             match attached {
-                Ok(id) => links.push(AttachedLink { program: name, id }),
+                Ok(id) => links.push(AttachedLink::Probe { program: name, id }),
                 Err(source) => {
                     // Roll back the half-attached pair.
                     for l in links.drain(..) {
@@ -176,22 +234,25 @@ impl Probes {
     /// seconds for a library's links on a loaded host, and the caller (the probe thread)
     /// must keep draining events meanwhile.
     pub fn detach(&mut self, link: AttachedLink) {
-        if let Some(p) = self.ebpf.program_mut(link.program) {
-            let p: Result<&mut UProbe, _> = p.try_into();
-            if let Ok(p) = p {
-                match (p.take_link(link.id), detacher()) {
-                    (Ok(owned), Some(tx)) => {
-                        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
-                        DETACHING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if let Err(std::sync::mpsc::SendError(owned)) = tx.send(owned) {
-                            drop(owned); // the detacher is gone: detach here
-                            DETACHING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                    }
-                    (Ok(owned), None) => drop(owned),
-                    (Err(_), _) => {}
+        let owned: Owned = match link {
+            AttachedLink::Session { fd, .. } => Box::new(fd),
+            AttachedLink::Probe { program, id } => {
+                let Some(p) = self.ebpf.program_mut(program) else { return };
+                let p: Result<&mut UProbe, _> = p.try_into();
+                let Ok(Ok(owned)) = p.map(|p| p.take_link(id)) else { return };
+                Box::new(owned)
+            }
+        };
+        match detacher() {
+            Some(tx) => {
+                let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
+                DETACHING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Err(std::sync::mpsc::SendError(owned)) = tx.send(owned) {
+                    drop(owned); // the detacher is gone: detach here
+                    DETACHING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
+            None => drop(owned),
         }
     }
 
@@ -205,6 +266,7 @@ impl Probes {
     /// Forgets an exited process in the programs' table of processes already announced
     /// (`KNOWN`): a later process with the same pid wakes the agent with its first event again.
     pub fn forget_process(&mut self, pid: u32) {
+        self.set_entry_alone(pid, false);
         if let Some(map) = self.ebpf.map_mut(KNOWN_MAP) {
             if let Ok(mut known) = aya::maps::HashMap::<_, u32, u8>::try_from(map) {
                 let _ = known.remove(&pid);
@@ -343,6 +405,65 @@ pub fn self_test(calls: u64) -> Result<SelfTest, EbpfError> {
     let exits = mine.iter().filter(|e| e.kind == KIND_EXIT).count() as u64;
     let args_ok = enters.iter().enumerate().all(|(i, e)| e.args[0] == 1000 + i as u64);
     Ok(SelfTest { calls, enter_events: enters.len() as u64, exit_events: exits, args_ok })
+}
+
+/// Result of [`session_self_test`]: events of `calls` calls while the process keeps its
+/// returns, then of `calls` more after it was marked entry-alone.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionSelfTest {
+    pub calls: u64,
+    pub paired_entries: u64,
+    pub paired_returns: u64,
+    pub alone_entries: u64,
+    pub alone_returns: u64,
+}
+
+/// Drains `probes` until `want` events of this process with probe id `id` arrived (or 2 s).
+fn drain_own(probes: &mut Probes, id: u32, want: usize) -> Result<Vec<ProbeEvent>, EbpfError> {
+    let me = std::process::id();
+    let (mut evs, mut mine) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && mine.len() < want {
+        probes.drain(&mut evs)?;
+        mine.extend(evs.drain(..).filter(|e| e.pid == me && e.probe_id == id));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(mine)
+}
+
+/// Attaches the session program to [`stepwise_selftest_target`] in this binary and checks
+/// both of its modes: entry and return per call, then the entry alone once the process is
+/// marked entry-alone (the kernel skips the return).
+pub fn session_self_test(calls: u64) -> Result<SessionSelfTest, EbpfError> {
+    const ID: u32 = 8;
+    let mut probes = Probes::load()?;
+    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "/proc/self/exe".into());
+    let symbol = "stepwise_selftest_target";
+    let offset = crate::sources::collectives::elf::SymbolTable::read(&exe, &[symbol])
+        .ok()
+        .and_then(|t| t.offset(symbol))
+        .ok_or(EbpfError::Layout("the self-test symbol is missing from the agent's binary"))?;
+    let link = probes.attach_session(&exe, &[(offset, agent_common::cookie(ID, false, None))], symbol)?;
+    let me = std::process::id();
+    let count = |evs: &[ProbeEvent], kind: u32| evs.iter().filter(|e| e.kind == kind).count() as u64;
+    for i in 0..calls {
+        std::hint::black_box(stepwise_selftest_target(i));
+    }
+    let paired = drain_own(&mut probes, ID, 2 * calls as usize)?;
+    probes.set_entry_alone(me, true);
+    for i in 0..calls {
+        std::hint::black_box(stepwise_selftest_target(i));
+    }
+    let alone = drain_own(&mut probes, ID, calls as usize)?;
+    probes.set_entry_alone(me, false);
+    probes.detach(link);
+    Ok(SessionSelfTest {
+        calls,
+        paired_entries: count(&paired, KIND_ENTER),
+        paired_returns: count(&paired, KIND_EXIT),
+        alone_entries: count(&alone, agent_common::KIND_ENTER_ALONE),
+        alone_returns: count(&alone, KIND_EXIT) + count(&alone, KIND_ENTER),
+    })
 }
 
 /// The `tcp:tcp_retransmit_skb` tracepoint with its per-address counters.

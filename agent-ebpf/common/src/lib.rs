@@ -51,6 +51,25 @@ pub const TCP_TP_SADDR_V6_OFFSET: usize = 42;
 /// Program names, as exported from the eBPF object.
 pub const PROG_CALL_ENTER: &str = "call_enter";
 pub const PROG_CALL_EXIT: &str = "call_exit";
+/// The session program (one program for entry and return, `BPF_TRACE_UPROBE_SESSION`):
+/// attached to asynchronous NCCL calls, whose return it skips per call (see
+/// [`ENTRY_ALONE_MAP`]).
+pub const PROG_CALL_SESSION: &str = "call_session";
+/// The helper id the session program calls in place of the kfunc `bpf_session_is_return`
+/// (which aya-ebpf cannot declare): the agent's loader rewrites that call instruction into a
+/// kfunc call (BTF id of the function in the running kernel) before loading. No helper has
+/// this id, so an unpatched program fails verification instead of misbehaving.
+pub const SESSION_IS_RETURN_PLACEHOLDER: u32 = 0x7fff_5e55;
+
+/// Name of the hash map of processes (tgid) whose session-probed calls are complete at their
+/// entry (an asynchronous NCCL call only enqueues): the session program tells the kernel to
+/// skip their return and marks the entry [`KIND_ENTER_ALONE`]. Filled by the agent once it
+/// has read a process's environment; a process not (yet) in it keeps its returns, so a
+/// process whose calls block is timed from entry to return from its first call.
+pub const ENTRY_ALONE_MAP: &str = "ENTRY_ALONE";
+/// Entries of [`ENTRY_ALONE_MAP`].
+pub const ENTRY_ALONE_ENTRIES: u32 = 8192;
+
 /// Programs that do nothing: the baseline of `bench probes` (never attached by the agent).
 pub const PROG_EMPTY_ENTER: &str = "empty_enter";
 pub const PROG_EMPTY_EXIT: &str = "empty_exit";
@@ -58,6 +77,8 @@ pub const PROG_EMPTY_EXIT: &str = "empty_exit";
 /// Event kinds (`ProbeEvent::kind`).
 pub const KIND_ENTER: u32 = 1;
 pub const KIND_EXIT: u32 = 2;
+/// An entry whose return will not be recorded: the call is complete at its entry.
+pub const KIND_ENTER_ALONE: u32 = 3;
 
 /// The uprobe cookie carries the probe id and per-symbol capture flags, so one pair of
 /// programs serves every symbol:
@@ -111,7 +132,7 @@ pub struct ProbeEvent {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
-    /// `KIND_ENTER` or `KIND_EXIT`.
+    /// `KIND_ENTER`, `KIND_ENTER_ALONE` or `KIND_EXIT`.
     pub kind: u32,
     /// Which attached symbol fired; set through the uprobe cookie by the agent.
     pub probe_id: u32,

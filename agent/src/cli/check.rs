@@ -189,6 +189,19 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
         Err(e) => push("ebpf", Status::Fail, e.to_string()),
     }
 
+    match crate::ebpf::session_self_test(100) {
+        Ok(t) if t.paired_entries == t.calls && t.paired_returns == t.calls && t.alone_entries == t.calls && t.alone_returns == 0 => push(
+            "ebpf session",
+            Status::Ok,
+            format!(
+                "uprobe session program: {} calls → {} entries and {} returns; marked entry-alone: {} entries, no return (one probe hit per asynchronous NCCL call)",
+                t.calls, t.paired_entries, t.paired_returns, t.alone_entries
+            ),
+        ),
+        Ok(t) => push("ebpf session", Status::Fail, format!("session self-test: {t:?}")),
+        Err(e) => push("ebpf session", Status::Warn, format!("{e}: asynchronous NCCL calls get entry and return probes (two hits per call)")),
+    }
+
     let overrides = Overrides { sysfs_root: args.sysfs_root.clone(), ..Default::default() };
     let cfg = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
