@@ -269,6 +269,26 @@ fn without_the_plugin_enqueue_times_name_no_straggler() {
     assert!(t.contains("clock-free n/a (timed at the host enqueue)") && !t.contains("late rank"), "{t}");
     let status = s.agent.status().expect("status");
     assert_eq!(status["collectives_detail"]["profiler"]["active_gpu"], 0);
+    // One probe hit per asynchronous call: once the agent has seen a rank, the session
+    // program records each all-reduce's entry as the whole call (its return only said the
+    // work was enqueued) and the kernel skips the return; the calls a rank made before that
+    // keep their return. So per rank: paired calls first, then only calls left alone.
+    let r = s.agent.get("/api/v1/collectives?limit=100000").expect("collectives");
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("collectives JSON");
+    let mut ar: Vec<&serde_json::Value> = v["calls"].as_array().expect("calls").iter().filter(|c| c["op"] == "all_reduce").collect();
+    ar.sort_by_key(|c| c["enter_ns"].as_u64());
+    assert!(ar.len() >= 4 * STEPS, "{} all-reduces", ar.len());
+    let alone = |c: &serde_json::Value| c["enter_ns"] == c["exit_ns"] && c["ret"].is_null();
+    let mut pids: Vec<u64> = ar.iter().filter_map(|c| c["pid"].as_u64()).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 4, "four ranks' all-reduces");
+    for pid in pids {
+        let mine: Vec<bool> = ar.iter().filter(|c| c["pid"].as_u64() == Some(pid)).map(|c| alone(c)).collect();
+        let first = mine.iter().position(|a| *a).unwrap_or(mine.len());
+        assert!(mine[first..].iter().all(|a| *a), "rank pid {pid}: a paired call after a call left alone: {mine:?}");
+        assert!(first * 10 <= mine.len(), "rank pid {pid}: {first} of {} all-reduces paired", mine.len());
+    }
     // The hang report says what it cannot see.
     let out = Command::new(stepwise_tests::harness::agent_bin()).args(["diagnose", "--hang", "--agent", &s.agent.addr]).output().expect("diagnose --hang");
     let t = String::from_utf8_lossy(&out.stdout);

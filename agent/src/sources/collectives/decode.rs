@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use agent_common::{ProbeEvent, BLOB_BYTES, KIND_ENTER, KIND_EXIT};
+use agent_common::{ProbeEvent, BLOB_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT};
 use serde::Serialize;
 
 use super::targets::{mpich_type_size, nccl_type_size, Arg, Decoder, Family, Op, MPICH_COMM_WORLD};
@@ -193,6 +193,9 @@ impl DecodeError {
 pub enum Decoded {
     Nothing,
     Call(Call),
+    /// A call complete at its entry whose arguments did not all decode (counted; the call
+    /// is kept).
+    CallWithError(Call, DecodeError),
     Net(NetRequest),
 }
 
@@ -339,7 +342,19 @@ impl CallDecoder {
     pub fn feed(&mut self, ev: &ProbeEvent, proc: &ProcInfo) -> Result<Decoded, DecodeError> {
         let info = self.probes.get(&ev.probe_id).map(|(i, _)| i.clone()).ok_or(DecodeError::UnknownProbe)?;
         if ev.kind == KIND_ENTER {
-            return self.enter(&info, ev, proc).map(|_| Decoded::Nothing);
+            let (pend, result) = self.enter(&info, ev, proc);
+            self.push_pending(pend);
+            return result.map(|_| Decoded::Nothing);
+        }
+        if ev.kind == KIND_ENTER_ALONE {
+            // The session program skipped this call's return: an asynchronous NCCL call,
+            // complete once enqueued at its entry.
+            let (pend, result) = self.enter(&info, ev, proc);
+            let c = self.make_call(&info, &pend, None, ev.ts_ns, false);
+            return Ok(match result {
+                Ok(()) => Decoded::Call(c),
+                Err(e) => Decoded::CallWithError(c, e),
+            });
         }
         if ev.kind != KIND_EXIT {
             return Err(DecodeError::UnknownProbe);
@@ -452,7 +467,9 @@ impl CallDecoder {
         }
     }
 
-    fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> Result<(), DecodeError> {
+    /// The pending call an entry opens (sequence number, communicator, bytes), and whether
+    /// its arguments all decoded.
+    fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> (Pending, Result<(), DecodeError>) {
         let grouped = self.group_depth.get(&ev.tid).copied().unwrap_or(0) > 0;
         let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None, split_index: None };
         let mut result = Ok(());
@@ -494,13 +511,17 @@ impl CallDecoder {
                 Err(e) => result = Err(e),
             }
         }
-        let stack = self.pending.entry(ev.tid).or_default();
+        (pend, result)
+    }
+
+    /// Keeps an entry until its return.
+    fn push_pending(&mut self, pend: Pending) {
+        let stack = self.pending.entry(pend.ev.tid).or_default();
         // A thread that died mid-call and whose tid was reused would grow this forever: cap.
         if stack.len() >= 64 {
             stack.remove(0);
         }
         stack.push(pend);
-        result
     }
 
     fn make_call(&self, info: &ProbeInfo, p: &Pending, ret: Option<i64>, exit_ns: u64, aborted: bool) -> Call {

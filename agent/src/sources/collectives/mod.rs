@@ -65,6 +65,8 @@ struct Attachment {
     pinned: bool,
     /// Probe ids registered for this file (forgotten when it is detached).
     probe_ids: Vec<u32>,
+    /// Probes attached (entry and return, or the session program).
+    attached_probes: usize,
 }
 
 /// The running probe service (owned by one blocking thread).
@@ -409,6 +411,12 @@ impl Collectives {
                     self.metrics.observe(&c);
                     hist.push_call_timed(c, procs::launch_blocking(&proc.env));
                 }
+                Ok(Decoded::CallWithError(c, e)) => {
+                    proc.called = true;
+                    self.metrics.decode_error(e.kind());
+                    self.metrics.observe(&c);
+                    hist.push_call_timed(c, procs::launch_blocking(&proc.env));
+                }
                 Ok(Decoded::Net(n)) => {
                     self.metrics.net_requests.inc();
                     self.net_metrics.observe(&n, net_metrics::nic_label(&hist.links, n.pid));
@@ -454,7 +462,7 @@ impl Collectives {
         let libs: Vec<(usize, u64, SymbolTable)> =
             found.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
         let info = self.proc_info(pid, &libs);
-        self.procs.insert(pid, info);
+        self.track(pid, info);
         self.exits.watch(pid);
         true
     }
@@ -532,7 +540,7 @@ impl Collectives {
                 let libs: Vec<(usize, u64, SymbolTable)> =
                     f.libs.iter().filter_map(|(ti, _, key, base)| self.attached.get(key).map(|a| (*ti, *base, a.symbols.clone()))).collect();
                 let info = self.proc_info(f.pid, &libs);
-                self.procs.insert(f.pid, info);
+                self.track(f.pid, info);
                 self.exits.watch(f.pid);
             }
         }
@@ -574,7 +582,7 @@ impl Collectives {
         self.metrics.processes.set(self.procs.len() as i64);
         let mut per_lib: BTreeMap<&'static str, i64> = BTreeMap::new();
         for a in self.attached.values() {
-            *per_lib.entry(self.targets[a.target].family.as_str()).or_default() += (a.links.len() / 2) as i64;
+            *per_lib.entry(self.targets[a.target].family.as_str()).or_default() += a.attached_probes as i64;
         }
         for f in ["nccl", "mpi", "gloo", "user"] {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
@@ -635,6 +643,7 @@ impl Collectives {
         let mut probe_ids = Vec::new();
         let mut seen_offsets: HashSet<u64> = HashSet::new();
         let mut missing = Vec::new();
+        let (mut session, mut attached_probes) = (Vec::new(), 0);
         for spec in &target.probes {
             let Some((sym, off)) = spec.symbols.iter().find_map(|s| symbols.offset(s).map(|o| (s.clone(), o))) else {
                 if !spec.optional {
@@ -660,18 +669,26 @@ impl Collectives {
                 sampled.push((off, cookie, sym));
                 continue;
             }
+            if spec.entry_only_async && self.probes.session_unavailable().is_none() {
+                session.push((off, cookie, sym));
+                continue;
+            }
             match self.probes.attach_offset(path, off, &sym, cookie) {
-                Ok(l) => links.extend(l),
+                Ok(l) => {
+                    links.extend(l);
+                    attached_probes += 1;
+                }
                 Err(e) => {
                     warn!("{e}");
                     self.metrics.decode_error("attach");
                 }
             }
         }
+        attached_probes += self.attach_session(path, &session, &mut links);
         if !missing.is_empty() {
             warn!(library = %path.display(), "symbols not found: {}", missing.join(", "));
         }
-        info!(library = %path.display(), family = target.family.as_str(), probes = links.len() / 2, sampled = sampled.len(), "attached");
+        info!(library = %path.display(), family = target.family.as_str(), probes = attached_probes, session = session.len(), sampled = sampled.len(), "attached");
         debug!(?key, "attachment key");
         self.attached.insert(
             key,
@@ -685,8 +702,50 @@ impl Collectives {
                 symbols,
                 pinned: false,
                 probe_ids,
+                attached_probes,
             },
         );
+    }
+
+    /// Keeps a traced process's facts. Its session-probed calls (asynchronous NCCL calls) are
+    /// complete at their entry from now on, unless they block (`CUDA_LAUNCH_BLOCKING=1`):
+    /// the session program then skips their return. Calls it made before this keep their
+    /// return, decoded as before.
+    fn track(&mut self, pid: u32, info: ProcInfo) {
+        self.probes.set_entry_alone(pid, !procs::launch_blocking(&info.env));
+        self.procs.insert(pid, info);
+    }
+
+    /// Attaches the session program at the asynchronous calls' `points` (file offset,
+    /// cookie, symbol) of one library, in one link; on failure, entry and return programs
+    /// at each. Returns the probes attached.
+    fn attach_session(&mut self, path: &Path, points: &[(u64, u64, String)], links: &mut Vec<AttachedLink>) -> usize {
+        if points.is_empty() {
+            return 0;
+        }
+        let offsets: Vec<(u64, u64)> = points.iter().map(|(o, c, _)| (*o, *c)).collect();
+        let what = points.iter().map(|p| p.2.as_str()).collect::<Vec<_>>().join(",");
+        match self.probes.attach_session(path, &offsets, &what) {
+            Ok(l) => {
+                links.push(l);
+                return points.len();
+            }
+            Err(e) => warn!("{e}; attaching entry and return programs instead"),
+        }
+        let mut n = 0;
+        for (off, cookie, sym) in points {
+            match self.probes.attach_offset(path, *off, sym, *cookie) {
+                Ok(l) => {
+                    links.extend(l);
+                    n += 1;
+                }
+                Err(e) => {
+                    warn!("{e}");
+                    self.metrics.decode_error("attach");
+                }
+            }
+        }
+        n
     }
 
     fn attach_sampled(&mut self) {

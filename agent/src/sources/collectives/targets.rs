@@ -129,6 +129,11 @@ pub struct ProbeSpec {
     pub optional: bool,
     /// Operation name for user probes.
     pub user_op: Option<String>,
+    /// Asynchronous unless the process sets `CUDA_LAUNCH_BLOCKING=1`: attached with the
+    /// session program (`ebpf::session`), which records the entry alone as the whole call for
+    /// asynchronous processes (the call returns once its work is enqueued, so its return tells
+    /// nothing) and entry and return for blocking ones.
+    pub entry_only_async: bool,
 }
 
 /// A probe target: library file glob and its probes.
@@ -173,6 +178,7 @@ fn spec(family: Family, names: &[&str], op: Op, decoder: Decoder) -> ProbeSpec {
         sampled: false,
         optional: false,
         user_op: None,
+        entry_only_async: false,
     }
 }
 
@@ -196,11 +202,18 @@ pub fn nccl() -> Target {
         // (buff, count, datatype, peer, comm, stream)
         spec(f, &["pncclSend", "ncclSend"], Op::Send, data(Reg(1), Reg(2), Reg(4))),
         spec(f, &["pncclRecv", "ncclRecv"], Op::Recv, data(Reg(1), Reg(2), Reg(4))),
+    ];
+    // Collectives and point-to-point calls only enqueue (one probe hit each); group and
+    // communicator calls keep entry and return (group depth, the new communicator, hangs).
+    for p in &mut probes {
+        p.entry_only_async = true;
+    }
+    probes.extend([
         spec(f, &["pncclGroupStart", "ncclGroupStart"], Op::GroupStart, Decoder::Nothing),
         spec(f, &["pncclGroupEnd", "ncclGroupEnd"], Op::GroupEnd, Decoder::Nothing),
         spec(f, &["pncclCommDestroy", "ncclCommDestroy"], Op::CommDestroy, Decoder::CommOnly { comm: Reg(0) }),
         spec(f, &["pncclCommAbort", "ncclCommAbort"], Op::CommAbort, Decoder::CommOnly { comm: Reg(0) }),
-    ];
+    ]);
     // (ncclComm_t* comm, int nranks, ncclUniqueId commId /* 128 B by value */, int rank [, config])
     for name in [["pncclCommInitRank", "ncclCommInitRank"], ["pncclCommInitRankConfig", "ncclCommInitRankConfig"]] {
         let mut s = spec(f, &name, Op::CommInit, Decoder::NcclInit { nranks: Reg(1), rank: Reg(2) });

@@ -1,6 +1,6 @@
 //! Decoder tests on synthetic events shaped exactly like the eBPF programs emit them.
 
-use agent_common::{ProbeEvent, KIND_ENTER, KIND_EXIT};
+use agent_common::{ProbeEvent, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT};
 
 use super::{
     decode::{fnv1a, CallDecoder, CommId, DecodeError, Decoded, ProbeInfo, ProcInfo},
@@ -192,5 +192,38 @@ fn a_tid_reused_by_another_process_keeps_each_process_calls_apart() {
     match d.feed(&ProbeEvent { pid: 200, ..ev(KIND_EXIT, ar, 7, 60, [0; 6]) }, &p) {
         Ok(Decoded::Call(c)) => assert_eq!((c.pid, c.bytes, c.enter_ns, c.aborted), (200, Some(64 * 4), 40, false)),
         other => panic!("pid 200's call must survive pid 100's exit: {other:?}"),
+    }
+}
+
+#[test]
+fn an_entry_the_session_program_left_alone_is_the_whole_call_and_a_paired_one_waits_for_its_return() {
+    let (mut d, id) = nccl_decoder();
+    let comm = init(&mut d, id(Op::CommInit), 7, 0xabc0, 0x5a, 8, 3);
+    // Before the agent marked the process: entry and return, one pending call in between.
+    let e = ev(KIND_ENTER, id(Op::AllReduce), 7, 100, [1, 2, 256, 7, 0, 0xabc0]);
+    assert_eq!(d.feed(&e, &ProcInfo::default()), Ok(Decoded::Nothing));
+    assert_eq!(d.open_calls().len(), 1, "a paired call is open until its return");
+    let Ok(Decoded::Call(c)) = d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 7, 160, [0; 6]), &ProcInfo::default()) else { panic!("paired") };
+    assert_eq!((c.enter_ns, c.exit_ns, c.seq, c.ret), (100, 160, Some(0), Some(0)));
+    // Marked (asynchronous): the entry alone is the call, with the next sequence number.
+    let e = ev(KIND_ENTER_ALONE, id(Op::AllReduce), 7, 200, [1, 2, 1 << 20, 7, 0, 0xabc0]);
+    let Ok(Decoded::Call(c)) = d.feed(&e, &ProcInfo::default()) else { panic!("an entry-alone call is complete at its entry") };
+    assert_eq!((c.enter_ns, c.exit_ns, c.ret, c.seq, c.comm, c.bytes), (200, 200, None, Some(1), Some(comm), Some(4 << 20)));
+    assert!(d.open_calls().is_empty(), "nothing stays open");
+    // Group calls keep both probes (the group depth is counted at their return).
+    assert!(!targets::nccl().probes.iter().any(|p| p.entry_only_async && matches!(p.op, Op::GroupStart | Op::GroupEnd | Op::CommInit)));
+    assert!(targets::nccl().probes.iter().any(|p| p.entry_only_async && p.op == Op::AllReduce));
+    // A return nobody waits for is still reported.
+    assert_eq!(d.feed(&ev(KIND_EXIT, id(Op::AllReduce), 7, 260, [0; 6]), &ProcInfo::default()), Err(DecodeError::UnpairedExit));
+}
+
+#[test]
+fn an_entry_alone_whose_datatype_does_not_decode_is_kept_and_the_error_counted() {
+    let (mut d, id) = nccl_decoder();
+    init(&mut d, id(Op::CommInit), 7, 0xabc0, 0x5a, 8, 3);
+    let e = ev(KIND_ENTER_ALONE, id(Op::AllReduce), 7, 100, [1, 2, 1 << 20, 99, 0, 0xabc0]);
+    match d.feed(&e, &ProcInfo::default()) {
+        Ok(Decoded::CallWithError(c, _)) => assert_eq!((c.bytes, c.seq), (None, Some(0))),
+        other => panic!("{other:?}"),
     }
 }
