@@ -1,7 +1,8 @@
 //! Stepwise eBPF programs: one uprobe and one uretprobe, attached by the agent to every
-//! probed library function. The uprobe cookie (see `agent_common::cookie`) carries the probe
-//! id and capture flags, so one pair of programs serves every symbol; argument decoding
-//! happens in userspace.
+//! probed library function, and one uprobe *session* program for asynchronous NCCL calls
+//! (entry and, per call, return; loaded by `agent/src/ebpf/session.rs`). The uprobe cookie
+//! (see `agent_common::cookie`) carries the probe id and capture flags, so one pair of
+//! programs serves every symbol; argument decoding happens in userspace.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 

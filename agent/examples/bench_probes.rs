@@ -560,12 +560,15 @@ fn hits_per_collective(dir: &Path) -> Result<Hits> {
     let drops = metric(&m, "stepwise_probe_drops_total", "").unwrap_or(0.0) - dr0;
     let count = |op: &str| metric(&m, "stepwise_collective_calls_total", &format!("op=\"{op}\"")).unwrap_or(0.0);
     let ar = count("all_reduce");
-    let other_calls: f64 = ["comm_init", "comm_destroy", "comm_split", "comm_abort", "group_start", "group_end", "send", "recv"].iter().map(|o| count(o)).sum();
+    // Entry and return: communicator and group calls; the session program's entry alone: send
+    // and recv (asynchronous, like the all-reduce).
+    let other_calls: f64 = ["comm_init", "comm_destroy", "comm_split", "comm_abort", "group_start", "group_end"].iter().map(|o| 2.0 * count(o)).sum::<f64>()
+        + ["send", "recv"].iter().map(|o| count(o)).sum::<f64>();
     if ar as u64 != want {
         bail!("the agent saw {ar} of {want} ncclAllReduce calls");
     }
-    let runs = ev + drops - 2.0 * other_calls;
-    Ok(Hits { per_collective: runs / ar, api_per_collective: 2.0, allreduces: ar as u64, bytes, drops })
+    let runs = ev + drops - other_calls;
+    Ok(Hits { per_collective: runs / ar, api_per_collective: 1.0, allreduces: ar as u64, bytes, drops })
 }
 
 /// One `mpi_steps` run on 4 ranks in `ns`; per-step times in µs (step 0 dropped).
@@ -644,6 +647,35 @@ fn step_overhead(dir: &Path, pairs: usize, steps: u32) -> Result<StepOverhead> {
 
 // ---------------------------------------------------------------------------------------
 
+/// The session program with this process marked entry-alone (an asynchronous NCCL call: the
+/// entry is the whole call, the kernel skips the return): ns per call, `None` where the kernel
+/// has no uprobe sessions. Checks that it ran once per call and each run made a call.
+fn session_alone(probes: Probes, exe: &Path, off: u64, per_round: u64, batches: u64, cpus: &[usize]) -> Result<(Option<f64>, Probes)> {
+    let mut probes = probes;
+    if probes.session_unavailable().is_some() {
+        return Ok((None, probes));
+    }
+    let n_round = per_round / batches * batches;
+    let link = probes.attach_session(exe, &[(off, agent_common::cookie(PROBE_ID, false, None))], SYMBOL)?;
+    probes.set_entry_alone(std::process::id(), true);
+    let d0 = probes.drops();
+    let consumer = start_consumer_on(Consumer::new(probes), cpus);
+    let t = per_call(per_round, batches);
+    consumer.wait_drained(n_round + d0, Duration::from_secs(30));
+    let mut c = consumer.stop();
+    let drops = c.probes.drops() - d0;
+    if c.drained + drops != n_round || c.calls + drops != n_round {
+        bail!("the session program ran {} times and made {} calls for {n_round} calls", c.drained + drops, c.calls);
+    }
+    c.probes.set_entry_alone(std::process::id(), false);
+    c.probes.detach(link);
+    let end = Instant::now() + Duration::from_secs(30);
+    while stepwise::ebpf::detaching() > 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok((Some(t), c.probes))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let total: u64 = args.iter().position(|a| a == "--calls").and_then(|i| args.get(i + 1)).map(|s| s.parse()).transpose()?.unwrap_or(1_000_000);
@@ -682,6 +714,7 @@ fn main() -> Result<()> {
     let (mut none_v, mut entry_v, mut empty_v, mut bpf_empty_v, mut agent_v, mut spin_v, mut ratios, mut perf_ratios) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut percall_drained, mut percall_drops) = (0u64, 0u64);
+    let (mut alone_v, mut alone_ratios) = (vec![], vec![]);
     let mut kept: Option<(Consumer, Vec<stepwise::ebpf::AttachedLink>)> = None;
     for round in 0..rounds {
         let none = per_call(per_round, batches);
@@ -711,6 +744,11 @@ fn main() -> Result<()> {
             }
             t
         };
+        let (alone, mut probes) = session_alone(probes, &exe, off, per_round, batches, &consumer_cpus)?;
+        if let Some(t) = alone {
+            alone_v.push(t);
+            alone_ratios.push(t / bpf_empty_ns);
+        }
         let links = probes.attach_offset(&exe, off, SYMBOL, agent_common::cookie(PROBE_ID, false, None))?;
         let d0 = probes.drops();
         let consumer = start_consumer_on(Consumer::new(probes), &consumer_cpus);
@@ -837,6 +875,10 @@ fn main() -> Result<()> {
     println!("    uprobe, no BPF program (perf count)       {empty_entry_ns:>9.1} ns   (+ uretprobe: {perf_ns:.1} ns)");
     println!("    empty uprobe + uretprobe (BPF, return 0)  {empty_ns:>9.1} ns");
     println!("    agent call_enter + call_exit (RingBuf)    {agent_ns:>9.1} ns   ({percall_drained} events drained and decoded, {percall_drops} dropped)");
+    match (alone_v.is_empty(), median(&mut alone_v.clone()), median(&mut alone_ratios.clone())) {
+        (false, t, r) => println!("    agent session program, entry alone        {t:>9.1} ns   = {r:.3}x the empty uprobe pair (an asynchronous NCCL call: one hit, decoded as a whole call; per round {:?})", alone_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>()),
+        (true, ..) => println!("    agent session program, entry alone        (uprobe sessions unavailable on this kernel)"),
+    }
     println!("    agent programs, consumer spinning         {spin_ns:>9.1} ns   (diagnosis: nobody sleeps in poll(2), so no thread wakeups)");
     println!("    agent programs, no consumer in poll(2)    {quiet_ns:>9.1} ns   (median of 2000-call fills of the ring: no RingBuf wakeups)");
     println!(
@@ -859,6 +901,7 @@ fn main() -> Result<()> {
     }
     drop(c);
 
+    let alone_s = if alone_v.is_empty() { "n/a".to_string() } else { format!("{:.1}", median(&mut alone_v.clone())) };
     // 3 and 4: the real agent on real workloads.
     let (mut hits_s, mut overhead_s) = ("n/a".to_string(), "n/a".to_string());
     let mut extra = String::new();
@@ -869,7 +912,7 @@ fn main() -> Result<()> {
         std::fs::create_dir_all(&dir)?;
         let h = hits_per_collective(&dir)?;
         println!("  hits per collective (real agent, NCCL-ABI, 4 ranks, {} x ncclAllReduce of {} B):", h.allreduces, h.bytes);
-        println!("    probe program runs per ncclAllReduce      {:>9.2}   (target <= 2; entry+return = {:.0}, the rest is the permanently attached ncclIbIsend/ncclIbIrecv, one pair per chunk; {} dropped)", h.per_collective, h.api_per_collective, h.drops);
+        println!("    probe program runs per ncclAllReduce      {:>9.2}   (target <= 2; the asynchronous call's entry alone = {:.0} once the agent has seen the rank, the rest is the permanently attached ncclIbIsend/ncclIbIrecv, one pair per chunk; {} dropped)", h.per_collective, h.api_per_collective, h.drops);
         hits_s = format!("{:.2}", h.per_collective);
         extra.push_str(&format!(" api_hits_per_collective={:.0}", h.api_per_collective));
         let (pairs, steps) = (5, 60);
@@ -889,7 +932,7 @@ fn main() -> Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     println!(
-        "bench probes: per_call_ns={agent_ns:.1} empty_uprobe_ns={empty_ns:.1} ratio={ratio:.3} hits_per_collective={hits_s} events_per_s={zero_drop_rate:.0} drops=0 step_overhead_pct={overhead_s} none_ns={none_ns:.1} perf_uprobe_ns={perf_ns:.1} perf_ratio={perf_ratio:.3} empty_entry_only_ns={empty_entry_ns:.1} spin_consumer_ns={spin_ns:.1} quiet_per_call_ns={quiet_ns:.1} events_ratio={events_ratio:.2} fastest_events_per_s={single_rate:.0} full_blast_events_per_s={multi_rate:.0} full_blast_drops={multi_drops} consumer_capacity_per_s={capacity:.0}{extra}"
+        "bench probes: per_call_ns={agent_ns:.1} empty_uprobe_ns={empty_ns:.1} ratio={ratio:.3} hits_per_collective={hits_s} events_per_s={zero_drop_rate:.0} drops=0 step_overhead_pct={overhead_s} none_ns={none_ns:.1} perf_uprobe_ns={perf_ns:.1} perf_ratio={perf_ratio:.3} empty_entry_only_ns={empty_entry_ns:.1} session_alone_ns={alone_s} spin_consumer_ns={spin_ns:.1} quiet_per_call_ns={quiet_ns:.1} events_ratio={events_ratio:.2} fastest_events_per_s={single_rate:.0} full_blast_events_per_s={multi_rate:.0} full_blast_drops={multi_drops} consumer_capacity_per_s={capacity:.0}{extra}"
     );
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use std::sync::LazyLock;
 
-use agent_common::{ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXIT_RECORD_BYTES, KIND_ENTER, KIND_EXIT, MIN_RECORD_BYTES};
+use agent_common::{ProbeEvent, ENTER_RECORD_BYTES, ENTER_STACK_RECORD_BYTES, EXIT_RECORD_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT, MIN_RECORD_BYTES};
 use libfuzzer_sys::fuzz_target;
 use stepwise::{
     attribution::{attribute, Params, StepData},
@@ -136,7 +136,11 @@ fuzz_target!(|data: &[u8]| {
                     ts_ns: ts,
                     pid,
                     tid: pid * 4 + u32::from(who >> 2 & 3),
-                    kind: if who & 0x10 != 0 { KIND_EXIT } else { KIND_ENTER },
+                    kind: match (who & 0x10 != 0, r.u8() & 7) {
+                        (true, _) => KIND_EXIT,
+                        (false, 0) => KIND_ENTER_ALONE,
+                        (false, _) => KIND_ENTER,
+                    },
                     probe_id,
                     has_blob: u32::from(who >> 5 & 1),
                     has_deref: u32::from(who >> 6 & 1),
@@ -154,6 +158,11 @@ fuzz_target!(|data: &[u8]| {
         };
         match d.feed(&ev, &procs[usize::from(ctl >> 7)]) {
             Ok(Decoded::Call(c)) => hist.push_call(c),
+            Ok(Decoded::CallWithError(c, e)) => {
+                let _ = e.kind();
+                assert_eq!((c.enter_ns, c.exit_ns), (ev.ts_ns, ev.ts_ns), "a call left alone is complete at its entry");
+                hist.push_call(c);
+            }
             Ok(Decoded::Net(n)) => {
                 assert_eq!(n.pid, ev.pid);
                 hist.push_net(n);

@@ -284,6 +284,26 @@ def diagnose(a):
     return res
 
 
+def probe_hits(a):
+    """Per rank process, its ncclAllReduce calls as the host probes saw them: paired (entry and
+    return: made before the agent had read the process) or left alone at the entry by the
+    session program (one probe hit: the call only enqueued). Also the agent's own check."""
+    try:
+        check = open(os.path.join(a.out, "agent-check.txt")).read()
+    except OSError:
+        check = ""
+    session = next((l.strip() for l in check.splitlines() if "ebpf session" in l), "")
+    calls = agent_get("/api/v1/collectives?limit=1000000").get("calls", [])
+    per = {}
+    for c in sorted((c for c in calls if c.get("op") == "all_reduce" and c.get("library") == "nccl"), key=lambda c: c.get("enter_ns", 0)):
+        per.setdefault(str(c.get("pid")), []).append(c.get("enter_ns") == c.get("exit_ns") and c.get("ret") is None)
+    out = {"session_check": session[:160], "per_pid": {}}
+    for pid, alone in per.items():
+        first = next((i for i, x in enumerate(alone) if x), len(alone))
+        out["per_pid"][pid] = {"calls": len(alone), "paired_first": first, "alone": sum(alone), "paired_after_alone": sum(1 for x in alone[first:] if not x)}
+    return out
+
+
 def hang_report(a):
     r = subprocess.run([a.agent, "diagnose", "--hang", "--agent", API, "--json"], capture_output=True, text=True, timeout=30)
     t = subprocess.run([a.agent, "diagnose", "--hang", "--agent", API], capture_output=True, text=True, timeout=30)
@@ -341,6 +361,11 @@ def checks_of(a, jobs, per_rank, skew, agent):
         c["agent_cpu_late_skew_below_half_the_host_enqueue_skew"] = d.get("cpu_late", {}).get("steps", 0) > 0 and ag["cpu_late"] < 0.5 * hs
         c["agent_plugin_steps_timed_by_gpu"] = all(d.get(ph, {}).get("timing") == ["gpu"] for ph in PHASES)
         c["agent_noplugin_steps_host_enqueue_no_skew"] = npg.get("steps", 0) > 0 and npg.get("timing") == ["host_enqueue"] and (npg.get("readiness_skew_ms_median") or 0) < 1.0
+        ph = agent.get("probe_hits") or {}
+        pp = list((ph.get("per_pid") or {}).values())
+        c["agent_session_program_loaded"] = ph.get("session_check", "").startswith("ok")
+        c["agent_async_allreduces_one_probe_hit_once_seen"] = len(pp) >= 4 and all(
+            v["paired_after_alone"] == 0 and v["alone"] >= 0.9 * v["calls"] for v in pp)
         h = agent["hang"] or {}
         c["agent_hang_suspected_rank_1_missing"] = h.get("exit") == 4 and h.get("missing") == [1] and 0 in h.get("inside", [])
     return c
@@ -387,7 +412,8 @@ def main():
     agent_info = None
     if agent:
         time.sleep(2.0)  # the last steps' grace
-        agent_info = {"diagnose": diagnose(a), "hang": jobs["plugin"]["hang"] or {}, "profiler_status": agent_get("/api/v1/status").get("collectives_detail", {}).get("profiler")}
+        agent_info = {"diagnose": diagnose(a), "hang": jobs["plugin"]["hang"] or {}, "profiler_status": agent_get("/api/v1/status").get("collectives_detail", {}).get("profiler"),
+                      "probe_hits": probe_hits(a)}
         agent.terminate()
         try:
             agent.wait(timeout=10)
