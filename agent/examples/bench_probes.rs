@@ -647,33 +647,39 @@ fn step_overhead(dir: &Path, pairs: usize, steps: u32) -> Result<StepOverhead> {
 
 // ---------------------------------------------------------------------------------------
 
-/// The session program with this process marked entry-alone (an asynchronous NCCL call: the
-/// entry is the whole call, the kernel skips the return): ns per call, `None` where the kernel
-/// has no uprobe sessions. Checks that it ran once per call and each run made a call.
-fn session_alone(probes: Probes, exe: &Path, off: u64, per_round: u64, batches: u64, cpus: &[usize]) -> Result<(Option<f64>, Probes)> {
+/// The session program, ns per call: with the return kept (a process whose calls block) and
+/// with this process marked entry-alone (an asynchronous NCCL call: the entry is the whole
+/// call, the kernel skips the return). `None` where the kernel has no uprobe sessions. Checks
+/// that the program ran twice, then once, per call and each call was decoded.
+fn session_per_call(probes: Probes, exe: &Path, off: u64, per_round: u64, batches: u64, cpus: &[usize]) -> Result<(Option<(f64, f64)>, Probes)> {
     let mut probes = probes;
     if probes.session_unavailable().is_some() {
         return Ok((None, probes));
     }
     let n_round = per_round / batches * batches;
-    let link = probes.attach_session(exe, &[(off, agent_common::cookie(PROBE_ID, false, None))], SYMBOL)?;
-    probes.set_entry_alone(std::process::id(), true);
-    let d0 = probes.drops();
-    let consumer = start_consumer_on(Consumer::new(probes), cpus);
-    let t = per_call(per_round, batches);
-    consumer.wait_drained(n_round + d0, Duration::from_secs(30));
-    let mut c = consumer.stop();
-    let drops = c.probes.drops() - d0;
-    if c.drained + drops != n_round || c.calls + drops != n_round {
-        bail!("the session program ran {} times and made {} calls for {n_round} calls", c.drained + drops, c.calls);
+    let mut times = [0.0; 2];
+    for (i, alone) in [false, true].into_iter().enumerate() {
+        let link = probes.attach_session(exe, &[(off, agent_common::cookie(PROBE_ID, false, None))], SYMBOL)?;
+        probes.set_entry_alone(std::process::id(), alone);
+        let runs = if alone { n_round } else { 2 * n_round };
+        let d0 = probes.drops();
+        let consumer = start_consumer_on(Consumer::new(probes), cpus);
+        times[i] = per_call(per_round, batches);
+        consumer.wait_drained(runs + d0, Duration::from_secs(30));
+        let mut c = consumer.stop();
+        let drops = c.probes.drops() - d0;
+        if c.drained + drops != runs || c.calls + drops != n_round {
+            bail!("the session program (alone: {alone}) ran {} times and made {} calls for {n_round} calls", c.drained + drops, c.calls);
+        }
+        c.probes.set_entry_alone(std::process::id(), false);
+        c.probes.detach(link);
+        let end = Instant::now() + Duration::from_secs(30);
+        while stepwise::ebpf::detaching() > 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        probes = c.probes;
     }
-    c.probes.set_entry_alone(std::process::id(), false);
-    c.probes.detach(link);
-    let end = Instant::now() + Duration::from_secs(30);
-    while stepwise::ebpf::detaching() > 0 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok((Some(t), c.probes))
+    Ok((Some((times[0], times[1])), probes))
 }
 
 fn main() -> Result<()> {
@@ -714,7 +720,7 @@ fn main() -> Result<()> {
     let (mut none_v, mut entry_v, mut empty_v, mut bpf_empty_v, mut agent_v, mut spin_v, mut ratios, mut perf_ratios) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut percall_drained, mut percall_drops) = (0u64, 0u64);
-    let (mut alone_v, mut alone_ratios) = (vec![], vec![]);
+    let (mut alone_v, mut alone_ratios, mut session_pair_v, mut session_pair_ratios) = (vec![], vec![], vec![], vec![]);
     let mut kept: Option<(Consumer, Vec<stepwise::ebpf::AttachedLink>)> = None;
     for round in 0..rounds {
         let none = per_call(per_round, batches);
@@ -744,10 +750,12 @@ fn main() -> Result<()> {
             }
             t
         };
-        let (alone, mut probes) = session_alone(probes, &exe, off, per_round, batches, &consumer_cpus)?;
-        if let Some(t) = alone {
-            alone_v.push(t);
-            alone_ratios.push(t / bpf_empty_ns);
+        let (session, mut probes) = session_per_call(probes, &exe, off, per_round, batches, &consumer_cpus)?;
+        if let Some((paired, alone)) = session {
+            session_pair_v.push(paired);
+            session_pair_ratios.push(paired / bpf_empty_ns);
+            alone_v.push(alone);
+            alone_ratios.push(alone / bpf_empty_ns);
         }
         let links = probes.attach_offset(&exe, off, SYMBOL, agent_common::cookie(PROBE_ID, false, None))?;
         let d0 = probes.drops();
@@ -875,6 +883,14 @@ fn main() -> Result<()> {
     println!("    uprobe, no BPF program (perf count)       {empty_entry_ns:>9.1} ns   (+ uretprobe: {perf_ns:.1} ns)");
     println!("    empty uprobe + uretprobe (BPF, return 0)  {empty_ns:>9.1} ns");
     println!("    agent call_enter + call_exit (RingBuf)    {agent_ns:>9.1} ns   ({percall_drained} events drained and decoded, {percall_drops} dropped)");
+    if !session_pair_v.is_empty() {
+        println!(
+            "    agent session program, entry + return     {:>9.1} ns   = {:.3}x the empty uprobe pair (a blocking call: the same records through one uprobe-multi link; per round {:?})",
+            median(&mut session_pair_v.clone()),
+            median(&mut session_pair_ratios.clone()),
+            session_pair_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+        );
+    }
     match (alone_v.is_empty(), median(&mut alone_v.clone()), median(&mut alone_ratios.clone())) {
         (false, t, r) => println!("    agent session program, entry alone        {t:>9.1} ns   = {r:.3}x the empty uprobe pair (an asynchronous NCCL call: one hit, decoded as a whole call; per round {:?})", alone_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>()),
         (true, ..) => println!("    agent session program, entry alone        (uprobe sessions unavailable on this kernel)"),
@@ -902,6 +918,7 @@ fn main() -> Result<()> {
     drop(c);
 
     let alone_s = if alone_v.is_empty() { "n/a".to_string() } else { format!("{:.1}", median(&mut alone_v.clone())) };
+    let session_pair_s = if session_pair_v.is_empty() { "n/a".to_string() } else { format!("{:.1}", median(&mut session_pair_v.clone())) };
     // 3 and 4: the real agent on real workloads.
     let (mut hits_s, mut overhead_s) = ("n/a".to_string(), "n/a".to_string());
     let mut extra = String::new();
@@ -932,7 +949,7 @@ fn main() -> Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     println!(
-        "bench probes: per_call_ns={agent_ns:.1} empty_uprobe_ns={empty_ns:.1} ratio={ratio:.3} hits_per_collective={hits_s} events_per_s={zero_drop_rate:.0} drops=0 step_overhead_pct={overhead_s} none_ns={none_ns:.1} perf_uprobe_ns={perf_ns:.1} perf_ratio={perf_ratio:.3} empty_entry_only_ns={empty_entry_ns:.1} session_alone_ns={alone_s} spin_consumer_ns={spin_ns:.1} quiet_per_call_ns={quiet_ns:.1} events_ratio={events_ratio:.2} fastest_events_per_s={single_rate:.0} full_blast_events_per_s={multi_rate:.0} full_blast_drops={multi_drops} consumer_capacity_per_s={capacity:.0}{extra}"
+        "bench probes: per_call_ns={agent_ns:.1} empty_uprobe_ns={empty_ns:.1} ratio={ratio:.3} hits_per_collective={hits_s} events_per_s={zero_drop_rate:.0} drops=0 step_overhead_pct={overhead_s} none_ns={none_ns:.1} perf_uprobe_ns={perf_ns:.1} perf_ratio={perf_ratio:.3} empty_entry_only_ns={empty_entry_ns:.1} session_alone_ns={alone_s} session_pair_ns={session_pair_s} spin_consumer_ns={spin_ns:.1} quiet_per_call_ns={quiet_ns:.1} events_ratio={events_ratio:.2} fastest_events_per_s={single_rate:.0} full_blast_events_per_s={multi_rate:.0} full_blast_drops={multi_drops} consumer_capacity_per_s={capacity:.0}{extra}"
     );
     Ok(())
 }
