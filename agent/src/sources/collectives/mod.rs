@@ -6,6 +6,7 @@
 //! strong `pncclX` share an address) → the RingBuf is drained → [`decode::CallDecoder`] pairs
 //! entry/exit per thread and assigns `(CommId, seq)` → [`history::History`] and metrics.
 
+mod attach;
 pub mod decode;
 mod drain;
 pub mod elf;
@@ -32,7 +33,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use self::{
-    decode::{CallDecoder, DecodeError, Decoded, ProbeInfo, ProcInfo},
+    decode::{CallDecoder, DecodeError, Decoded, ProcInfo},
     elf::SymbolTable,
     history::{ClockMap, History},
     metrics::CollectiveMetrics,
@@ -623,90 +624,6 @@ impl Collectives {
         }
     }
 
-    fn attach_library(&mut self, ti: usize, path: &Path, key: FileKey) {
-        let target = self.targets[ti].clone();
-        let mut wanted: Vec<&str> = target.probes.iter().flat_map(|p| p.symbols.iter().map(String::as_str)).collect();
-        if target.family == Family::Mpi {
-            wanted.extend(OMPI_DATATYPES.iter().map(|(n, _)| *n));
-            wanted.push(OMPI_COMM_WORLD);
-        }
-        let symbols = match SymbolTable::read(path, &wanted) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!("{e}");
-                self.metrics.decode_error("elf");
-                return;
-            }
-        };
-        let mut links = Vec::new();
-        let mut sampled = Vec::new();
-        let mut probe_ids = Vec::new();
-        let mut seen_offsets: HashSet<u64> = HashSet::new();
-        let mut missing = Vec::new();
-        let (mut session, mut attached_probes) = (Vec::new(), 0);
-        for spec in &target.probes {
-            let Some((sym, off)) = spec.symbols.iter().find_map(|s| symbols.offset(s).map(|o| (s.clone(), o))) else {
-                if !spec.optional {
-                    missing.push(spec.symbols[0].clone());
-                }
-                continue;
-            };
-            if !seen_offsets.insert(off) {
-                continue; // an alias of a symbol already attached
-            }
-            let id = self.next_probe_id;
-            self.next_probe_id += 1;
-            probe_ids.push(id);
-            self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
-            let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
-            if spec.sampled {
-                cookie |= agent_common::COOKIE_LAZY_WAKE;
-            }
-            if spec.reads_stack_args() {
-                cookie |= agent_common::COOKIE_STACK_ARGS;
-            }
-            if spec.sampled {
-                sampled.push((off, cookie, sym));
-                continue;
-            }
-            if spec.entry_only_async && self.probes.session_unavailable().is_none() {
-                session.push((off, cookie, sym));
-                continue;
-            }
-            match self.probes.attach_offset(path, off, &sym, cookie) {
-                Ok(l) => {
-                    links.extend(l);
-                    attached_probes += 1;
-                }
-                Err(e) => {
-                    warn!("{e}");
-                    self.metrics.decode_error("attach");
-                }
-            }
-        }
-        attached_probes += self.attach_session(path, &session, &mut links);
-        if !missing.is_empty() {
-            warn!(library = %path.display(), "symbols not found: {}", missing.join(", "));
-        }
-        info!(library = %path.display(), family = target.family.as_str(), probes = attached_probes, session = session.len(), sampled = sampled.len(), "attached");
-        debug!(?key, "attachment key");
-        self.attached.insert(
-            key,
-            Attachment {
-                target: ti,
-                path: path.to_path_buf(),
-                links,
-                sampled,
-                sampled_links: Vec::new(),
-                users: HashSet::new(),
-                symbols,
-                pinned: false,
-                probe_ids,
-                attached_probes,
-            },
-        );
-    }
-
     /// Keeps a traced process's facts. Its session-probed calls (asynchronous NCCL calls) are
     /// complete at their entry from now on, unless they block (`CUDA_LAUNCH_BLOCKING=1`):
     /// the session program then skips their return. Calls it made before this keep their
@@ -714,60 +631,6 @@ impl Collectives {
     fn track(&mut self, pid: u32, info: ProcInfo) {
         self.probes.set_entry_alone(pid, !procs::launch_blocking(&info.env));
         self.procs.insert(pid, info);
-    }
-
-    /// Attaches the session program at the asynchronous calls' `points` (file offset,
-    /// cookie, symbol) of one library, in one link; on failure, entry and return programs
-    /// at each. Returns the probes attached.
-    fn attach_session(&mut self, path: &Path, points: &[(u64, u64, String)], links: &mut Vec<AttachedLink>) -> usize {
-        if points.is_empty() {
-            return 0;
-        }
-        let offsets: Vec<(u64, u64)> = points.iter().map(|(o, c, _)| (*o, *c)).collect();
-        let what = points.iter().map(|p| p.2.as_str()).collect::<Vec<_>>().join(",");
-        match self.probes.attach_session(path, &offsets, &what) {
-            Ok(l) => {
-                links.push(l);
-                return points.len();
-            }
-            Err(e) => warn!("{e}; attaching entry and return programs instead"),
-        }
-        let mut n = 0;
-        for (off, cookie, sym) in points {
-            match self.probes.attach_offset(path, *off, sym, *cookie) {
-                Ok(l) => {
-                    links.extend(l);
-                    n += 1;
-                }
-                Err(e) => {
-                    warn!("{e}");
-                    self.metrics.decode_error("attach");
-                }
-            }
-        }
-        n
-    }
-
-    fn attach_sampled(&mut self) {
-        // The last window's links still being torn down would fire alongside new ones (same
-        // probe ids): this window is skipped.
-        if crate::ebpf::detaching() > 0 {
-            return;
-        }
-        let keys: Vec<FileKey> = self.attached.keys().copied().collect();
-        for k in keys {
-            let (path, sampled) = match self.attached.get(&k) {
-                Some(a) if !a.sampled.is_empty() => (a.path.clone(), a.sampled.clone()),
-                _ => continue,
-            };
-            for (off, cookie, sym) in sampled {
-                if let Ok(l) = self.probes.attach_offset(&path, off, &sym, cookie) {
-                    if let Some(a) = self.attached.get_mut(&k) {
-                        a.sampled_links.extend(l);
-                    }
-                }
-            }
-        }
     }
 
     fn detach_sampled(&mut self) {

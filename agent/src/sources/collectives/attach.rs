@@ -1,0 +1,150 @@
+//! Attaching the probes of one library: entry and return programs, the session program for
+//! asynchronous NCCL calls (one uprobe-multi link per library), and the sampled probes of hot
+//! internal functions, attached only in windows.
+
+use std::{collections::HashSet, path::Path};
+
+use tracing::{debug, info, warn};
+
+use super::{
+    decode::ProbeInfo,
+    elf::SymbolTable,
+    procs::FileKey,
+    targets::{Family, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    Attachment, Collectives,
+};
+use crate::ebpf::AttachedLink;
+
+impl Collectives {
+    pub(super) fn attach_library(&mut self, ti: usize, path: &Path, key: FileKey) {
+        let target = self.targets[ti].clone();
+        let mut wanted: Vec<&str> = target.probes.iter().flat_map(|p| p.symbols.iter().map(String::as_str)).collect();
+        if target.family == Family::Mpi {
+            wanted.extend(OMPI_DATATYPES.iter().map(|(n, _)| *n));
+            wanted.push(OMPI_COMM_WORLD);
+        }
+        let symbols = match SymbolTable::read(path, &wanted) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("{e}");
+                self.metrics.decode_error("elf");
+                return;
+            }
+        };
+        let mut links = Vec::new();
+        let mut sampled = Vec::new();
+        let mut probe_ids = Vec::new();
+        let mut seen_offsets: HashSet<u64> = HashSet::new();
+        let mut missing = Vec::new();
+        let (mut session, mut attached_probes) = (Vec::new(), 0);
+        for spec in &target.probes {
+            let Some((sym, off)) = spec.symbols.iter().find_map(|s| symbols.offset(s).map(|o| (s.clone(), o))) else {
+                if !spec.optional {
+                    missing.push(spec.symbols[0].clone());
+                }
+                continue;
+            };
+            if !seen_offsets.insert(off) {
+                continue; // an alias of a symbol already attached
+            }
+            let id = self.next_probe_id;
+            self.next_probe_id += 1;
+            probe_ids.push(id);
+            self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
+            let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+            if spec.sampled {
+                cookie |= agent_common::COOKIE_LAZY_WAKE;
+            }
+            if spec.reads_stack_args() {
+                cookie |= agent_common::COOKIE_STACK_ARGS;
+            }
+            if spec.sampled {
+                sampled.push((off, cookie, sym));
+                continue;
+            }
+            if spec.entry_only_async && self.probes.session_unavailable().is_none() {
+                session.push((off, cookie, sym));
+                continue;
+            }
+            attached_probes += usize::from(self.attach_pair(path, off, &sym, cookie, &mut links));
+        }
+        attached_probes += self.attach_session(path, &session, &mut links);
+        if !missing.is_empty() {
+            warn!(library = %path.display(), "symbols not found: {}", missing.join(", "));
+        }
+        info!(library = %path.display(), family = target.family.as_str(), probes = attached_probes, session = session.len(), sampled = sampled.len(), "attached");
+        debug!(?key, "attachment key");
+        self.attached.insert(
+            key,
+            Attachment {
+                target: ti,
+                path: path.to_path_buf(),
+                links,
+                sampled,
+                sampled_links: Vec::new(),
+                users: HashSet::new(),
+                symbols,
+                pinned: false,
+                probe_ids,
+                attached_probes,
+            },
+        );
+    }
+
+    /// Attaches the session program at the asynchronous calls' `points` (file offset,
+    /// cookie, symbol) of one library, in one link; on failure, entry and return programs
+    /// at each. Returns the probes attached.
+    fn attach_session(&mut self, path: &Path, points: &[(u64, u64, String)], links: &mut Vec<AttachedLink>) -> usize {
+        if points.is_empty() {
+            return 0;
+        }
+        let offsets: Vec<(u64, u64)> = points.iter().map(|(o, c, _)| (*o, *c)).collect();
+        let what = points.iter().map(|p| p.2.as_str()).collect::<Vec<_>>().join(",");
+        match self.probes.attach_session(path, &offsets, &what) {
+            Ok(l) => {
+                links.push(l);
+                return points.len();
+            }
+            Err(e) => warn!("{e}; attaching entry and return programs instead"),
+        }
+        points.iter().filter(|(off, cookie, sym)| self.attach_pair(path, *off, sym, *cookie, links)).count()
+    }
+
+    /// Attaches the entry and return programs at one file offset; a failure is logged and
+    /// counted.
+    fn attach_pair(&mut self, path: &Path, off: u64, sym: &str, cookie: u64, links: &mut Vec<AttachedLink>) -> bool {
+        match self.probes.attach_offset(path, off, sym, cookie) {
+            Ok(l) => {
+                links.extend(l);
+                true
+            }
+            Err(e) => {
+                warn!("{e}");
+                self.metrics.decode_error("attach");
+                false
+            }
+        }
+    }
+
+    pub(super) fn attach_sampled(&mut self) {
+        // The last window's links still being torn down would fire alongside new ones (same
+        // probe ids): this window is skipped.
+        if crate::ebpf::detaching() > 0 {
+            return;
+        }
+        let keys: Vec<FileKey> = self.attached.keys().copied().collect();
+        for k in keys {
+            let (path, sampled) = match self.attached.get(&k) {
+                Some(a) if !a.sampled.is_empty() => (a.path.clone(), a.sampled.clone()),
+                _ => continue,
+            };
+            for (off, cookie, sym) in sampled {
+                if let Ok(l) = self.probes.attach_offset(&path, off, &sym, cookie) {
+                    if let Some(a) = self.attached.get_mut(&k) {
+                        a.sampled_links.extend(l);
+                    }
+                }
+            }
+        }
+    }
+}
