@@ -8,8 +8,6 @@ use std::{
 
 mod session;
 
-pub use session::SessionError;
-
 use agent_common::{
     CpuState, ProbeEvent, CPU_STATE_MAP, DROPS_MAP, ENTRY_ALONE_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, MIN_RECORD_BYTES, PROG_CALL_ENTER,
     PROG_CALL_EXIT, PROG_CALL_SESSION, PROG_EMPTY_ENTER, PROG_EMPTY_EXIT,
@@ -55,17 +53,7 @@ fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<Owned>
 #[derive(Debug)]
 pub enum AttachedLink {
     Probe { program: &'static str, id: UProbeLinkId },
-    Session { fd: std::os::fd::OwnedFd, points: usize },
-}
-
-impl AttachedLink {
-    /// Probed locations: 1 for an entry or return program, every location of a session link.
-    pub fn points(&self) -> usize {
-        match self {
-            AttachedLink::Probe { .. } => 1,
-            AttachedLink::Session { points, .. } => *points,
-        }
-    }
+    Session { fd: std::os::fd::OwnedFd },
 }
 
 /// The eBPF object built by the agent-ebpf-object crate (empty only with AYA_BUILD_SKIP=1).
@@ -159,7 +147,7 @@ impl Probes {
     pub fn attach_session(&mut self, target: &Path, points: &[(u64, u64)], what: &str) -> Result<AttachedLink, EbpfError> {
         let program = self.session.as_ref().map_err(|e| EbpfError::NoSession(e.clone()))?;
         match program.attach(target, points) {
-            Ok(fd) => Ok(AttachedLink::Session { fd, points: points.len() }),
+            Ok(fd) => Ok(AttachedLink::Session { fd }),
             Err(e) => Err(EbpfError::AttachSession { symbol: what.to_string(), target: target.display().to_string(), source: e }),
         }
     }
@@ -235,7 +223,7 @@ impl Probes {
     /// must keep draining events meanwhile.
     pub fn detach(&mut self, link: AttachedLink) {
         let owned: Owned = match link {
-            AttachedLink::Session { fd, .. } => Box::new(fd),
+            AttachedLink::Session { fd } => Box::new(fd),
             AttachedLink::Probe { program, id } => {
                 let Some(p) = self.ebpf.program_mut(program) else { return };
                 let p: Result<&mut UProbe, _> = p.try_into();
@@ -386,21 +374,10 @@ pub fn self_test(calls: u64) -> Result<SelfTest, EbpfError> {
     let mut probes = Probes::load()?;
     let exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| "/proc/self/exe".into());
     let _links = probes.attach(&exe, "stepwise_selftest_target", agent_common::cookie(7, false, None))?;
-    let me = std::process::id();
     for i in 0..calls {
         std::hint::black_box(stepwise_selftest_target(1000 + i));
     }
-    let mut evs = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        probes.drain(&mut evs)?;
-        let mine = evs.iter().filter(|e| e.pid == me && e.probe_id == 7).count() as u64;
-        if mine >= 2 * calls {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mine: Vec<_> = evs.iter().filter(|e| e.pid == me && e.probe_id == 7).collect();
+    let mine = drain_own(&mut probes, 7, 2 * calls as usize)?;
     let enters: Vec<_> = mine.iter().filter(|e| e.kind == KIND_ENTER).collect();
     let exits = mine.iter().filter(|e| e.kind == KIND_EXIT).count() as u64;
     let args_ok = enters.iter().enumerate().all(|(i, e)| e.args[0] == 1000 + i as u64);
@@ -415,7 +392,8 @@ pub struct SessionSelfTest {
     pub paired_entries: u64,
     pub paired_returns: u64,
     pub alone_entries: u64,
-    pub alone_returns: u64,
+    /// Entries waiting for a return and returns after the mark (must be none).
+    pub alone_paired_events: u64,
 }
 
 /// Drains `probes` until `want` events of this process with probe id `id` arrived (or 2 s).
@@ -462,7 +440,7 @@ pub fn session_self_test(calls: u64) -> Result<SessionSelfTest, EbpfError> {
         paired_entries: count(&paired, KIND_ENTER),
         paired_returns: count(&paired, KIND_EXIT),
         alone_entries: count(&alone, agent_common::KIND_ENTER_ALONE),
-        alone_returns: count(&alone, KIND_EXIT) + count(&alone, KIND_ENTER),
+        alone_paired_events: count(&alone, KIND_EXIT) + count(&alone, KIND_ENTER),
     })
 }
 

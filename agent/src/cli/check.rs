@@ -190,7 +190,7 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
     }
 
     match crate::ebpf::session_self_test(100) {
-        Ok(t) if t.paired_entries == t.calls && t.paired_returns == t.calls && t.alone_entries == t.calls && t.alone_returns == 0 => push(
+        Ok(t) if t.paired_entries == t.calls && t.paired_returns == t.calls && t.alone_entries == t.calls && t.alone_paired_events == 0 => push(
             "ebpf session",
             Status::Ok,
             format!(

@@ -178,6 +178,7 @@ impl SessionProgram {
                 attr.log_level = 1;
                 attr.log_size = log.len() as u32;
                 attr.log_buf = log.as_mut_ptr() as u64;
+                // SAFETY: a new fd the syscall returned (a load that succeeds this time), closed here.
                 let _ = bpf(BPF_PROG_LOAD, &mut attr).map(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) }));
                 let text = String::from_utf8_lossy(&log[..log.iter().position(|b| *b == 0).unwrap_or(0)]).into_owned();
                 let tail: String = text.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
