@@ -162,6 +162,36 @@ fn an_unusable_marker_socket_or_store_is_logged_and_the_agent_still_serves_and_s
 }
 
 #[test]
+fn a_sigterm_during_start_up_is_a_clean_stop() {
+    // SIGTERM as soon as the first line is logged (the profiler socket, bound before the
+    // probes, topology and store): the start finishes and the agent stops cleanly, exit 0,
+    // rather than dying of the signal's default action (which CI once caught: exit by signal
+    // between "serving" and the handler's installation).
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = config(dir.path());
+    let sock = dir.path().join("markers.sock");
+    let err_path = dir.path().join("stderr");
+    let mut child = spawn(&["--config", cfg.to_str().expect("utf8"), "--listen", "127.0.0.1:0", "--marker-socket", sock.to_str().expect("utf8")], &err_path);
+    let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    let start = Instant::now();
+    while !log().contains("listening for NCCL profiler plugin records")
+        && start.elapsed() < Duration::from_secs(20)
+        && child.try_wait().expect("wait").is_none()
+    {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    // Sent directly (a `kill` process would take milliseconds to start, long enough for the
+    // start-up to be over).
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child, which has not been waited for, so its pid is not reused.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "{}", std::io::Error::last_os_error());
+    let rc = exit_within(&mut child, Duration::from_secs(15), "SIGTERM during start-up", &err_path);
+    let err = log();
+    assert_eq!(rc, 0, "killed by the signal instead of stopping: {err}");
+    assert!(err.contains("shutting down"), "{err}");
+}
+
+#[test]
 fn a_config_refused_with_a_json_log_is_a_json_line_too() {
     let out =
         Command::new(env!("CARGO_BIN_EXE_agent")).args(["run", "--log-format", "json", "--config", "/nonexistent/stepwise.toml"]).output().expect("run agent");

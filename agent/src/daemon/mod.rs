@@ -62,6 +62,9 @@ impl Drop for StopOnDrop {
 /// that cannot have them fails at once), starts the sources, the engine and its sinks, the
 /// collective probes, the marker socket, the sampler thread, SIGHUP reloads and the API.
 pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
+    // SIGTERM/SIGINT handled from the first moment: a stop asked for during start-up (a pod
+    // deleted while it starts) is a clean shutdown once started, never the default kill.
+    let shutdown = ShutdownSignal::install();
     // First, before any task or thread starts: a port in use fails the start at once.
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let profiler_rx = crate::sources::collectives::profiler::bind_configured(&cfg.collectives).map_err(|e| anyhow::anyhow!("profiler socket: {e}"))?;
@@ -131,7 +134,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let app = api::router(state.clone());
     let server = tokio::spawn(api::serve(listener, app, stop_rx.clone()));
 
-    shutdown_signal().await;
+    shutdown.recv().await;
     info!("shutting down");
     reload_task.abort();
     drop(stop);
@@ -198,17 +201,47 @@ fn start_collectives(
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGTERM and SIGINT, registered when made: a signal that arrives before `recv` is awaited is
+/// kept, not delivered to the default handler (which would kill the agent mid-start).
+struct ShutdownSignal {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignal {
+    fn install() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (term, int) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+        if let Err(e) = &term {
+            warn!("cannot handle SIGTERM: {e}");
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        if let Err(e) = &int {
+            warn!("cannot handle SIGINT: {e}");
+        }
+        ShutdownSignal { term: term.ok(), int: int.ok() }
+    }
+
+    /// Until either signal has arrived (at once if one came before).
+    async fn recv(mut self) {
+        let term = async {
+            match self.term.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let int = async {
+            match self.int.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = term => {}
+            _ = int => {}
+        }
     }
 }
