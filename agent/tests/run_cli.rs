@@ -161,34 +161,58 @@ fn an_unusable_marker_socket_or_store_is_logged_and_the_agent_still_serves_and_s
     assert!(err.contains("serving /metrics"), "{err}");
 }
 
-#[test]
-fn a_sigterm_during_start_up_is_a_clean_stop() {
-    // SIGTERM as soon as the first line is logged (the profiler socket, bound before the
-    // probes, topology and store): the start finishes and the agent stops cleanly, exit 0,
-    // rather than dying of the signal's default action (which CI once caught: exit by signal
-    // between "serving" and the handler's installation).
-    let dir = tempfile::tempdir().expect("tmp");
-    let cfg = config(dir.path());
-    let sock = dir.path().join("markers.sock");
-    let err_path = dir.path().join("stderr");
+/// Starts `agent run` (config `cfg`) and sends `sig` with kill(2) as soon as the first line is
+/// logged (the profiler socket, bound before the probes, topology and store are set up).
+/// Sent directly: a `kill` process would take milliseconds to start, long enough for the
+/// start-up to be over.
+fn signal_at_first_line(dir: &Path, sig: libc::c_int) -> (Child, std::path::PathBuf) {
+    let cfg = config(dir);
+    let sock = dir.join("markers.sock");
+    let err_path = dir.join("stderr");
     let mut child = spawn(&["--config", cfg.to_str().expect("utf8"), "--listen", "127.0.0.1:0", "--marker-socket", sock.to_str().expect("utf8")], &err_path);
-    let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
     let start = Instant::now();
-    while !log().contains("listening for NCCL profiler plugin records")
+    while !std::fs::read_to_string(&err_path).unwrap_or_default().contains("listening for NCCL profiler plugin records")
         && start.elapsed() < Duration::from_secs(20)
         && child.try_wait().expect("wait").is_none()
     {
         std::thread::sleep(Duration::from_micros(100));
     }
-    // Sent directly (a `kill` process would take milliseconds to start, long enough for the
-    // start-up to be over).
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     // SAFETY: kill(2) on our own child, which has not been waited for, so its pid is not reused.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "{}", std::io::Error::last_os_error());
+    (child, err_path)
+}
+
+#[test]
+fn a_sigterm_during_start_up_is_a_clean_stop() {
+    // The start finishes and the agent stops cleanly, exit 0, rather than dying of the
+    // signal's default action (which CI once caught: SIGTERM sent after "serving" arrived
+    // before the handler was installed).
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut child, err_path) = signal_at_first_line(dir.path(), libc::SIGTERM);
     let rc = exit_within(&mut child, Duration::from_secs(15), "SIGTERM during start-up", &err_path);
-    let err = log();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
     assert_eq!(rc, 0, "killed by the signal instead of stopping: {err}");
     assert!(err.contains("shutting down"), "{err}");
+}
+
+#[test]
+fn a_sighup_during_start_up_reloads_instead_of_killing() {
+    // SIGHUP's default action is to terminate: before its handler existed it killed a
+    // starting agent. Now it is kept and reloads the config once the reload task runs.
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut child, err_path) = signal_at_first_line(dir.path(), libc::SIGHUP);
+    let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    let start = Instant::now();
+    while !log().contains("configuration reloaded") && start.elapsed() < Duration::from_secs(20) && child.try_wait().expect("wait").is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(child.try_wait().expect("wait").is_none(), "the agent died of SIGHUP: {}", log());
+    assert!(log().contains("configuration reloaded"), "{}", log());
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: as above; the child is still running.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert_eq!(exit_within(&mut child, Duration::from_secs(15), "SIGTERM", &err_path), 0, "{}", log());
 }
 
 #[test]

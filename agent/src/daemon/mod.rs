@@ -65,6 +65,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     // SIGTERM/SIGINT handled from the first moment: a stop asked for during start-up (a pod
     // deleted while it starts) is a clean shutdown once started, never the default kill.
     let shutdown = ShutdownSignal::install();
+    let hup = reload::sighup();
     // First, before any task or thread starts: a port in use fails the start at once.
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let profiler_rx = crate::sources::collectives::profiler::bind_configured(&cfg.collectives).map_err(|e| anyhow::anyhow!("profiler socket: {e}"))?;
@@ -113,7 +114,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
 
     let store = crate::store::health::open(cfg.store.enabled, &cfg.store.path, &store_health);
     let store_cfg = cfg.store.clone();
-    let reload_task = tokio::spawn(reload_on_sighup(reload, cfg.clone(), engine.clone(), reloads, reload_errors));
+    let reload_task = hup.map(|hup| tokio::spawn(reload_on_sighup(hup, reload, cfg.clone(), engine.clone(), reloads, reload_errors)));
     let sampler = sampler::Sampler {
         srcs,
         engine: engine.clone(),
@@ -136,7 +137,9 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
 
     shutdown.recv().await;
     info!("shutting down");
-    reload_task.abort();
+    if let Some(t) = reload_task {
+        t.abort();
+    }
     drop(stop);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;

@@ -43,16 +43,22 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<String> {
     keys
 }
 
-/// Reloads the config file on every SIGHUP (see the module docs).
-pub async fn reload_on_sighup(reload: Reload, mut running: Config, engine: Arc<Mutex<Engine>>, reloads: Counter, errors: Counter) {
+/// SIGHUP's handler, installed when made (early in start-up: a SIGHUP before the reload task
+/// runs is kept rather than killing the agent, which is SIGHUP's default action).
+pub fn sighup() -> Option<tokio::signal::unix::Signal> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            warn!("cannot handle SIGHUP (config reload disabled): {e}");
-            return;
-        }
-    };
+    signal(SignalKind::hangup()).map_err(|e| warn!("cannot handle SIGHUP (config reload disabled): {e}")).ok()
+}
+
+/// Reloads the config file on every SIGHUP `hup` receives (see the module docs).
+pub async fn reload_on_sighup(
+    mut hup: tokio::signal::unix::Signal,
+    reload: Reload,
+    mut running: Config,
+    engine: Arc<Mutex<Engine>>,
+    reloads: Counter,
+    errors: Counter,
+) {
     while hup.recv().await.is_some() {
         let new = match Config::load(reload.path.as_deref(), &reload.overrides) {
             Ok(c) => c,
