@@ -33,6 +33,15 @@ fn config(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// Held by each test whose agent starts serving (and so attaches and later detaches probes):
+/// one such agent at a time, as on a real host. Detaching perf-event uprobes is serialised in
+/// the kernel across processes (about 0.1 s per link), so agents stopping together wait for
+/// each other; a test's stop deadline is about its own agent.
+fn one_serving_agent_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `agent run` with `args`, stdin and stdout closed, stderr to `err_path`.
 fn spawn(args: &[&str], err_path: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_agent"))
@@ -128,6 +137,7 @@ fn json_log_format_is_one_object_per_line() {
 
 #[test]
 fn a_running_agent_logs_plain_or_json_lines_and_stops_on_sigterm() {
+    let _serial = one_serving_agent_at_a_time();
     for format in ["text", "json"] {
         let dir = tempfile::tempdir().expect("tmp");
         let cfg = config(dir.path());
@@ -146,6 +156,7 @@ fn a_running_agent_logs_plain_or_json_lines_and_stops_on_sigterm() {
 
 #[test]
 fn an_unusable_marker_socket_or_store_is_logged_and_the_agent_still_serves_and_stops() {
+    let _serial = one_serving_agent_at_a_time();
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").expect("file");
@@ -185,6 +196,7 @@ fn signal_at_first_line(dir: &Path, sig: libc::c_int) -> (Child, std::path::Path
 
 #[test]
 fn a_sigterm_during_start_up_is_a_clean_stop() {
+    let _serial = one_serving_agent_at_a_time();
     // The start finishes and the agent stops cleanly, exit 0, rather than dying of the
     // signal's default action (which CI once caught: SIGTERM sent after "serving" arrived
     // before the handler was installed).
@@ -198,6 +210,7 @@ fn a_sigterm_during_start_up_is_a_clean_stop() {
 
 #[test]
 fn a_sighup_during_start_up_reloads_instead_of_killing() {
+    let _serial = one_serving_agent_at_a_time();
     // SIGHUP's default action is to terminate: before its handler existed it killed a
     // starting agent. Now it is kept and reloads the config once the reload task runs.
     let dir = tempfile::tempdir().expect("tmp");
