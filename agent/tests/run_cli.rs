@@ -73,6 +73,24 @@ fn exit_within(child: &mut Child, limit: Duration, what: &str, err_path: &Path) 
     }
 }
 
+/// Polls (every `poll`) until `err_path` holds `needle`, the child exits, or 20 s pass.
+fn wait_for_line(child: &mut Child, err_path: &Path, needle: &str, poll: Duration) {
+    let start = Instant::now();
+    while !std::fs::read_to_string(err_path).unwrap_or_default().contains(needle)
+        && start.elapsed() < Duration::from_secs(20)
+        && child.try_wait().expect("wait").is_none()
+    {
+        std::thread::sleep(poll);
+    }
+}
+
+/// Sends `sig` with kill(2) directly: a `kill` process takes milliseconds to start.
+fn send(child: &Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child, which has not been waited for, so its pid is not reused.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "{}", std::io::Error::last_os_error());
+}
+
 /// Runs `agent run` on a port that is already taken, with `extra` flags; returns the exit
 /// code and stderr. Fails the test if the agent is still running after `limit`.
 fn run_on_taken_port(extra: &[&str], limit: Duration) -> (i32, String) {
@@ -96,15 +114,10 @@ fn serve_then_terminate(args: &[&str], err_path: &Path) -> (i32, String) {
     let mut all = vec!["--listen", "127.0.0.1:0"];
     all.extend(args);
     let mut child = spawn(&all, err_path);
-    let log = || std::fs::read_to_string(err_path).unwrap_or_default();
-    let start = Instant::now();
-    while !log().contains("serving /metrics") && start.elapsed() < Duration::from_secs(20) && child.try_wait().expect("wait").is_none() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
-    assert!(term.success());
+    wait_for_line(&mut child, err_path, "serving /metrics", Duration::from_millis(50));
+    send(&child, libc::SIGTERM);
     let rc = exit_within(&mut child, Duration::from_secs(15), "SIGTERM", err_path);
-    (rc, log())
+    (rc, std::fs::read_to_string(err_path).unwrap_or_default())
 }
 
 #[test]
@@ -172,25 +185,15 @@ fn an_unusable_marker_socket_or_store_is_logged_and_the_agent_still_serves_and_s
     assert!(err.contains("serving /metrics"), "{err}");
 }
 
-/// Starts `agent run` (config `cfg`) and sends `sig` with kill(2) as soon as the first line is
-/// logged (the profiler socket, bound before the probes, topology and store are set up).
-/// Sent directly: a `kill` process would take milliseconds to start, long enough for the
-/// start-up to be over.
+/// Starts `agent run` in `dir` and sends `sig` as soon as the first line is logged (the
+/// profiler socket, bound before the probes, topology and store are set up).
 fn signal_at_first_line(dir: &Path, sig: libc::c_int) -> (Child, std::path::PathBuf) {
     let cfg = config(dir);
     let sock = dir.join("markers.sock");
     let err_path = dir.join("stderr");
     let mut child = spawn(&["--config", cfg.to_str().expect("utf8"), "--listen", "127.0.0.1:0", "--marker-socket", sock.to_str().expect("utf8")], &err_path);
-    let start = Instant::now();
-    while !std::fs::read_to_string(&err_path).unwrap_or_default().contains("listening for NCCL profiler plugin records")
-        && start.elapsed() < Duration::from_secs(20)
-        && child.try_wait().expect("wait").is_none()
-    {
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: kill(2) on our own child, which has not been waited for, so its pid is not reused.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "{}", std::io::Error::last_os_error());
+    wait_for_line(&mut child, &err_path, "listening for NCCL profiler plugin records", Duration::from_micros(100));
+    send(&child, sig);
     (child, err_path)
 }
 
@@ -216,15 +219,10 @@ fn a_sighup_during_start_up_reloads_instead_of_killing() {
     let dir = tempfile::tempdir().expect("tmp");
     let (mut child, err_path) = signal_at_first_line(dir.path(), libc::SIGHUP);
     let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
-    let start = Instant::now();
-    while !log().contains("configuration reloaded") && start.elapsed() < Duration::from_secs(20) && child.try_wait().expect("wait").is_none() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_line(&mut child, &err_path, "configuration reloaded", Duration::from_millis(20));
     assert!(child.try_wait().expect("wait").is_none(), "the agent died of SIGHUP: {}", log());
     assert!(log().contains("configuration reloaded"), "{}", log());
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: as above; the child is still running.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    send(&child, libc::SIGTERM);
     assert_eq!(exit_within(&mut child, Duration::from_secs(15), "SIGTERM", &err_path), 0, "{}", log());
 }
 

@@ -204,6 +204,13 @@ fn start_collectives(
     }
 }
 
+/// A handler for `kind`, registered now: from here on the signal is kept for the stream's
+/// reader instead of taking its default action. `None` (logged, with `what` it costs) if the
+/// handler cannot be installed.
+pub(crate) fn handler(kind: tokio::signal::unix::SignalKind, name: &str, what: &str) -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(kind).map_err(|e| warn!("cannot handle {name} ({what}): {e}")).ok()
+}
+
 /// SIGTERM and SIGINT, registered when made: a signal that arrives before `recv` is awaited is
 /// kept, not delivered to the default handler (which would kill the agent mid-start).
 struct ShutdownSignal {
@@ -213,38 +220,26 @@ struct ShutdownSignal {
 
 impl ShutdownSignal {
     fn install() -> Self {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (term, int) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
-        if let Err(e) = &term {
-            warn!("cannot handle SIGTERM: {e}");
-        }
-        if let Err(e) = &int {
-            warn!("cannot handle SIGINT: {e}");
-        }
-        ShutdownSignal { term: term.ok(), int: int.ok() }
+        use tokio::signal::unix::SignalKind;
+        let what = "it stops the agent without a clean shutdown";
+        ShutdownSignal { term: handler(SignalKind::terminate(), "SIGTERM", what), int: handler(SignalKind::interrupt(), "SIGINT", what) }
     }
 
     /// Until either signal has arrived (at once if one came before).
     async fn recv(mut self) {
-        let term = async {
-            match self.term.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let int = async {
-            match self.int.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            _ = term => {}
-            _ = int => {}
+            _ = arrival(&mut self.term) => {}
+            _ = arrival(&mut self.int) => {}
         }
+    }
+}
+
+/// The next arrival of a signal; never, without a handler.
+async fn arrival(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -46,8 +46,7 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<String> {
 /// SIGHUP's handler, installed when made (early in start-up: a SIGHUP before the reload task
 /// runs is kept rather than killing the agent, which is SIGHUP's default action).
 pub fn sighup() -> Option<tokio::signal::unix::Signal> {
-    use tokio::signal::unix::{signal, SignalKind};
-    signal(SignalKind::hangup()).map_err(|e| warn!("cannot handle SIGHUP (config reload disabled): {e}")).ok()
+    super::handler(tokio::signal::unix::SignalKind::hangup(), "SIGHUP", "config reload disabled")
 }
 
 /// Reloads the config file on every SIGHUP `hup` receives (see the module docs).
