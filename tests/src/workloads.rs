@@ -97,6 +97,15 @@ pub fn mpi_steps_with(ns: &str, np: u32, mpirun: &[&str], args: &[&str]) -> Comm
     c
 }
 
+/// CLOCK_MONOTONIC now in µs: the clock of the workloads' `arrive_us` and `--start-at-us`
+/// (one clock for every network namespace of the host).
+pub fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
 /// One `step rank=… step=… … arrive_us=…` line of `mpi_steps`/`nccl_steps`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepLine {

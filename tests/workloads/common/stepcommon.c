@@ -29,7 +29,8 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
       {"delay-us", required_argument, 0, 'U'},   {"delay-every", required_argument, 0, 'E'},
       {"no-verify", no_argument, 0, 'V'},        {"help", no_argument, 0, 'h'},
       {"stop-rank", required_argument, 0, 'S'},  {"stop-step", required_argument, 0, 'K'},
-      {"vary-us", required_argument, 0, 'Y'},
+      {"vary-us", required_argument, 0, 'Y'},   {"start-at-us", required_argument, 0, 'T'},
+      {"period-us", required_argument, 0, 'P'},
       {0, 0, 0, 0}};
   *o = (struct step_opts){.rank = -1, .nranks = -1, .steps = 10, .bytes = 1 << 20,
                           .compute_us = 10000, .delay_rank = -1, .delay_every = 1, .verify = 1,
@@ -51,6 +52,8 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
       case 'S': o->stop_rank = (int)parse_long("--stop-rank", optarg, 0, usage); break;
       case 'K': o->stop_step = parse_long("--stop-step", optarg, 0, usage); break;
       case 'Y': o->vary_us = parse_long("--vary-us", optarg, 0, usage); break;
+      case 'T': o->start_at_us = (double)parse_long("--start-at-us", optarg, 1, usage); break;
+      case 'P': o->period_us = parse_long("--period-us", optarg, 1, usage); break;
       case 'h': fputs(usage, stdout); exit(0);
       default: fputs(usage, stderr); exit(2);
     }
@@ -60,6 +63,7 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
     bad |= o->rank < 0 || o->nranks < 1 || o->rank >= o->nranks || o->id_file == NULL;
   else
     bad |= o->rank >= 0 || o->nranks >= 0 || o->id_file != NULL;
+  bad |= (o->start_at_us > 0) != (o->period_us > 0);
   if (bad) {
     fputs(usage, stderr);
     exit(2);
@@ -98,6 +102,16 @@ long step_delay_us(const struct step_opts* o, int rank, long k) {
   }
   if (rank != o->delay_rank || (k + 1) % o->delay_every != 0) return vary;
   return vary + o->delay_us;
+}
+
+void step_pace(const struct step_opts* o, long k) {
+  if (o->period_us <= 0) return;
+  double wait = o->start_at_us + (double)k * (double)o->period_us - now_us();
+  if (wait <= 0) return;
+  long us = (long)wait;
+  struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
 }
 
 void step_stop_point(const struct step_opts* o, int rank, long k) {

@@ -20,6 +20,8 @@ struct step_opts {
   int stop_rank;  /* -1: none; else this rank SIGSTOPs itself before step stop_step's collective */
   long stop_step;
   long vary_us;   /* rank k % 4 computes 0..vary_us longer at step k (deterministic per step) */
+  double start_at_us; /* --start-at-us: CLOCK_MONOTONIC us of step 0's collective; 0: no pacing */
+  long period_us;     /* --period-us: step k's collective at start_at_us + k * period_us */
 };
 
 /* Parses argv; on a usage error prints usage and exits 2. with_rank: --rank, --nranks and
@@ -32,6 +34,10 @@ void busy_wait_us(long us);
 /* The extra compute this rank does at step k: delay_us when it is the delayed rank and
  * (k+1) % delay_every == 0, i.e. on the delay_every-th, 2*delay_every-th ... step. */
 long step_delay_us(const struct step_opts* o, int rank, long k);
+/* With --start-at-us T --period-us P: sleeps until T + k * P (CLOCK_MONOTONIC) when that is
+ * later than now, so that step k's collective is issued then, whatever the step before took:
+ * jobs given one T run in phase, and stay so. The wait counts as the step's CPU compute. */
+void step_pace(const struct step_opts* o, long k);
 /* Called just before step k's collective: the --stop-rank rank prints "stopping …" and
  * stops itself with SIGSTOP at --stop-step (it goes on when sent SIGCONT). */
 void step_stop_point(const struct step_opts* o, int rank, long k);

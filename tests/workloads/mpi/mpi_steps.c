@@ -6,6 +6,8 @@
  * --stop-rank R --stop-step K: rank R stops itself (SIGSTOP) just before step K's
  * MPI_Allreduce. --vary-us V: at step k rank k % 4 computes 0..V longer (a pseudo-random
  * amount per step): step times vary and the others wait up to V, progressing.
+ * --start-at-us T --period-us P: step k's MPI_Allreduce is issued at CLOCK_MONOTONIC
+ * T + k*P us at the earliest (the compute waits for it): jobs given one T stay in phase.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@ static const char usage[] =
     "usage: mpirun ... mpi_steps [--steps S] [--bytes B] [--compute-us C]\n"
     "                  [--marker-socket PATH] [--delay-rank R --delay-us D [--delay-every K]]\n"
     "                  [--no-verify] [--stop-rank R --stop-step K] [--vary-us V]\n"
+    "                  [--start-at-us T --period-us P]\n"
     "  Steps of C us busy-wait + one MPI_Allreduce of B bytes (float sum).\n";
 
 int main(int argc, char** argv) {
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
     marker_send(&m, rank, k, "begin");
     double t0 = now_us();
     busy_wait_us(o.compute_us + delay);
+    step_pace(&o, k);
     step_stop_point(&o, rank, k);
     double t1 = now_us();
     int rc = MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);

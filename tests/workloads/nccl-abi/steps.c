@@ -21,11 +21,14 @@ static const char usage[] =
     "                  [--compute-us C] [--marker-socket PATH] [--delay-rank R --delay-us D\n"
     "                  [--delay-every K]] [--no-verify] [--gpu-compute-ms G]\n"
     "                  [--gpu-delay-rank R --gpu-delay-ms M [--gpu-delay-every K]]\n"
+    "                  [--start-at-us T --period-us P]\n"
     "  Steps of G ms simulated GPU compute queued on the stream, C us CPU busy-wait, one\n"
     "  ncclAllReduce of B bytes (float32 sum) queued after it, then a stream synchronize.\n"
     "  --delay-*: rank R computes D us longer on the CPU on every K-th step (a late\n"
     "  enqueue). --gpu-delay-*: rank R's stream computes M ms longer on every K-th step\n"
     "  (its GPU is late while its CPU enqueues on time).\n"
+    "  --start-at-us/--period-us: step k's collective is issued at CLOCK_MONOTONIC T + k*P us\n"
+    "  at the earliest (the CPU compute waits for it): jobs given one T stay in phase.\n"
     "  Library knobs (NCCL_ABI_*) are described in nccl-abi/README.md.\n";
 
 #define NCCLCHECK(call, what)                                                         \
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
     double t0 = now_us();
     ncclResult_t rc = gms > 0 ? ncclAbiEnqueueCompute(NULL, gms) : ncclSuccess;
     busy_wait_us(o.compute_us + delay);
+    step_pace(&o, k);
     step_stop_point(&o, o.rank, k);
     double t1 = now_us();
     if (rc == ncclSuccess) rc = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
