@@ -509,9 +509,14 @@ fn two_rank_job(s: &Servers, dir: &Path, name: &str, env: &[(&str, String)], arg
 /// last exit of its collectives).
 fn steps_of_pid(s: &Servers, k: usize, pid: u32, steps: &[Value]) -> Vec<Value> {
     let calls = s.get_json(&s.agents[k].addr, "/api/v1/collectives?limit=100000").expect("calls");
-    let exits: Vec<f64> =
-        calls["calls"].as_array().expect("calls").iter().filter(|c| c["pid"].as_u64() == Some(pid as u64)).filter_map(|c| c["exit"].as_f64()).collect();
-    let at_exit = |t: Option<f64>| t.is_some_and(|t| exits.iter().any(|x| (x - t).abs() < 1e-6));
+    let exits: Vec<(f64, u64)> = calls["calls"].as_array().expect("calls").iter().filter_map(|c| Some((c["exit"].as_f64()?, c["pid"].as_u64()?))).collect();
+    // Whose call exited at `t`: the nearest exit of any process, within 1 µs. Two jobs paced
+    // in phase can end steps 0.7 µs apart (both woken by the same drained queue), so "some
+    // exit of this pid within 1 µs" would claim the other job's step too.
+    let at_exit = |t: Option<f64>| {
+        t.and_then(|t| exits.iter().map(|(x, p)| ((x - t).abs(), *p)).filter(|(d, _)| *d < 1e-6).min_by(|a, b| a.0.total_cmp(&b.0)))
+            .is_some_and(|(_, p)| p == pid as u64)
+    };
     let mine: Vec<Value> = steps.iter().filter(|st| at_exit(st["end"].as_f64())).cloned().collect();
     // Each step once: the engine's done-key for a period step is its id, which counts the
     // main communicator's periods and does not move as the history window does. Two jobs in

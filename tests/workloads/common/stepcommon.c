@@ -77,14 +77,20 @@ double now_us(void) {
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+/* Sleeps us microseconds, resuming after a signal. */
+static void sleep_us(long us) {
+  struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
 void busy_wait_us(long us) {
   double end = now_us() + (double)us;
   /* STEPS_COMPUTE=sleep: compute is a sleep instead of a spin, so many ranks on few cores
    * keep their timing (tests that measure injected delays use it). */
   const char* mode = getenv("STEPS_COMPUTE");
   if (mode && strcmp(mode, "sleep") == 0) {
-    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    sleep_us(us);
     return;
   }
   while (now_us() < end) {
@@ -107,11 +113,7 @@ long step_delay_us(const struct step_opts* o, int rank, long k) {
 void step_pace(const struct step_opts* o, long k) {
   if (o->period_us <= 0) return;
   double wait = o->start_at_us + (double)k * (double)o->period_us - now_us();
-  if (wait <= 0) return;
-  long us = (long)wait;
-  struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
+  if (wait > 0) sleep_us((long)wait);
 }
 
 void step_stop_point(const struct step_opts* o, int rank, long k) {

@@ -58,6 +58,9 @@ HIDDEN int sock_accept(int lfd, long timeout_ms);
 HIDDEN ncclResult_t sock_send_all(int fd, const void* buf, size_t len, long timeout_ms);
 HIDDEN ncclResult_t sock_recv_all(int fd, void* buf, size_t len, long timeout_ms);
 HIDDEN void sock_set_nonblock(int fd);
+/* TCP_NODELAY on fd; on a connection already so, it also sends what the socket holds now
+ * (past Linux's autocorking of small writes). */
+HIDDEN void sock_nodelay(int fd);
 
 /* ---- windowed transport (transport.c): NCCL IB transport names and signatures ---- */
 struct conn;

@@ -21,11 +21,15 @@ static void sock_sndbuf(int fd) {
     abi_warn("SO_SNDBUF %d: %s", n, strerror(errno));
 }
 
+void sock_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
 static int sock_new(void) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  sock_nodelay(fd);
   sock_sndbuf(fd);
   const char* ifname = abi_env()->ifname;
   if (ifname != NULL &&
@@ -115,8 +119,7 @@ int sock_accept(int lfd, long timeout_ms) {
   if (wait_fd(lfd, POLLIN, timeout_ms) != 1) return -1;
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
   if (fd >= 0) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    sock_nodelay(fd);
     sock_sndbuf(fd);
   }
   return fd;
