@@ -15,7 +15,8 @@
 //! - in-flight: window 1 vs 16 over a modelled round trip → `in_flight_limit` (all-reduce at
 //!   window 1 − at 16) with N ≈ 1, m = the chunk, N·m/T = the workload's rate; none at 16;
 //!   `/metrics` alone gives the same N, m, T (the `stepwise_net_request_*` sums), and the
-//!   requests' bytes match the rail's transmitted bytes;
+//!   requests' bytes match the rail's transmitted bytes; with the probes attached in short
+//!   sampled windows (as by default), N is still ≈ 1 per step and at most one from `/metrics`;
 //! - healthy: hierarchical, nothing injected → compute and ideal communication only (what is
 //!   unexplained is exactly what the workload itself lost beyond the ideal: the intra-server
 //!   phases and CPU contention from unrelated work).
@@ -1132,6 +1133,75 @@ fn in_flight_in_cluster_mode(s: &Servers, excess: f64, mode: Timing) {
     }
     let med = median(got);
     assert!(within(med, excess, 0.15), "{what}: in_flight_limit {:.1} ms (median step) vs the workload's excess {:.1} ms", med * 1e3, excess * 1e3);
+}
+
+/// The in-flight scenario's window-1 job under the probes' real sampling: 200 ms windows,
+/// here every second (the default period is 10 s; a second puts about nine windows in the
+/// job). Once a window closes, its links keep firing while the detacher tears them down
+/// (~0.12 s each): requests posted then are counted apart
+/// (`stepwise_net_requests_unsampled_total`), so N from `/metrics` is still at most one; and a
+/// step that a window covered in part is measured over that part — N ≈ 1, N·m/T the
+/// workload's own rate — as with the probes attached throughout.
+#[test]
+fn in_flight_in_short_sampled_windows_is_measured_over_the_windows() {
+    let _g = serial();
+    let dir = setup();
+    let mut s = Servers::new(1, 9000, Some(Shape::mbit(IF_MBIT, 64, 4096))).expect("servers");
+    let rates: BTreeMap<String, String> = [(rail_dev(0), s.shape.as_ref().expect("shape").agent_rate())].into_iter().collect();
+    for k in 0..2 {
+        let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, true);
+        let windowed = cfg.replace("sample_every = \"100ms\"\nsample_window = \"10m\"", "sample_every = \"1s\"\nsample_window = \"200ms\"");
+        assert_ne!(cfg, windowed, "agent_config's sampling settings moved");
+        s.start_agent(k, dir.path(), &windowed).expect("agent");
+    }
+    let steps_n = 30u64;
+    let a = args(&[("--steps", steps_n.to_string()), ("--bytes", IF_BYTES.to_string()), ("--compute-us", "50000".into())]);
+    let env = [("NCCL_ABI_RTT_US", IF_RTT_US.to_string()), ("NCCL_ABI_WINDOW", "1".to_string()), ("NCCL_ABI_CHUNK", IF_CHUNK.to_string())];
+    let metric = |k: usize, name: &str, labels: &[(&str, &str)]| total(&s.get(&s.agents[k].addr, "/metrics").map(|r| r.body).unwrap_or_default(), name, labels);
+    let unsampled = |k: usize| metric(k, "stepwise_net_requests_unsampled_total", &[]);
+    let recv = |k: usize| metric(k, "stepwise_net_request_occupancy_seconds_total", &[("direction", "recv")]);
+    let before: Vec<(NetSums, f64, f64)> = (0..2).map(|k| (NetSums::scrape(&s, k, Timing::Blocking), unsampled(k), recv(k))).collect();
+    let t0 = now();
+    let o = two_rank_job(&s, dir.path(), "sampled", &env, &a).wait(Duration::from_secs(90)).expect("job");
+    let t1 = now();
+    for (k, (sums0, unsampled0, recv0)) in before.iter().enumerate() {
+        let d = NetSums::scrape(&s, k, Timing::Blocking).minus(sums0);
+        let (n, torn) = (d.occupancy / d.sampled, unsampled(k) - unsampled0);
+        let n_recv = (recv(k) - recv0) / d.sampled;
+        let steps = steps_between(&s, k, t0, t1, steps_n as usize - 1);
+        let measured: Vec<&Value> = steps.iter().filter(|st| cause(st, "in_flight_limit")["evidence"]["source"] == "sampled_requests").collect();
+        eprintln!(
+            "sampled windows, server {k}: N {n:.2} (receives {n_recv:.2}) over {:.2} s sampled ({} requests; {torn} seen in teardowns, not counted); {} of {} steps measured by sampled requests, N {:?}, share sampled {:?}",
+            d.sampled,
+            d.count,
+            measured.len(),
+            steps.len(),
+            measured.iter().map(|st| cause(st, "in_flight_limit")["evidence"]["in_flight_requests"].as_f64().unwrap_or(0.0)).collect::<Vec<_>>(),
+            measured.iter().map(|st| cause(st, "in_flight_limit")["evidence"]["share_of_transfer_sampled"].as_f64().unwrap_or(0.0)).collect::<Vec<_>>()
+        );
+        assert!(d.count > 0.0 && d.sampled > 0.4, "server {k}: windows sampled requests: {d:?}");
+        assert!(torn > 0.0, "server {k}: requests seen while the windows' links were torn down are counted apart");
+        // At most one: the sampled seconds also hold windows in the job's start-up and compute.
+        assert!((0.2..=1.05).contains(&n), "server {k}: window 1 keeps at most one request in flight: N = {n:.2} ({d:?})");
+        // The links come down in order, ncclIbIsend's first: the requests of the teardown are
+        // receives (counted, they raised the receive side's N from ≈ 0.8 to 1.88).
+        assert!(n_recv <= 1.05, "server {k}: window 1 receives one chunk at a time: N = {n_recv:.2} over {:.2} s sampled", d.sampled);
+        assert!(measured.len() >= 3, "server {k}: steps that a window covered measure N from the sampled requests:\n{}", summarize(&steps));
+        for st in measured {
+            let ev = &cause(st, "in_flight_limit")["evidence"];
+            let n = ev["in_flight_requests"].as_f64().unwrap_or(0.0);
+            assert!((0.7..=1.3).contains(&n), "server {k} step {}: N ≈ 1 over the sampled part of the transfer: {ev}", st["step"]);
+            let id = st["step"].as_u64().expect("id");
+            let own = o.rank(k as u32).iter().find(|l| l.step == id).map(|l| l.allreduce_us * 1e-6).expect("the workload's step");
+            let bound = ev["window_bound_bytes_per_second"].as_f64().unwrap_or(0.0);
+            assert!(
+                within(bound, IF_BYTES as f64 / own, 0.15),
+                "server {k} step {id}: N·m/T {:.2} MB/s vs the workload's {:.2} MB/s: {ev}",
+                bound / 1e6,
+                IF_BYTES as f64 / own / 1e6
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

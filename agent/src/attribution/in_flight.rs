@@ -29,25 +29,38 @@ pub struct InFlight {
     pub mean_occupancy_seconds: f64,
     pub bound_bytes_per_second: f64,
     pub path_bytes_per_second: f64,
+    /// Share of the transfer the measurement covers (sampled requests: the probes' windows;
+    /// 1 for the proxy steps, which are every request).
+    pub covered_share: f64,
 }
 
 impl InFlight {
     /// §2.2 `B_eff ≤ N·m/T` with N the time-averaged outstanding requests, m the mean payload
-    /// and T the mean slot occupancy (post → completion seen), measured over [t0, t1].
+    /// and T the mean slot occupancy (post → completion seen), measured over the part of
+    /// [t0, t1] the requests cover: from the first one's post to the last one's completion.
+    /// The requests are those posted inside the probes' sampled windows (200 ms every 10 s by
+    /// default), which may cover a transfer only in part: over all of [t0, t1], N would count
+    /// the time nobody sampled as time with nothing in flight (a transfer half covered at
+    /// N = 1 measured N = 0.5, and half its window bound).
     pub fn measure(net: &[NetSample], t0: f64, t1: f64, path: f64) -> Option<InFlight> {
-        let span = t1 - t0;
-        if span <= 0.0 || net.is_empty() {
+        if t1 <= t0 || net.is_empty() {
             return None;
         }
         let reqs: Vec<&NetSample> = net.iter().filter(|r| r.send && r.completed > t0 && r.posted < t1).collect();
         if reqs.len() < 4 {
             return None;
         }
+        let lo = reqs.iter().map(|r| r.posted).fold(t1, f64::min).max(t0);
+        let hi = reqs.iter().map(|r| r.completed).fold(t0, f64::max).min(t1);
+        let covered = hi - lo;
+        if covered <= 0.0 {
+            return None;
+        }
         let busy: f64 = reqs.iter().map(|r| r.completed.min(t1) - r.posted.max(t0)).sum();
-        let n = busy / span;
         let m = reqs.iter().map(|r| r.bytes).sum::<f64>() / reqs.len() as f64;
         let t = reqs.iter().map(|r| r.completed - r.posted).sum::<f64>() / reqs.len() as f64;
-        InFlight::of("sampled_requests", reqs.len(), n, m, t, path)
+        let inf = InFlight::of("sampled_requests", reqs.len(), busy / covered, m, t, path)?;
+        Some(InFlight { covered_share: covered / (t1 - t0), ..inf })
     }
 
     /// N, m, T of the profiler plugin's proxy steps of collective `c` over its transfer
@@ -81,6 +94,7 @@ impl InFlight {
             mean_occupancy_seconds: t,
             bound_bytes_per_second: model.window_bound.map(|b| b.0).unwrap_or(path),
             path_bytes_per_second: path,
+            covered_share: 1.0,
         })
     }
 
@@ -95,6 +109,7 @@ impl InFlight {
             mean_occupancy_seconds: avg(self.mean_occupancy_seconds, o.mean_occupancy_seconds),
             bound_bytes_per_second: avg(self.bound_bytes_per_second, o.bound_bytes_per_second),
             path_bytes_per_second: self.path_bytes_per_second.max(o.path_bytes_per_second),
+            covered_share: avg(self.covered_share, o.covered_share),
         }
     }
 
@@ -107,6 +122,7 @@ impl InFlight {
             ("slot_occupancy_seconds", serde_json::json!(self.mean_occupancy_seconds)),
             ("window_bound_bytes_per_second", serde_json::json!(self.bound_bytes_per_second)),
             ("path_bytes_per_second", serde_json::json!(self.path_bytes_per_second)),
+            ("share_of_transfer_sampled", serde_json::json!(self.covered_share)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -138,21 +138,42 @@ fn pause_time_is_congestion_and_bounded_by_the_transfer() {
     assert!((sum(&a) - 0.05).abs() < 1e-12);
 }
 
-#[test]
-fn few_requests_in_flight_is_an_in_flight_limit() {
-    // 64 KiB requests, one at a time, each 1 ms: 65.5 MB/s against a 1 GB/s path.
+/// 64 KiB requests, one at a time, each 1 ms, over a 0.1 s all-reduce on a 1 GB/s path
+/// (65.5 MB/s): the step attributed from `net`, a sample of those requests.
+fn one_at_a_time(net: impl Fn(&[NetSample]) -> Vec<NetSample>) -> Attribution {
     let c = coll(0, &[(0, "a", 0.0, 0.1), (1, "b", 0.0, 0.1)], 6_553_600);
     let s = step(0.0, 0.1);
-    let net: Vec<NetSample> = (0..100).map(|i| NetSample { bytes: 65536.0, posted: i as f64 * 0.001, completed: (i + 1) as f64 * 0.001, send: true }).collect();
+    let all: Vec<NetSample> = (0..100).map(|i| NetSample { bytes: 65536.0, posted: i as f64 * 0.001, completed: (i + 1) as f64 * 0.001, send: true }).collect();
     let wins = vec![vec![nic("eth0", "a", 6_553_600.0, 1e9)]];
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &net, dropped_events: false }, &Params::default());
+    attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &net(&all), dropped_events: false }, &Params::default())
+}
+
+#[test]
+fn few_requests_in_flight_is_an_in_flight_limit() {
+    let a = one_at_a_time(|all| all.to_vec());
     let inf = a.cause(CauseKind::InFlightLimit);
     assert!(inf > 0.08, "{:?}", a.causes);
     assert!((sum(&a) - 0.1).abs() < 1e-12);
     let top = a.top_problem(1e-3).expect("top");
     assert_eq!(top.kind, CauseKind::InFlightLimit);
     assert!(top.evidence.get("in_flight_requests").and_then(|v| v.as_f64()).is_some_and(|n| (n - 1.0).abs() < 0.05));
+}
+
+#[test]
+fn a_transfer_sampled_in_part_is_measured_over_the_sampled_part() {
+    // The probes' sampled window covered only the transfer's second half: the 50 requests
+    // seen were one at a time all the same. N is 1 over the time they cover (not 0.5 over the
+    // whole transfer, which would halve the window bound and double the charge).
+    let whole = one_at_a_time(|all| all.to_vec());
+    let half = one_at_a_time(|all| all[50..].to_vec());
+    let ev = &half.top_problem(1e-3).expect("top").evidence;
+    let n = ev.get("in_flight_requests").and_then(|v| v.as_f64()).expect("N");
+    assert!((n - 1.0).abs() < 0.05, "N over the sampled half: {ev:?}");
+    let share = ev.get("share_of_transfer_sampled").and_then(|v| v.as_f64()).expect("share");
+    assert!((share - 0.5).abs() < 0.02, "half the transfer sampled: {ev:?}");
+    let (a, b) = (whole.cause(CauseKind::InFlightLimit), half.cause(CauseKind::InFlightLimit));
+    assert!((a - b).abs() < 1e-3 * a, "the same charge from half the requests: {a} vs {b}");
 }
 
 #[test]

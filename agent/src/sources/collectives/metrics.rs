@@ -88,6 +88,7 @@ pub struct CollectiveMetrics {
     pub events: Counter,
     pub drops: Counter,
     pub net_requests: Counter,
+    pub net_requests_unsampled: Counter,
     pub clock_error: Gauge<f64, AtomicU64>,
     pub comms: Gauge,
     pub processes: Gauge,
@@ -109,6 +110,7 @@ impl CollectiveMetrics {
             events: Counter::default(),
             drops: Counter::default(),
             net_requests: Counter::default(),
+            net_requests_unsampled: Counter::default(),
             clock_error: Gauge::default(),
             comms: Gauge::default(),
             processes: Gauge::default(),
@@ -126,6 +128,11 @@ impl CollectiveMetrics {
         r.register("stepwise_probe_events", "Probe events received from the kernel", m.events.clone());
         r.register("stepwise_probe_drops", "Probe events dropped in the kernel because the ring buffer was full", m.drops.clone());
         r.register("stepwise_net_requests", "Completed requests of NCCL's network transport seen in sampled windows", m.net_requests.clone());
+        r.register(
+            "stepwise_net_requests_unsampled",
+            "Requests of NCCL's network transport seen while a closed window's probes were torn down (posted outside any sampled window): not counted",
+            m.net_requests_unsampled.clone(),
+        );
         r.register("stepwise_clock_error_seconds", "Error bound of monotonic to wall-clock conversion (adjtimex maxerror)", m.clock_error.clone());
         r.register("stepwise_collective_communicators", "Communicators currently tracked", m.comms.clone());
         r.register("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());

@@ -19,6 +19,7 @@ mod net_metrics;
 pub mod procs;
 pub mod profiler;
 pub mod progress;
+mod sampled;
 pub mod targets;
 
 use std::{
@@ -99,6 +100,8 @@ pub struct Collectives {
     history: SharedHistory,
     metrics: CollectiveMetrics,
     net_metrics: net_metrics::NetMetrics,
+    /// The sampled windows' schedule, and which requests were posted inside one.
+    windows: sampled::Windows,
     next_probe_id: u32,
     last_drops: u64,
     self_pid: u32,
@@ -165,6 +168,7 @@ impl Collectives {
             history,
             metrics: CollectiveMetrics::register(registry),
             net_metrics: net_metrics::NetMetrics::register(registry),
+            windows: sampled::Windows::new(),
             next_probe_id: 1,
             last_drops: 0,
             self_pid: std::process::id(),
@@ -247,10 +251,6 @@ impl Collectives {
         self.rescan();
         self.ready.store(true, std::sync::atomic::Ordering::Release);
         let mut last_scan = Instant::now();
-        let mut window_start: Option<Instant> = None;
-        let mut last_window = Instant::now();
-        // Time of the open sampled window already added to stepwise_net_sampled_seconds_total.
-        let mut sampled_until = Instant::now();
         let mut buf: Vec<ProbeEvent> = Vec::with_capacity(4096);
         while !stop() {
             if last_scan.elapsed() >= self.cfg.rescan {
@@ -264,28 +264,12 @@ impl Collectives {
                     *g = st;
                 }
             }
-            // Sampled windows for hot internal functions, one every `sample_every` (a period:
-            // counted from one window's start to the next).
-            match window_start {
-                None if last_window.elapsed() >= self.cfg.sample_every => {
-                    last_window = Instant::now();
-                    self.attach_sampled();
-                    window_start = Some(Instant::now());
-                    sampled_until = Instant::now();
-                }
-                Some(t) if t.elapsed() >= self.cfg.sample_window => {
-                    self.count_sampled(&mut sampled_until);
-                    self.detach_sampled();
-                    window_start = None;
-                }
-                Some(_) => self.count_sampled(&mut sampled_until),
-                _ => {}
-            }
+            self.sample_windows();
             let drained = self.next_batch(&mut buf, Duration::from_millis(20));
             self.handle(&buf);
             self.drained_to(drained);
         }
-        self.detach_sampled();
+        self.close_window();
         self.drainer = None;
     }
 
@@ -417,6 +401,10 @@ impl Collectives {
                     self.metrics.decode_error(e.kind());
                     self.metrics.observe(&c);
                     hist.push_call_timed(c, procs::launch_blocking(&proc.env));
+                }
+                // Posted after its window closed, while the links were torn down: not sampled.
+                Ok(Decoded::Net(n)) if !self.windows.contains(n.posted_ns) => {
+                    self.metrics.net_requests_unsampled.inc();
                 }
                 Ok(Decoded::Net(n)) => {
                     self.metrics.net_requests.inc();
@@ -631,24 +619,6 @@ impl Collectives {
     fn track(&mut self, pid: u32, info: ProcInfo) {
         self.probes.set_entry_alone(pid, !procs::launch_blocking(&info.env));
         self.procs.insert(pid, info);
-    }
-
-    fn detach_sampled(&mut self) {
-        let links: Vec<AttachedLink> = self.attached.values_mut().flat_map(|a| std::mem::take(&mut a.sampled_links)).collect();
-        for l in links {
-            self.probes.detach(l);
-        }
-    }
-
-    /// Adds the time since `until` to the sampled seconds while sampled probes are attached (a
-    /// window is skipped while the last one's links are still being torn down; counted as it
-    /// goes, so a long window is visible before it closes).
-    fn count_sampled(&mut self, until: &mut Instant) {
-        let now = Instant::now();
-        if self.attached.values().any(|a| !a.sampled_links.is_empty()) {
-            self.net_metrics.window(now.duration_since(*until).as_secs_f64());
-        }
-        *until = now;
     }
 
     /// A JSON summary for `/api/v1/status`.
