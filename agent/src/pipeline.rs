@@ -222,6 +222,9 @@ pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params, dropped: 
     let si = step_inputs(inp, f);
     let mut a =
         attribution::attribute(&StepData { step: &f.step, collectives: &si.collectives, windows: &si.windows, net: &si.net, dropped_events: dropped }, params);
+    if let Some(n) = coarse_counters(inp, &si) {
+        a.notes.push(n);
+    }
     if !si.linked.is_empty() {
         const SHOWN: usize = 8;
         let more = si.linked.len().saturating_sub(SHOWN);
@@ -229,6 +232,33 @@ pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params, dropped: 
         a.notes.push(format!("NICs of this step's ranks (only these carry its collectives): {}{tail}", si.linked[..si.linked.len().min(SHOWN)].join(", ")));
     }
     (a, si)
+}
+
+/// A note when the counter samples around one of the step's transfers lie more than twice
+/// its length apart: the transfer's counter deltas are then the span's interpolated share,
+/// not its own bytes, pauses and queues.
+fn coarse_counters(inp: &Inputs<'_, '_>, si: &StepInputs<'_>) -> Option<String> {
+    let log = inp.log?;
+    let (span, transfer) = si
+        .collectives
+        .iter()
+        .filter_map(|c| {
+            let (t0, t1) = (c.last_arrival(), c.last_exit());
+            let b = log.bracket(t0, t1)?;
+            (t1 > t0 && b > 2.0 * (t1 - t0)).then_some((b, t1 - t0))
+        })
+        .max_by(|x, y| (x.0 / x.1).total_cmp(&(y.0 / y.1)))?;
+    // The e2e flat ring's 363 ms transfers were resolved at 100 ms (within 15 %), not at 1 s.
+    let needed = (transfer * 1e3 / 3.0).round();
+    let advice = if needed >= 10.0 {
+        format!("sample at `interval` ≤ {needed:.0} ms to resolve it")
+    } else {
+        "shorter than counter sampling resolves (10 ms at least)".to_string()
+    };
+    Some(format!(
+        "counters not resolved: samples {span:.2} s apart bracket a {:.0} ms transfer of this step, so its NIC bytes, pauses and queues are that span's interpolated share: rail imbalance and congestion here are approximate (low when the step's own traffic fills the transfer, high when other traffic falls elsewhere in the span) and what they miss is unexplained; {advice}",
+        transfer * 1e3
+    ))
 }
 
 #[cfg(test)]

@@ -226,6 +226,20 @@ impl CounterLog {
             .collect()
     }
 
+    /// The span of the samples that bracket [t0, t1] — from the last sample at or before t0
+    /// to the first at or after t1 — on the NIC where it is widest; `None` when no NIC has
+    /// samples on both sides. A window's deltas are interpolated over that span.
+    pub fn bracket(&self, t0: f64, t1: f64) -> Option<f64> {
+        self.nics
+            .values()
+            .filter_map(|(_, s)| {
+                let before = s.iter().rev().find(|x| x.time <= t0)?;
+                let after = s.iter().find(|x| x.time >= t1)?;
+                Some(after.time - before.time)
+            })
+            .reduce(f64::max)
+    }
+
     /// Every NIC's samples in [t0, t1] (for the store and peers).
     pub fn samples(&self, t0: f64, t1: f64) -> Vec<(NicInfo, Vec<NicSample>)> {
         self.nics.values().map(|(i, s)| (i.clone(), s.iter().filter(|x| x.time >= t0 && x.time <= t1).cloned().collect())).collect()
@@ -238,6 +252,18 @@ mod tests {
 
     fn s(time: f64, tx: f64) -> NicSample {
         NicSample { time, tx_bytes: tx, ..Default::default() }
+    }
+
+    #[test]
+    fn bracket_is_the_span_of_the_samples_around_a_window() {
+        let mut log = CounterLog::new(16);
+        for k in 0..4 {
+            log.push(NicInfo { name: "eth0".into(), ..Default::default() }, s(k as f64, 0.0));
+        }
+        assert_eq!(log.bracket(1.2, 1.6), Some(1.0), "between the samples at 1 and 2");
+        assert_eq!(log.bracket(1.0, 2.0), Some(1.0), "samples on its edges");
+        assert_eq!(log.bracket(0.5, 2.5), Some(3.0));
+        assert_eq!(log.bracket(2.5, 3.5), None, "no sample after it yet");
     }
 
     #[test]
