@@ -236,12 +236,13 @@ pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params, dropped: 
 
 /// A note when the counter samples around one of the step's transfers lie more than twice
 /// its length apart: the transfer's counter deltas are then the span's interpolated share,
-/// not its own bytes, pauses and queues.
+/// not its own bytes, pauses and queues. Collectives of one host use no counters.
 fn coarse_counters(inp: &Inputs<'_, '_>, si: &StepInputs<'_>) -> Option<String> {
     let log = inp.log?;
     let (span, transfer) = si
         .collectives
         .iter()
+        .filter(|c| !c.one_host())
         .filter_map(|c| {
             let (t0, t1) = (c.last_arrival(), c.last_exit());
             let b = log.bracket(t0, t1)?;

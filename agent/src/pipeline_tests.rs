@@ -184,10 +184,12 @@ fn a_job_outside_every_marker_step_gets_period_steps() {
 /// one, with pseudo-random compute, lateness and NIC bytes.
 #[test]
 fn a_transfer_between_counter_samples_far_apart_is_said_to_be_unresolved() {
-    // A 0.2 s all-reduce after 0.3 s of compute, in steps of 0.5 s; the NIC sampled every
-    // `every` seconds. At 1 s the samples around a transfer are five times its length apart.
-    let note = |every: f64| {
-        let colls: Vec<Collective> = (0..6u64).map(|k| coll("job", k, "all_reduce", 100, &[k as f64 * 0.5 + 0.3; 2], k as f64 * 0.5 + 0.5)).collect();
+    // A 0.2 s all-reduce after 0.3 s of compute, in steps of 0.5 s, two of its four ranks on
+    // this host (the others' host has its own agent); the NIC sampled every `every` seconds.
+    // At 1 s the samples around a transfer are five times its length apart.
+    let four = |c: Collective| Collective { nranks: Some(4), ..c };
+    let note_of = |every: f64, ranks: fn(Collective) -> Collective| {
+        let colls: Vec<Collective> = (0..6u64).map(|k| ranks(coll("job", k, "all_reduce", 100, &[k as f64 * 0.5 + 0.3; 2], k as f64 * 0.5 + 0.5))).collect();
         let mut log = CounterLog::new(4096);
         let info = crate::timeline::NicInfo { name: "eth0".into(), host: None, rail: Some(0), rate_bytes_per_second: Some(1.25e9) };
         for i in 0..=(4.0 / every).round() as u64 {
@@ -198,12 +200,14 @@ fn a_transfer_between_counter_samples_far_apart_is_said_to_be_unresolved() {
         let (a, _) = attribute(&Inputs { colls: &colls, log: Some(&log), nets: &[], links: &Links::default() }, f, &Params::default(), false);
         a.notes.into_iter().find(|n| n.starts_with("counters not resolved"))
     };
+    let note = |every: f64| note_of(every, four);
+    assert_eq!(note_of(1.0, |c| c), None, "every rank on one host: no NIC carries it, counters do not matter");
     let coarse = note(1.0).expect("1 s samples around a 0.2 s transfer");
     assert!(coarse.contains("samples 1.00 s apart") && coarse.contains("200 ms transfer") && coarse.contains("≤ 67 ms"), "{coarse}");
     assert_eq!(note(0.01), None, "10 ms samples resolve it");
     assert_eq!(note(0.1), None, "100 ms samples around a 200 ms transfer are within twice its length");
     // A 20 ms transfer is finer than counters go.
-    let colls: Vec<Collective> = (0..6u64).map(|k| coll("job", k, "all_reduce", 100, &[k as f64 * 0.5 + 0.48; 2], k as f64 * 0.5 + 0.5)).collect();
+    let colls: Vec<Collective> = (0..6u64).map(|k| four(coll("job", k, "all_reduce", 100, &[k as f64 * 0.5 + 0.48; 2], k as f64 * 0.5 + 0.5))).collect();
     let mut log = CounterLog::new(64);
     for i in 0..=4u64 {
         log.push(

@@ -32,10 +32,7 @@ pub(super) enum NoRails {
 
 /// The rails of collective `c` from its windows (`all`: every NIC of the hosts seen).
 pub(super) fn select<'a>(c: &Collective, all: Option<&'a Vec<NicWindow>>, p: &Params) -> Result<Rails<'a>, NoRails> {
-    // Every rank of the communicator on one host (all seen, one host name): whatever the
-    // host's NICs carried meanwhile (another job's traffic, a paused port) is not this step's.
-    let one_host = c.complete() && c.arrivals.iter().all(|a| a.host == c.arrivals[0].host);
-    let Some(all) = all.filter(|_| !one_host) else { return Err(NoRails::NoNic) };
+    let Some(all) = all.filter(|_| !c.one_host()) else { return Err(NoRails::NoNic) };
     let mut wins: Vec<&NicWindow> = all.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes).collect();
     if wins.is_empty() {
         return Err(NoRails::NoNic);

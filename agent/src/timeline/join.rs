@@ -164,6 +164,11 @@ impl Collective {
     pub fn complete(&self) -> bool {
         self.nranks.is_some_and(|n| self.arrivals.len() as u32 >= n)
     }
+    /// Every rank of the communicator was seen, all on one host: whatever the host's NICs
+    /// carried meanwhile (another job's traffic, a paused port) is not this collective's.
+    pub fn one_host(&self) -> bool {
+        self.complete() && self.arrivals.iter().all(|a| a.host == self.arrivals[0].host)
+    }
     /// Time from the last arrival to the last return: the transfer itself once everyone
     /// was ready.
     pub fn transfer(&self) -> f64 {
