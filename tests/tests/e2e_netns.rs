@@ -1187,11 +1187,19 @@ fn in_flight_in_short_sampled_windows_is_measured_over_the_windows() {
         // receives (counted, they raised the receive side's N from ≈ 0.8 to 1.88).
         assert!(n_recv <= 1.05, "server {k}: window 1 receives one chunk at a time: N = {n_recv:.2} over {:.2} s sampled", d.sampled);
         assert!(measured.len() >= 3, "server {k}: steps that a window covered measure N from the sampled requests:\n{}", summarize(&steps));
+        let mut compared = 0;
         for st in measured {
             let ev = &cause(st, "in_flight_limit")["evidence"];
             let n = ev["in_flight_requests"].as_f64().unwrap_or(0.0);
             assert!((0.7..=1.3).contains(&n), "server {k} step {}: N ≈ 1 over the sampled part of the transfer: {ev}", st["step"]);
             let id = st["step"].as_u64().expect("id");
+            // T is a mean over the sampled requests: from the 5 of a window's last 5 % of a
+            // transfer it was 2.73 ms against the usual 2.2 (one CI run), so the rate is
+            // compared where a window saw at least 20 of the transfer's 128 requests.
+            if ev["requests_sampled"].as_u64().unwrap_or(0) < 20 {
+                continue;
+            }
+            compared += 1;
             let own = o.rank(k as u32).iter().find(|l| l.step == id).map(|l| l.allreduce_us * 1e-6).expect("the workload's step");
             let bound = ev["window_bound_bytes_per_second"].as_f64().unwrap_or(0.0);
             assert!(
@@ -1201,6 +1209,7 @@ fn in_flight_in_short_sampled_windows_is_measured_over_the_windows() {
                 IF_BYTES as f64 / own / 1e6
             );
         }
+        assert!(compared >= 2, "server {k}: at least two steps had 20 sampled requests or more:\n{}", summarize(&steps));
     }
 }
 
