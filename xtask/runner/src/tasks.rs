@@ -64,8 +64,13 @@ pub fn test(args: &[String]) -> Result<()> {
             // The eBPF object is never silently a stub: built into an empty target directory
             // without bpf-linker, then with it (issue 12).
             "fresh-build" => crate::fresh::check()?,
-            // Unit tests: no root, no network (agent lib + bin + model CLI tests).
-            "unit" => sh(cargo().args(["test", "-p", "agent", "-p", "agent-common", "-p", "agent-ebpf-object"]))?,
+            // Unit tests: no root, no network (agent lib + bin + model CLI tests, and the NCCL
+            // profiler plugin's own tests: its dlopen test loads the cdylib `cargo test` does
+            // not emit, so it is built first).
+            "unit" => {
+                sh(cargo().args(["build", "-p", "nccl-profiler"]))?;
+                sh(cargo().args(["test", "-p", "agent", "-p", "agent-common", "-p", "agent-ebpf-object", "-p", "nccl-profiler"]))?
+            }
             // Privileged tiers: real kernel (netns/veth/tc), real Prometheus, fixtures.
             "integration" => {
                 let bin = build_agent(false)?;
