@@ -73,6 +73,8 @@ fn step(sh: &Shape, i: u64) -> (Attribution, Vec<Collective>, Vec<NicWindow>) {
             drops: 0.0,
             max_backlog_bytes: 0.0,
             tcp: Default::default(),
+            own_tx: None,
+            opaque_tx_bytes: 0.0,
         })
         .collect();
     let s = Step { id: i, begin, end: t + 0.01, source: StepSource::Markers, ranks: BTreeMap::new() };

@@ -128,6 +128,8 @@ fn sample(step: u64, begin: f64, ncoll: usize) -> (Attribution, Vec<Collective>,
             drops: 0.0,
             max_backlog_bytes: 4096.0,
             tcp: Default::default(),
+            own_tx: None,
+            opaque_tx_bytes: 0.0,
         })
         .collect();
     let s = Step { id: step, begin, end: t + 0.005, source: StepSource::Markers, ranks: BTreeMap::new() };

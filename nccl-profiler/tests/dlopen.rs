@@ -17,7 +17,11 @@ fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("test path");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let lib = dir.join("libnccl_profiler.so");
-    assert!(lib.exists(), "{} not built: `cargo test` does not emit the cdylib, run `cargo build -p nccl-profiler` first (`cargo xtask test unit` does)", lib.display());
+    assert!(
+        lib.exists(),
+        "{} not built: `cargo test` does not emit the cdylib, run `cargo build -p nccl-profiler` first (`cargo xtask test unit` does)",
+        lib.display()
+    );
     lib
 }
 

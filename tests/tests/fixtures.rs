@@ -22,6 +22,7 @@ fn source(root: &Path) -> (RdmaSource, Errors) {
         errors: errors.clone(),
         interval: Duration::from_secs(1),
         rails: Default::default(),
+        owners: Default::default(),
     };
     (RdmaSource::standalone(ctx), errors)
 }

@@ -20,6 +20,7 @@ fn ctx(sysfs: &Path) -> SourceContext {
         errors: Errors::default(),
         interval: Duration::from_millis(100),
         rails: Default::default(),
+        owners: Default::default(),
     }
 }
 

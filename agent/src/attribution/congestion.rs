@@ -86,6 +86,9 @@ pub struct Congestion {
     pub drops: f64,
     pub max_backlog_bytes: f64,
     pub nic: Option<String>,
+    /// Other traffic was measured (the job's own bytes known on every NIC), not inferred from
+    /// the bytes the collective should have sent.
+    pub own_bytes_measured: bool,
 }
 
 impl Congestion {
@@ -99,7 +102,26 @@ impl Congestion {
     /// a host's NICs): the hosts' uplinks are parallel paths of one ring, so the ring waits for
     /// the most loaded one, not for the sum — two hosts each carrying one other burst delay a
     /// collective by one burst, not two.
-    pub fn from_windows(wins: &[&NicWindow], rate: f64, expected: &dyn Fn(&str) -> Option<f64>, p: &Params) -> Congestion {
+    ///
+    /// With the job's own bytes per NIC measured (`own`, in the order of `wins`), only the NICs
+    /// the transfer used (own bytes of at least `min_nic_bytes`) count, and their other traffic
+    /// is measured, not inferred: see [`Congestion::other_traffic_measured`].
+    pub fn from_windows(wins: &[&NicWindow], rate: f64, own: Option<&[f64]>, transfer: f64, expected: &dyn Fn(&str) -> Option<f64>, p: &Params) -> Congestion {
+        let Some(o) = own else {
+            let mut c = Congestion::stalls(wins, p);
+            c.other_traffic_inferred(wins, rate, expected);
+            return c;
+        };
+        let used: Vec<(&NicWindow, f64)> = wins.iter().zip(o).filter(|(_, b)| **b >= p.min_nic_bytes).map(|(w, b)| (*w, *b)).collect();
+        let mut c = Congestion::stalls(&used.iter().map(|u| u.0).collect::<Vec<_>>(), p);
+        c.other_traffic_measured(&used, rate, transfer, p);
+        c.own_bytes_measured = true;
+        c
+    }
+
+    /// Pauses, transmit wait, marks, retransmissions, drops and queues of `wins`; the stall of
+    /// the worst NIC as seconds.
+    fn stalls(wins: &[&NicWindow], p: &Params) -> Congestion {
         let mut c = Congestion::default();
         let mut worst = 0.0;
         let mut worst_nic: Option<&str> = None;
@@ -121,6 +143,43 @@ impl Congestion {
             c.max_backlog_bytes = c.max_backlog_bytes.max(w.max_backlog_bytes);
         }
         c.nic = worst_nic.map(str::to_string);
+        c.seconds = worst;
+        c
+    }
+
+    /// Other traffic measured per NIC: a NIC's transmitted bytes beyond the job's own. On a
+    /// link of rate R that carried our O bytes and X bytes of others during our transfer of
+    /// T seconds, the others' bytes delay ours by the time the link spent sending them, X/R —
+    /// never more than the transfer time our own bytes do not account for, T − O/R — when
+    /// the link was contended: it queued, dropped, retransmitted or stalled, or it was busy
+    /// at least 90 % of the transfer ((O + X)/R ≥ 0.9·T). A link with idle time left that
+    /// never queued gave the others capacity we did not use. The links of one transfer are
+    /// parallel paths (its rails, the ring's hops), so the transfer waits for the worst one.
+    fn other_traffic_measured(&mut self, used: &[(&NicWindow, f64)], rate: f64, transfer: f64, p: &Params) {
+        let mut worst: Option<(f64, f64, &str)> = None;
+        for &(w, own) in used {
+            let other = (w.tx_bytes - own).max(0.0);
+            self.other_traffic_all_hosts_bytes += other;
+            let r = w.nic.rate_bytes_per_second.filter(|r| *r > 0.0).unwrap_or(rate.max(1.0));
+            let stalled = w.pause_seconds.max(w.xmit_wait_ticks * p.xmit_wait_tick_seconds) > 0.0;
+            let contended = w.max_backlog_bytes > 0.0 || w.drops > 0.0 || w.retransmits > 0.0 || stalled || (own + other) / r >= 0.9 * transfer;
+            let delay = if contended { (other / r).min((transfer - own / r).max(0.0)) } else { 0.0 };
+            if worst.is_none_or(|(d, x, _)| delay > d || (delay == d && other > x)) {
+                worst = Some((delay, other, w.nic.name.as_str()));
+            }
+        }
+        let Some((delay, other, nic)) = worst else { return };
+        (self.other_traffic_bytes, self.other_traffic_seconds) = (other, delay);
+        if delay > 0.0 && self.seconds <= 0.0 {
+            self.nic = Some(nic.to_string());
+        }
+        self.seconds += delay;
+    }
+
+    /// Other traffic inferred per host where own bytes are not measured: a host's linked NICs'
+    /// bytes beyond what the collective is expected to put on them (§1.4).
+    fn other_traffic_inferred(&mut self, wins: &[&NicWindow], rate: f64, expected: &dyn Fn(&str) -> Option<f64>) {
+        let c = self;
         let mut worst_host: Option<&str> = None;
         for (host, carried) in carried_per_host(wins) {
             let Some(exp) = expected(host) else { continue };
@@ -131,15 +190,14 @@ impl Congestion {
             }
         }
         // Other traffic only delays us when the path also queued or dropped.
-        if worst_host.is_some() && (c.max_backlog_bytes > 0.0 || c.drops > 0.0 || c.retransmits > 0.0 || worst > 0.0) {
+        if worst_host.is_some() && (c.max_backlog_bytes > 0.0 || c.drops > 0.0 || c.retransmits > 0.0 || c.seconds > 0.0) {
             c.other_traffic_seconds = c.other_traffic_bytes / rate.max(1.0);
             if c.nic.is_none() {
                 let on_path = wins.iter().filter(|w| w.nic.host.as_deref().unwrap_or("") == worst_host.unwrap_or(""));
                 c.nic = on_path.max_by(|a, b| a.tx_bytes.total_cmp(&b.tx_bytes)).map(|w| w.nic.name.clone());
             }
         }
-        c.seconds = worst + c.other_traffic_seconds;
-        c
+        c.seconds += c.other_traffic_seconds;
     }
 
     /// The additive numbers scaled by `f` (a collective's share of a window it shares with
@@ -159,6 +217,7 @@ impl Congestion {
             drops: self.drops * f,
             max_backlog_bytes: self.max_backlog_bytes,
             nic: self.nic.clone(),
+            own_bytes_measured: self.own_bytes_measured,
         }
     }
 
@@ -178,6 +237,7 @@ impl Congestion {
         if self.nic.is_none() {
             self.nic = o.nic.clone();
         }
+        self.own_bytes_measured |= o.own_bytes_measured;
     }
 
     pub fn to_evidence(&self) -> BTreeMap<String, serde_json::Value> {
@@ -199,6 +259,7 @@ impl Congestion {
         if let Some(n) = &self.nic {
             m.insert("nic".into(), serde_json::json!(n));
         }
+        m.insert("other_traffic_measured".into(), serde_json::json!(self.own_bytes_measured));
         m
     }
 }
@@ -223,11 +284,11 @@ mod tests {
         let p = Params::default();
         // Paused 300 µs by PFC; transmit wait counted the same 300 µs (75 000 ticks of 4 ns).
         let w = nic(300e-6, 75_000.0);
-        let c = Congestion::from_windows(&[&w], 1e9, &|_| Some(1e6), &p);
+        let c = Congestion::from_windows(&[&w], 1e9, None, 1.0, &|_| Some(1e6), &p);
         assert!((c.seconds - 300e-6).abs() < 1e-12, "{}", c.seconds);
         // Transmit wait beyond the pause (credits, not PFC): the larger one is the stall.
         let w = nic(100e-6, 125_000.0);
-        let c = Congestion::from_windows(&[&w], 1e9, &|_| Some(1e6), &p);
+        let c = Congestion::from_windows(&[&w], 1e9, None, 1.0, &|_| Some(1e6), &p);
         assert!((c.seconds - 500e-6).abs() < 1e-12, "{}", c.seconds);
         assert!((c.pause_seconds - 100e-6).abs() < 1e-12 && (c.xmit_wait_seconds - 500e-6).abs() < 1e-12);
     }
@@ -244,12 +305,12 @@ mod tests {
             w
         };
         let (a, b) = (on("a", 1.5e6), on("b", 1.25e6));
-        let c = Congestion::from_windows(&[&a, &b], 1e6, &|_| Some(1e6), &Params::default());
+        let c = Congestion::from_windows(&[&a, &b], 1e6, None, 1.0, &|_| Some(1e6), &Params::default());
         assert!((c.other_traffic_bytes - 0.5e6).abs() < 1e-6, "{c:?}");
         assert!((c.seconds - 0.5).abs() < 1e-9, "one burst of 0.5 s, not 0.75 s: {c:?}");
         assert!((c.other_traffic_all_hosts_bytes - 0.75e6).abs() < 1e-6, "{c:?}");
         // A host whose bytes of ours are not known adds nothing.
-        let c = Congestion::from_windows(&[&a, &b], 1e6, &|h| (h == "b").then_some(1e6), &Params::default());
+        let c = Congestion::from_windows(&[&a, &b], 1e6, None, 1.0, &|h| (h == "b").then_some(1e6), &Params::default());
         assert!((c.seconds - 0.25).abs() < 1e-9, "{c:?}");
     }
 
@@ -259,7 +320,7 @@ mod tests {
         w.ecn_marked = 5000.0;
         w.cnp_sent = 300.0;
         w.retransmits = 12.0;
-        let c = Congestion::from_windows(&[&w], 1e9, &|_| Some(1e6), &Params::default());
+        let c = Congestion::from_windows(&[&w], 1e9, None, 1.0, &|_| Some(1e6), &Params::default());
         assert_eq!(c.seconds, 0.0);
         let e = c.to_evidence();
         assert_eq!(e["ecn_marked_packets"], 5000.0);

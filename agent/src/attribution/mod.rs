@@ -164,6 +164,8 @@ struct Acc<'a> {
     latency: Option<(f64, bool)>,
     payload: f64,
     intra_host: usize,
+    /// NICs whose job's own bytes were not measured (other traffic inferred there).
+    own_unmeasured: std::collections::BTreeSet<String>,
 }
 
 impl<'a> Acc<'a> {
@@ -194,16 +196,26 @@ impl<'a> Acc<'a> {
             }
         };
         let (rate, frac) = (r.rate, span.frac);
-        let (sum_tx, max_tx) = self.rails.add(&r.wins);
+        // The job's own bytes per rail where measured: rails and the ideal time are the job's
+        // bytes only, other traffic on the links it used is congestion.
+        let own = rails::own_bytes(c, &r.wins);
+        if own.is_none() {
+            self.own_unmeasured.extend(r.wins.iter().filter(|w| w.own_tx.is_none() || w.opaque_tx_bytes > 0.0).map(|w| w.nic.name.clone()));
+        }
+        let (sum_tx, max_tx) = self.rails.add(&r.wins, own.as_deref());
         let n = r.wins.len().max(1) as f64;
         let expected = |h: &str| congestion::expected_cross_host_bytes(c, &[h]);
-        let cg = congestion::Congestion::from_windows(&r.wins, rate, &expected, p);
-        // Other traffic that queued ahead of ours is congestion: it is not part of the ideal
-        // time of *our* bytes (counting it in both would leave congestion no room).
-        let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_all_hosts_bytes.min(sum_tx) } else { 0.0 };
-        let ours = sum_tx - other;
-        let max_ours = if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 };
         let (c_last, c_exit) = (c.last_arrival(), c.last_exit());
+        let cg = congestion::Congestion::from_windows(&r.wins, rate, own.as_deref(), c_exit - c_last, &expected, p);
+        let (ours, max_ours) = if own.is_some() {
+            (sum_tx, max_tx)
+        } else {
+            // Other traffic that queued ahead of ours is congestion: it is not part of the
+            // ideal time of *our* bytes (counting it in both would leave congestion no room).
+            let other = if cg.other_traffic_seconds > 0.0 { cg.other_traffic_all_hosts_bytes.min(sum_tx) } else { 0.0 };
+            let ours = sum_tx - other;
+            (ours, if sum_tx > 0.0 { max_tx * ours / sum_tx } else { 0.0 })
+        };
         let (lat, measured) = transport::round_latency(&r.wins, &transport::Requests { net: d.net, t0: c_last, t1: c_exit, rate }, p.alpha);
         self.latency = Some((lat, measured || self.latency.is_some_and(|l| l.1)));
         let ideal = frac * ideal::seconds(c, ours / n, rate, lat);
@@ -254,6 +266,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         latency: None,
         payload: 0.0,
         intra_host: 0,
+        own_unmeasured: Default::default(),
     };
     if d.dropped_events {
         acc.notes.push("incomplete data: probe events were dropped during this step (the event ring was full; see stepwise_probe_drops_total)".to_string());
@@ -266,6 +279,13 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     if acc.intra_host > 0 {
         acc.notes
             .push(format!("{} collective(s) moved no bytes over a NIC (same host): their transfer time is counted as ideal communication", acc.intra_host));
+    }
+    if !acc.own_unmeasured.is_empty() {
+        let nics: Vec<&str> = acc.own_unmeasured.iter().map(String::as_str).collect();
+        acc.notes.push(format!(
+            "the job's own bytes were not measured on {} (RDMA, or no TCP dump of its connections): other traffic there is inferred from the bytes the collectives should have sent",
+            nics.join(", ")
+        ));
     }
     let ranks = std::mem::take(&mut acc.ranks).into_vec();
     let mut causes = causes(&acc, &ranks, order.len(), total);
@@ -325,6 +345,8 @@ fn causes(acc: &Acc<'_>, ranks: &[RankTime], n_colls: usize, total: f64) -> Vec<
     causes
 }
 
+#[cfg(test)]
+mod own_tests;
 #[cfg(test)]
 mod tests;
 

@@ -15,6 +15,23 @@ use std::collections::BTreeMap;
 use super::Params;
 use crate::timeline::{Collective, NicWindow};
 
+/// The job's own bytes on each of `wins` (same order): for each NIC, what the collective's
+/// ranks on the NIC's host sent through it (`sources/tcp/own.rs`). `None` when any NIC's own
+/// bytes were not measured (RDMA bytes, no `sock_diag` dump, or none of the collective's ranks
+/// seen on its host): then the NIC counters stand for the job's bytes.
+pub(super) fn own_bytes(c: &Collective, wins: &[&NicWindow]) -> Option<Vec<f64>> {
+    wins.iter()
+        .map(|w| {
+            let host = w.nic.host.as_deref().unwrap_or("");
+            let pids: Vec<u32> = c.arrivals.iter().filter(|a| a.host == host).map(|a| a.pid).collect();
+            if pids.is_empty() {
+                return None;
+            }
+            w.own_tx_of(&pids)
+        })
+        .collect()
+}
+
 /// The rails of one collective's transfer and their nominal rate.
 pub(super) struct Rails<'a> {
     pub wins: Vec<&'a NicWindow>,
@@ -62,18 +79,20 @@ pub(super) struct Tally<'a> {
 }
 
 impl<'a> Tally<'a> {
-    /// Adds the rails' bytes; returns (sum, max) of this collective's transmit bytes.
-    pub fn add(&mut self, wins: &[&'a NicWindow]) -> (f64, f64) {
+    /// Adds the rails' bytes — the job's own per NIC (`own`, in the order of `wins`) where
+    /// measured, else the NICs' transmit bytes; returns their (sum, max) for this collective.
+    pub fn add(&mut self, wins: &[&'a NicWindow], own: Option<&[f64]>) -> (f64, f64) {
         let (mut sum, mut max) = (0.0, 0.0f64);
         for (j, w) in wins.iter().enumerate() {
             let name = w.nic.name.as_str();
+            let bytes = own.and_then(|o| o.get(j).copied()).unwrap_or(w.tx_bytes);
             let pos = if self.nics.get(j).is_some_and(|e| e.0 == name) { Some(j) } else { self.nics.iter().position(|e| e.0 == name) };
             match pos {
-                Some(k) => self.nics[k].1 += w.tx_bytes,
-                None => self.nics.push((name, w.tx_bytes, w.nic.rate_bytes_per_second)),
+                Some(k) => self.nics[k].1 += bytes,
+                None => self.nics.push((name, bytes, w.nic.rate_bytes_per_second)),
             }
-            sum += w.tx_bytes;
-            max = max.max(w.tx_bytes);
+            sum += bytes;
+            max = max.max(bytes);
         }
         (sum, max)
     }

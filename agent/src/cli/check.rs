@@ -250,7 +250,8 @@ pub fn run_checks(args: &CheckArgs) -> Vec<Item> {
 fn check_sources(cfg: &Config, selector: Selector) -> Vec<Item> {
     let mut registry = Registry::default();
     let errors = Errors::register(&mut registry);
-    let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
+    let ctx =
+        SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone(), owners: Default::default() };
     let mut items = Vec::new();
     for mut s in sources::build_sources(cfg, &ctx, &mut registry) {
         let (status, detail, sweep) = match s.sweep() {

@@ -81,7 +81,8 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let nic_info = topology::info::NicInfo::register(&mut registry);
     let watchdog = crate::export::watchdog::Watchdog::register(&mut registry, &agent_metrics, crate::export::watchdog::Watchdog::deadline_for(cfg.interval));
     let selector = Selector::new(&cfg.include, &cfg.exclude, cfg.probe_safe)?;
-    let ctx = SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone() };
+    let ctx =
+        SourceContext { sysfs_root: cfg.sysfs_root.clone(), selector, errors, interval: cfg.interval, rails: cfg.rails.clone(), owners: Default::default() };
     let srcs = sources::build_sources(&cfg, &ctx, &mut registry);
     let mut coll = cfg.collectives.enabled.then(|| Collectives::new(cfg.collectives.clone(), &mut registry));
     let _profiler_thread =
@@ -108,6 +109,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let topo = discover_topology(&cfg, &state, &nic_info);
     if let Some(Ok(c)) = coll.as_mut() {
         c.set_rdma_ports(crate::sources::collectives::links::RdmaPort::of(&topo));
+        c.set_owners(ctx.owners.clone());
     }
     let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");

@@ -82,6 +82,9 @@ pub struct SourceContext {
     pub interval: Duration,
     /// Rail overrides from config (RDMA device or netdev name → rail); see `topology`.
     pub rails: std::collections::BTreeMap<String, u32>,
+    /// The processes the collectives source traces, whose own TCP bytes the tcp source
+    /// counts per NIC.
+    pub owners: tcp::own::Owners,
 }
 
 /// Outcome of one sweep, for logs and `/api/v1/status`.

@@ -26,6 +26,16 @@ pub fn merge(a: &mut NicSample, b: &NicSample) {
     a.retransmits += b.retransmits;
     a.drops += b.drops;
     a.backlog_bytes = a.backlog_bytes.max(b.backlog_bytes);
+    a.opaque_tx_bytes += b.opaque_tx_bytes;
+    if let Some(o) = &b.own_tx {
+        let mine = a.own_tx.get_or_insert_with(Vec::new);
+        for &(pid, bytes) in o {
+            match mine.binary_search_by_key(&pid, |e| e.0) {
+                Ok(k) => mine[k].1 += bytes,
+                Err(k) => mine.insert(k, (pid, bytes)),
+            }
+        }
+    }
     // One source (tcp) fills these; added like the counters, gauges kept where set.
     let (t, u) = (&mut a.tcp, &b.tcp);
     t.bytes_acked += u.bytes_acked;

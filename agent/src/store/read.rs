@@ -318,6 +318,9 @@ fn window_row(row: &Row<'_>) -> Result<NicWindow, String> {
         retransmits: real(row, 13)?,
         drops: real(row, 14)?,
         max_backlog_bytes: real(row, 15)?,
+        // Not kept by the store, like the TCP figures.
         tcp: Default::default(),
+        own_tx: None,
+        opaque_tx_bytes: 0.0,
     })
 }

@@ -49,6 +49,8 @@ pub(super) fn sample(step: u64, begin: f64, late: f64, nranks: u32, ncoll: usize
             drops: 0.0,
             max_backlog_bytes: 4096.0,
             tcp: Default::default(),
+            own_tx: None,
+            opaque_tx_bytes: 0.0,
         })
         .collect();
     let s = Step { id: step, begin, end, source: StepSource::Markers, ranks: BTreeMap::new() };

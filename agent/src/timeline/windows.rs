@@ -29,6 +29,18 @@ pub struct NicSample {
     /// The NIC's TCP connections (sources/tcp).
     #[serde(default)]
     pub tcp: TcpSample,
+    /// Wire bytes the traced processes' own TCP connections sent through this NIC (payload
+    /// plus each segment's headers), cumulative, per pid, sorted by pid (sources/tcp). `None`
+    /// when not measured (no `sock_diag` dump covered the NIC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_tx: Option<Vec<(u32, f64)>>,
+    /// Transmitted bytes no socket shows (RDMA), cumulative: whose they are is not known.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub opaque_tx_bytes: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// The TCP connections whose local address is on a NIC (`sources/tcp`, from `tcp_info`):
@@ -91,6 +103,13 @@ pub struct NicWindow {
     /// inline 80 bytes made each window half again as large). Not kept by the history store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp: Option<Box<TcpSample>>,
+    /// Per traced pid, the wire bytes its TCP connections sent through the NIC in the window
+    /// (sorted by pid); `None` when not measured at both ends of the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_tx: Option<Vec<(u32, f64)>>,
+    /// Transmitted bytes in the window that no socket shows (RDMA).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub opaque_tx_bytes: f64,
 }
 
 /// The TCP figures of a window without any.
@@ -111,6 +130,26 @@ impl NicWindow {
     /// The window's TCP figures (zeros when its NIC measured none).
     pub fn tcp(&self) -> &TcpSample {
         self.tcp.as_deref().unwrap_or(&NO_TCP)
+    }
+
+    /// The bytes the processes `pids` sent through this NIC in the window, when that was
+    /// measured: the traced processes' TCP bytes were read at both ends of the window and no
+    /// byte went by a path sockets do not show (RDMA), else `None`.
+    pub fn own_tx_of(&self, pids: &[u32]) -> Option<f64> {
+        let own = self.own_tx.as_ref().filter(|_| self.opaque_tx_bytes <= 0.0)?;
+        Some(own.iter().filter(|(p, _)| pids.contains(p)).map(|(_, b)| b).sum())
+    }
+}
+
+/// The value at `t` of a series of (time, cumulative value) points sorted by time: linear
+/// between the points around it, clamped to the first and last.
+fn interpolate(points: &[(f64, f64)], t: f64) -> f64 {
+    let k = points.partition_point(|p| p.0 <= t);
+    match (k.checked_sub(1).and_then(|k| points.get(k)), points.get(k)) {
+        (Some(a), Some(b)) if b.0 > a.0 => a.1 + (b.1 - a.1) * (t - a.0) / (b.0 - a.0),
+        (Some(a), _) => a.1,
+        (None, Some(b)) => b.1,
+        (None, None) => 0.0,
     }
 }
 
@@ -207,7 +246,10 @@ impl CounterLog {
                     sndbuf_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.sndbuf_bytes),
                     cwnd_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.cwnd_bytes),
                 };
+                let own_tx = Self::own_window(s, t0, t1);
                 NicWindow {
+                    own_tx,
+                    opaque_tx_bytes: d(&|x| x.opaque_tx_bytes),
                     nic: info.clone(),
                     tx_bytes: d(&|x| x.tx_bytes),
                     rx_bytes: d(&|x| x.rx_bytes),
@@ -224,6 +266,40 @@ impl CounterLog {
                 }
             })
             .collect()
+    }
+
+    /// Per pid, the delta of its own transmitted bytes over [t0, t1], interpolated like the
+    /// counters. A pid absent from a sample had sent nothing through the NIC yet, or — after a
+    /// sample that had it — is no longer traced and keeps its last total. `None` unless the
+    /// samples on both sides of the window measured them.
+    fn own_window(samples: &VecDeque<NicSample>, t0: f64, t1: f64) -> Option<Vec<(u32, f64)>> {
+        let i = samples.partition_point(|s| s.time <= t0).checked_sub(1)?;
+        let j = samples.partition_point(|s| s.time < t1).min(samples.len() - 1);
+        if samples[i].own_tx.is_none() || samples[j].own_tx.is_none() {
+            return None;
+        }
+        let range: Vec<&NicSample> = samples.range(i..=j).collect();
+        let mut pids: Vec<u32> = range.iter().filter_map(|s| s.own_tx.as_ref()).flat_map(|v| v.iter().map(|(p, _)| *p)).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let mut out = Vec::new();
+        for pid in pids {
+            let mut last = 0.0;
+            let points: Vec<(f64, f64)> = range
+                .iter()
+                .map(|s| {
+                    if let Some(v) = s.own_tx.as_ref().and_then(|v| v.binary_search_by_key(&pid, |e| e.0).ok().map(|k| v[k].1)) {
+                        last = v;
+                    }
+                    (s.time, last)
+                })
+                .collect();
+            let d = (interpolate(&points, t1) - interpolate(&points, t0)).max(0.0);
+            if d > 0.0 {
+                out.push((pid, d));
+            }
+        }
+        Some(out)
     }
 
     /// The span of the samples that bracket [t0, t1] — from the last sample at or before t0
@@ -286,6 +362,27 @@ mod tests {
             small.push(info.clone(), s(i as f64, i as f64));
         }
         assert_eq!(small.samples(0.0, 100.0)[0].1.len(), 4);
+    }
+
+    #[test]
+    fn own_bytes_are_interpolated_per_pid_and_unmeasured_unless_both_ends_were() {
+        let mut log = CounterLog::new(100);
+        let info = NicInfo { name: "eth0".into(), ..Default::default() };
+        let own = |v: &[(u32, f64)]| Some(v.to_vec());
+        log.push(info.clone(), NicSample { time: 0.0, own_tx: None, ..Default::default() });
+        log.push(info.clone(), NicSample { time: 1.0, own_tx: own(&[(7, 1000.0)]), ..Default::default() });
+        log.push(info.clone(), NicSample { time: 2.0, own_tx: own(&[(7, 3000.0), (9, 500.0)]), ..Default::default() });
+        log.push(info.clone(), NicSample { time: 3.0, own_tx: own(&[(9, 700.0)]), ..Default::default() });
+        // [1.5, 2.5]: pid 7 from 2000 to 3000 (then no longer traced: its total stays), pid 9
+        // from 250 to 600.
+        let w = &log.window(1.5, 2.5)[0];
+        let o = w.own_tx.as_ref().expect("measured");
+        assert_eq!(o.len(), 2, "{o:?}");
+        assert!((o[0].1 - 1000.0).abs() < 1e-9 && o[0].0 == 7, "{o:?}");
+        assert!((o[1].1 - 350.0).abs() < 1e-9 && o[1].0 == 9, "{o:?}");
+        assert_eq!(w.own_tx_of(&[9]), Some(o[1].1));
+        // The sample before the window did not measure them.
+        assert!(log.window(0.5, 1.5)[0].own_tx.is_none());
     }
 
     #[test]

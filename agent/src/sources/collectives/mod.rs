@@ -114,6 +114,7 @@ pub struct Collectives {
     status_shared: Arc<Mutex<serde_json::Value>>,
     /// Refreshes which NICs each traced process uses ([`links`]).
     linker: links::Linker,
+    owners: crate::sources::tcp::own::Owners,
     /// The thread emptying the RingBuf while this one decodes and attaches (see [`drain`]);
     /// `None` before [`Collectives::run`] (tests feed [`Collectives::handle`] directly).
     drainer: Option<drain::Drainer>,
@@ -176,6 +177,7 @@ impl Collectives {
             ready: Arc::default(),
             status_shared: Arc::new(Mutex::new(serde_json::json!({}))),
             linker: Default::default(),
+            owners: Default::default(),
             drainer: None,
             cfg,
         })
@@ -189,6 +191,11 @@ impl Collectives {
     /// process's `NCCL_IB_HCA` / `UCX_NET_DEVICES` link it to.
     pub fn set_rdma_ports(&mut self, ports: Vec<links::RdmaPort>) {
         self.linker.set_rdma_ports(ports);
+    }
+
+    /// Where to publish the traced processes, for the tcp source to count their own bytes.
+    pub fn set_owners(&mut self, owners: crate::sources::tcp::own::Owners) {
+        self.owners = owners;
     }
 
     /// Kernel-side event drops so far.
@@ -576,6 +583,7 @@ impl Collectives {
         for f in ["nccl", "mpi", "gloo", "user"] {
             self.metrics.set_attached(f, per_lib.get(f).copied().unwrap_or(0));
         }
+        self.owners.publish(&self.cfg.proc_root, self.procs.keys().copied());
         let (host, gpus) = self.history.lock().map(|h| (h.host.to_string(), h.plugin.gpus())).unwrap_or_default();
         let says = self.procs.iter().map(|(p, i)| (links::Says { pid: *p, env: &i.env, gpu: gpus.get(p).map(String::as_str) }, i.called));
         if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, says) {

@@ -14,6 +14,7 @@ fn ctx() -> SourceContext {
         errors: Errors::default(),
         interval: Duration::from_secs(1),
         rails: Default::default(),
+        owners: Default::default(),
     }
 }
 

@@ -511,6 +511,8 @@ fn nic_parts(ports: Vec<PortCounters>) -> Vec<super::nic::NicPart> {
                 super::nic::info(name, Some(p.rail), p.rate_bytes_per_second),
                 crate::timeline::NicSample {
                     tx_bytes: p.transmit_bytes as f64,
+                    // No socket shows RDMA bytes: whose they are is not measured.
+                    opaque_tx_bytes: p.transmit_bytes as f64,
                     rx_bytes: p.receive_bytes as f64,
                     ecn_marked: p.ecn_marked_packets as f64,
                     cnp_sent: p.cnp_sent as f64,

@@ -56,7 +56,14 @@ impl Host {
     fn source_with(&self, interval: Duration, selector: Selector) -> (RdmaSource, Errors, Registry) {
         let mut reg = Registry::default();
         let errors = Errors::register(&mut reg);
-        let ctx = SourceContext { sysfs_root: self.root().to_path_buf(), selector, errors: errors.clone(), interval, rails: Default::default() };
+        let ctx = SourceContext {
+            sysfs_root: self.root().to_path_buf(),
+            selector,
+            errors: errors.clone(),
+            interval,
+            rails: Default::default(),
+            owners: Default::default(),
+        };
         (RdmaSource::new(ctx, &mut reg), errors, reg)
     }
     fn source(&self) -> (RdmaSource, Errors, Registry) {

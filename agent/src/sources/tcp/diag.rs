@@ -59,6 +59,10 @@ pub struct TcpConn {
     /// Send buffer size (`SK_MEMINFO_SNDBUF`).
     pub sndbuf: u32,
     pub bytes_acked: u64,
+    /// Payload bytes sent, retransmissions included (`tcpi_bytes_sent`, Linux ≥ 4.19).
+    pub bytes_sent: u64,
+    /// Segments sent, pure ACKs and retransmissions included (`tcpi_segs_out`).
+    pub segs_out: u32,
     /// Segments delivered (acknowledged) in all (`tcpi_delivered`).
     pub delivered: u32,
     /// Time with data to send, including the two limited states below (`tcpi_busy_time`).
@@ -142,6 +146,8 @@ fn tcp_info(c: &mut TcpConn, i: &[u8]) {
     c.srtt = u32ne(i, 68).unwrap_or(0) as f64 * 1e-6;
     c.snd_cwnd = u32ne(i, 80).unwrap_or(0);
     c.bytes_acked = u64ne(i, 120).unwrap_or(0);
+    c.segs_out = u32ne(i, 136).unwrap_or(0);
+    c.bytes_sent = u64ne(i, 200).unwrap_or(0);
     c.notsent_bytes = u32ne(i, 144).unwrap_or(0);
     c.min_rtt = u32ne(i, 148).unwrap_or(0) as f64 * 1e-6;
     c.busy = us(168);
@@ -334,6 +340,8 @@ mod tests {
         info[148..152].copy_from_slice(&20_500u32.to_ne_bytes());
         info[168..176].copy_from_slice(&500_000u64.to_ne_bytes());
         info[184..192].copy_from_slice(&300_000u64.to_ne_bytes());
+        info[136..140].copy_from_slice(&6_300u32.to_ne_bytes());
+        info[200..208].copy_from_slice(&9_100_000u64.to_ne_bytes());
         let mut d = nl(SOCK_DIAG_BY_FAMILY, 5, &diag_msg([10, 0, 0, 1], 4242, &info, 32768));
         d.extend(nl(SOCK_DIAG_BY_FAMILY, 5, &diag_msg([10, 0, 0, 2], 1, &info[..100], 0)));
         d.extend(nl(SOCK_DIAG_BY_FAMILY, 4, &diag_msg([10, 0, 0, 3], 1, &info, 0)));
@@ -346,9 +354,10 @@ mod tests {
         assert_eq!((c.snd_mss, c.unacked, c.snd_cwnd, c.bytes_acked, c.sndbuf), (1448, 12, 40, 9_000_000, 32768));
         assert!((c.srtt - 0.021).abs() < 1e-12 && (c.min_rtt - 0.0205).abs() < 1e-12 && (c.busy - 0.5).abs() < 1e-12 && (c.sndbuf_limited - 0.3).abs() < 1e-12);
         assert_eq!(c.in_flight_bytes(), 12.0 * 1448.0);
+        assert_eq!((c.segs_out, c.bytes_sent), (6_300, 9_100_000));
         // 100 bytes of tcp_info: the fields up to there, nothing beyond.
         let s = &b.conns[1];
-        assert_eq!((s.snd_mss, s.unacked, s.bytes_acked, s.busy), (1448, 12, 0, 0.0));
+        assert_eq!((s.snd_mss, s.unacked, s.bytes_acked, s.busy, s.bytes_sent), (1448, 12, 0, 0.0, 0));
         // A truncated message or an error answer.
         let mut bad = nl(SOCK_DIAG_BY_FAMILY, 5, &[0; 10]);
         bad.extend(nl(NLMSG_ERROR, 5, &(-libc::EPERM).to_ne_bytes()));
@@ -386,5 +395,9 @@ mod tests {
         assert_eq!(link.to_string_lossy(), format!("socket:[{}]", me.inode), "{me:?}");
         // (busy time is counted in jiffies: a loopback burst of a few ms may show 0.)
         assert!(me.snd_mss > 0 && me.srtt > 0.0 && me.sndbuf > 0 && me.delivered > 0, "{me:?}");
+        // Every byte written was sent (none retransmitted on loopback), in at least
+        // sent / MSS segments.
+        assert_eq!(me.bytes_sent as usize, sent, "{me:?}");
+        assert!(me.segs_out as usize >= sent / me.snd_mss as usize, "{me:?}");
     }
 }

@@ -10,11 +10,15 @@
 //!   integrals then hold each dump's values for longer; the cumulative `tcp_info` counters
 //!   (bytes acknowledged, busy and limited time) lose nothing.
 //!
+//! - the traced processes' own transmitted bytes per interface, from the same dump
+//!   (`own.rs`): what of a NIC's bytes is the job's, the rest is other traffic.
+//!
 //! Addresses map to interfaces through `getifaddrs(3)` in the agent's network namespace;
 //! both parts see the connections of that namespace only.
 
 pub(crate) mod diag;
 pub mod inflight;
+pub mod own;
 
 pub use diag::{SockDiag, TcpConn};
 
@@ -45,6 +49,8 @@ pub struct TcpSource {
     metric: Family<NetdevLabel, Counter>,
     diag: Result<SockDiag, String>,
     inflight: inflight::InFlightTracker,
+    own: own::OwnTraffic,
+    own_metric: Family<NetdevLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     started: std::time::Instant,
     budget: Budget,
 }
@@ -150,7 +156,15 @@ impl TcpSource {
         };
         let diag = SockDiag::open().map_err(|e| e.to_string());
         let inflight = inflight::InFlightTracker::new(registry);
+        let own_metric = Family::default();
+        registry.register(
+            "stepwise_tcp_traced_transmit_bytes",
+            "Wire bytes (payload and headers) the traced collective processes' own TCP connections sent, by the interface owning the source address",
+            Clone::clone(&own_metric),
+        );
         TcpSource {
+            own: own::OwnTraffic::new(ctx.owners.clone()),
+            own_metric,
             ctx,
             probe,
             load_error,
@@ -181,7 +195,19 @@ impl TcpSource {
         }
         let sel = &self.ctx.selector;
         let now = self.started.elapsed().as_secs_f64();
-        self.inflight.update(now, &conns, |c| nic_of(c, addrs).filter(|d| sel.selects(d, None)).cloned());
+        let iface = |c: &TcpConn| nic_of(c, addrs).filter(|d| sel.selects(d, None)).cloned();
+        self.inflight.update(now, &conns, iface);
+        let ifaces = addrs.values().filter(|d| sel.selects(d, None)).cloned();
+        self.own.update(&conns, ifaces, iface);
+        // The budget covers the whole dump's work, the owners' lookup included.
+        self.budget.spent(start, thread_cpu() - cpu0);
+        for (dev, per_pid) in &self.own.per_iface {
+            let c = self.own_metric.get_or_create(&NetdevLabel { netdev: dev.clone() });
+            let d = per_pid.values().sum::<f64>() - c.get();
+            if d > 0.0 {
+                c.inc_by(d);
+            }
+        }
         Ok(conns.len())
     }
 }
@@ -191,6 +217,9 @@ impl Source for TcpSource {
         let mut out: BTreeMap<&str, crate::timeline::NicSample> = BTreeMap::new();
         for (n, v) in &self.totals {
             out.entry(n).or_default().retransmits = *v as f64;
+        }
+        for n in &self.own.measured {
+            out.entry(n).or_default().own_tx = self.own.of(n);
         }
         for (n, e) in &self.inflight.ifaces {
             out.entry(n).or_default().tcp = crate::timeline::windows::TcpSample {

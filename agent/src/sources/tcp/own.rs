@@ -1,0 +1,223 @@
+//! The traced processes' own bytes on each interface: which part of a NIC's transmitted bytes
+//! is the job's, so that the rest — another program's traffic sharing the NIC — is not blamed
+//! on the job's rails (docs/models.md §4, "Whose bytes").
+//!
+//! The collectives source publishes the processes it traces ([`Owners::publish`], at every
+//! rescan). At each `sock_diag` dump this module finds which of the dumped connections those
+//! processes hold — the socket inodes of their `/proc/<pid>/fd` links, read again only when a
+//! connection of unknown owner appears — and adds, per interface and pid, the wire bytes each
+//! of their connections sent since the previous dump: the payload (`tcpi_bytes_sent`,
+//! retransmissions included) plus one set of headers per segment (`tcpi_segs_out`, pure ACKs
+//! included): Ethernet 14 + IP 20 (IPv6 40) + TCP 32 (with the timestamp option). A device
+//! that passes a GSO/TSO super-packet on uncut counts its headers once, so the estimate is an
+//! upper bound of the connection's share of the NIC counter (what is left is other traffic,
+//! never less). A connection absent from the previous dump was established since it: all its
+//! bytes are of this interval (at the first dump nothing is known of before).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use super::diag::TcpConn;
+
+/// Which processes are traced: written by the collectives source, read by the tcp source.
+#[derive(Clone, Default)]
+pub struct Owners(Arc<Mutex<Traced>>);
+
+#[derive(Default)]
+struct Traced {
+    proc_root: PathBuf,
+    pids: Vec<u32>,
+    generation: u64,
+}
+
+impl Owners {
+    /// The traced processes now (`proc_root`: where their `/proc/<pid>` entries are).
+    pub fn publish(&self, proc_root: &Path, pids: impl Iterator<Item = u32>) {
+        let mut pids: Vec<u32> = pids.collect();
+        pids.sort_unstable();
+        if let Ok(mut t) = self.0.lock() {
+            if t.pids != pids || t.proc_root != proc_root {
+                t.pids = pids;
+                t.proc_root = proc_root.to_path_buf();
+                t.generation += 1;
+            }
+        }
+    }
+
+    fn snapshot(&self) -> (u64, PathBuf, Vec<u32>) {
+        self.0.lock().map(|t| (t.generation, t.proc_root.clone(), t.pids.clone())).unwrap_or_default()
+    }
+}
+
+/// Wire bytes of a segment's headers beyond its payload.
+fn header_bytes(c: &TcpConn) -> f64 {
+    match c.local {
+        Some(std::net::IpAddr::V6(_)) => 14.0 + 40.0 + 32.0,
+        _ => 14.0 + 20.0 + 32.0,
+    }
+}
+
+/// Cap on the connections and inodes remembered (a host's churn must not grow the agent).
+const MAX_KEPT: usize = 65_536;
+
+/// Per interface and traced pid, the wire bytes sent (cumulative).
+#[derive(Default)]
+pub struct OwnTraffic {
+    owners: Owners,
+    generation: u64,
+    /// Socket inode → traced pid holding it.
+    inode_pid: HashMap<u32, u32>,
+    /// Inodes no traced process held at the last lookup.
+    foreign: HashSet<u32>,
+    /// Connection cookie → (bytes sent, segments sent, dump last seen).
+    last: HashMap<u64, (u64, u32, u64)>,
+    dumps: u64,
+    /// `/proc/<pid>/fd` lookups done (one per dump at most).
+    pub lookups: u64,
+    /// Interface → pid → wire bytes sent, since the agent started.
+    pub per_iface: BTreeMap<String, BTreeMap<u32, f64>>,
+    /// Interfaces the last dump covered: their own bytes are measured (0 when none).
+    pub measured: BTreeSet<String>,
+}
+
+impl OwnTraffic {
+    pub fn new(owners: Owners) -> OwnTraffic {
+        OwnTraffic { owners, ..Default::default() }
+    }
+
+    /// One dump: `ifaces` are the interfaces it covers, `iface_of` a connection's interface.
+    pub fn update(&mut self, conns: &[TcpConn], ifaces: impl Iterator<Item = String>, iface_of: impl Fn(&TcpConn) -> Option<String>) {
+        self.dumps += 1;
+        let traced = self.resolve(conns);
+        for c in conns {
+            let prev = self.last.insert(c.cookie, (c.bytes_sent, c.segs_out, self.dumps));
+            let Some(&pid) = self.inode_pid.get(&c.inode) else { continue };
+            let Some(dev) = iface_of(c) else { continue };
+            let (sent, segs) = match prev {
+                Some((s, g, _)) => (s, g),
+                None if self.dumps > 1 => (0, 0),
+                None => continue,
+            };
+            let bytes = c.bytes_sent.saturating_sub(sent) as f64 + f64::from(c.segs_out.wrapping_sub(segs)) * header_bytes(c);
+            *self.per_iface.entry(dev).or_default().entry(pid).or_default() += bytes;
+        }
+        let d = self.dumps;
+        self.last.retain(|_, l| d - l.2 <= 2);
+        if self.last.len() > MAX_KEPT {
+            self.last.clear();
+        }
+        for m in self.per_iface.values_mut() {
+            m.retain(|p, _| traced.binary_search(p).is_ok());
+        }
+        self.measured = ifaces.collect();
+    }
+
+    /// Brings the inode → pid map up to date for `conns`; the traced pids.
+    fn resolve(&mut self, conns: &[TcpConn]) -> Vec<u32> {
+        let (generation, root, pids) = self.owners.snapshot();
+        if generation != self.generation {
+            self.generation = generation;
+            self.foreign.clear();
+        }
+        let unknown = conns.iter().any(|c| !self.inode_pid.contains_key(&c.inode) && !self.foreign.contains(&c.inode));
+        if unknown && !pids.is_empty() {
+            self.lookups += 1;
+            self.inode_pid = pids.iter().flat_map(|&p| crate::sources::collectives::links::socket_inodes(&root, p).into_iter().map(move |i| (i, p))).collect();
+            if self.foreign.len() > MAX_KEPT {
+                self.foreign.clear();
+            }
+            self.foreign.extend(conns.iter().map(|c| c.inode).filter(|i| !self.inode_pid.contains_key(i)));
+        } else if pids.is_empty() {
+            self.inode_pid.clear();
+        }
+        pids
+    }
+
+    /// The interface's own bytes per pid (sorted), when the last dump covered it.
+    pub fn of(&self, iface: &str) -> Option<Vec<(u32, f64)>> {
+        self.measured.contains(iface).then(|| self.per_iface.get(iface).map(|m| m.iter().map(|(p, b)| (*p, *b)).collect()).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::{Read, Write},
+        net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
+    };
+
+    use super::*;
+    use crate::sources::tcp::diag::SockDiag;
+
+    fn lo(c: &TcpConn) -> Option<String> {
+        (c.local == Some(IpAddr::V4(Ipv4Addr::LOCALHOST))).then(|| "lo".to_string())
+    }
+
+    /// Sends `n` bytes from `tx` and reads them on `rx`.
+    fn send(tx: &mut TcpStream, rx: &mut TcpStream, n: usize) {
+        let mut rx2 = rx.try_clone().expect("clone");
+        let reader = std::thread::spawn(move || {
+            let (mut buf, mut got) = (vec![0u8; 65536], 0);
+            while got < n {
+                got += rx2.read(&mut buf).expect("read");
+            }
+        });
+        tx.write_all(&vec![1u8; n]).expect("write");
+        reader.join().expect("reader");
+    }
+
+    #[test]
+    fn only_the_traced_process_connections_count_as_its_own_from_their_birth() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        let mut diag = SockDiag::open().expect("sock_diag");
+        let owners = Owners::default();
+        let mut own = OwnTraffic::new(owners.clone());
+        let me = std::process::id();
+        owners.publish(Path::new("/proc"), [me].into_iter());
+        let dump = |d: &mut SockDiag| d.dump().expect("dump").0.into_iter().filter(|c| c.local_port == port || c.remote_port == port).collect::<Vec<_>>();
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        assert_eq!(own.of("lo"), Some(vec![]), "measured, nothing sent yet");
+        assert_eq!(own.of("eth9"), None, "an interface the dump did not cover is not measured");
+        // A connection born after the first dump: all its bytes count, both directions are
+        // this process's (it holds both ends).
+        let mut a = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (mut b, _) = l.accept().expect("accept");
+        send(&mut a, &mut b, 1_000_000);
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        let got = own.of("lo").expect("measured");
+        assert_eq!(got.len(), 1, "{got:?}");
+        let bytes = got[0].1;
+        // Payload plus at most one 66-byte header per segment of ≥ 1 kB (and the ACKs).
+        assert!((1_000_000.0..1_100_000.0).contains(&bytes), "{bytes}");
+        assert_eq!(own.lookups, 1);
+        // Not traced any more: nothing is its own, and its totals are forgotten.
+        owners.publish(Path::new("/proc"), std::iter::empty());
+        send(&mut a, &mut b, 100_000);
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        assert_eq!(own.of("lo"), Some(vec![]));
+        // Traced again: only what it sends from now on.
+        owners.publish(Path::new("/proc"), [me].into_iter());
+        send(&mut a, &mut b, 200_000);
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        let again = own.of("lo").expect("measured")[0].1;
+        assert!((200_000.0..221_000.0).contains(&again), "{again}");
+    }
+
+    #[test]
+    fn a_connection_of_an_untraced_process_is_looked_up_once_then_known_foreign() {
+        let mut own = OwnTraffic::new(Owners::default());
+        own.owners.publish(Path::new("/nonexistent"), [42].into_iter());
+        let c = TcpConn { cookie: 1, inode: 777, bytes_sent: 5000, segs_out: 5, local: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), ..Default::default() };
+        for k in 0..3 {
+            let mut c = c.clone();
+            c.bytes_sent += k * 1000;
+            own.update(&[c], ["lo".to_string()].into_iter(), lo);
+        }
+        assert_eq!(own.lookups, 1, "a foreign inode is not looked up again");
+        assert_eq!(own.of("lo"), Some(vec![]));
+    }
+}
