@@ -30,6 +30,8 @@ const TCP_ESTABLISHED: u32 = 1;
 const DIAG_MSG_LEN: usize = 72;
 /// `SK_MEMINFO_SNDBUF` in the `INET_DIAG_SKMEMINFO` array of u32.
 const SK_MEMINFO_SNDBUF: usize = 3;
+/// `SK_MEMINFO_WMEM_ALLOC`: memory of the socket's packets handed down and not yet freed.
+const SK_MEMINFO_WMEM_ALLOC: usize = 2;
 
 /// One established connection as the kernel reports it. Times in seconds, sizes in bytes.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -58,11 +60,18 @@ pub struct TcpConn {
     pub snd_wnd: u32,
     /// Send buffer size (`SK_MEMINFO_SNDBUF`).
     pub sndbuf: u32,
+    /// Memory (truesize) of the socket's sent packets still below TCP — in the interface's
+    /// queue or driver, not yet counted by the NIC (`SK_MEMINFO_WMEM_ALLOC`).
+    pub wmem_alloc: u32,
     pub bytes_acked: u64,
     /// Payload bytes sent, retransmissions included (`tcpi_bytes_sent`, Linux ≥ 4.19).
     pub bytes_sent: u64,
     /// Segments sent, pure ACKs and retransmissions included (`tcpi_segs_out`).
     pub segs_out: u32,
+    /// Segments sent that carried data (`tcpi_data_segs_out`): the rest are pure ACKs.
+    pub data_segs_out: u32,
+    /// Payload bytes retransmitted (`tcpi_bytes_retrans`, Linux ≥ 4.19).
+    pub bytes_retrans: u64,
     /// Segments delivered (acknowledged) in all (`tcpi_delivered`).
     pub delivered: u32,
     /// Time with data to send, including the two limited states below (`tcpi_busy_time`).
@@ -148,6 +157,8 @@ fn tcp_info(c: &mut TcpConn, i: &[u8]) {
     c.bytes_acked = u64ne(i, 120).unwrap_or(0);
     c.segs_out = u32ne(i, 136).unwrap_or(0);
     c.bytes_sent = u64ne(i, 200).unwrap_or(0);
+    c.data_segs_out = u32ne(i, 156).unwrap_or(0);
+    c.bytes_retrans = u64ne(i, 208).unwrap_or(0);
     c.notsent_bytes = u32ne(i, 144).unwrap_or(0);
     c.min_rtt = u32ne(i, 148).unwrap_or(0) as f64 * 1e-6;
     c.busy = us(168);
@@ -182,7 +193,10 @@ pub fn parse_diag_msg(p: &[u8]) -> Option<TcpConn> {
         let data = &p[o + 4..o + len];
         match kind {
             INET_DIAG_INFO => tcp_info(&mut c, data),
-            INET_DIAG_SKMEMINFO => c.sndbuf = u32ne(data, SK_MEMINFO_SNDBUF * 4).unwrap_or(0),
+            INET_DIAG_SKMEMINFO => {
+                c.sndbuf = u32ne(data, SK_MEMINFO_SNDBUF * 4).unwrap_or(0);
+                c.wmem_alloc = u32ne(data, SK_MEMINFO_WMEM_ALLOC * 4).unwrap_or(0);
+            }
             _ => {}
         }
         o += (len + 3) & !3;
@@ -342,6 +356,8 @@ mod tests {
         info[184..192].copy_from_slice(&300_000u64.to_ne_bytes());
         info[136..140].copy_from_slice(&6_300u32.to_ne_bytes());
         info[200..208].copy_from_slice(&9_100_000u64.to_ne_bytes());
+        info[156..160].copy_from_slice(&6_200u32.to_ne_bytes());
+        info[208..216].copy_from_slice(&100_000u64.to_ne_bytes());
         let mut d = nl(SOCK_DIAG_BY_FAMILY, 5, &diag_msg([10, 0, 0, 1], 4242, &info, 32768));
         d.extend(nl(SOCK_DIAG_BY_FAMILY, 5, &diag_msg([10, 0, 0, 2], 1, &info[..100], 0)));
         d.extend(nl(SOCK_DIAG_BY_FAMILY, 4, &diag_msg([10, 0, 0, 3], 1, &info, 0)));
@@ -351,10 +367,10 @@ mod tests {
         assert_eq!(b.conns.len(), 2, "the answer to another sequence is not ours");
         let c = &b.conns[0];
         assert_eq!((c.local, c.local_port, c.remote_port, c.cookie), (Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))), 4242, 80, 7));
-        assert_eq!((c.snd_mss, c.unacked, c.snd_cwnd, c.bytes_acked, c.sndbuf), (1448, 12, 40, 9_000_000, 32768));
+        assert_eq!((c.snd_mss, c.unacked, c.snd_cwnd, c.bytes_acked, c.sndbuf, c.wmem_alloc), (1448, 12, 40, 9_000_000, 32768, 2));
         assert!((c.srtt - 0.021).abs() < 1e-12 && (c.min_rtt - 0.0205).abs() < 1e-12 && (c.busy - 0.5).abs() < 1e-12 && (c.sndbuf_limited - 0.3).abs() < 1e-12);
         assert_eq!(c.in_flight_bytes(), 12.0 * 1448.0);
-        assert_eq!((c.segs_out, c.bytes_sent), (6_300, 9_100_000));
+        assert_eq!((c.segs_out, c.bytes_sent, c.data_segs_out, c.bytes_retrans), (6_300, 9_100_000, 6_200, 100_000));
         // 100 bytes of tcp_info: the fields up to there, nothing beyond.
         let s = &b.conns[1];
         assert_eq!((s.snd_mss, s.unacked, s.bytes_acked, s.busy, s.bytes_sent), (1448, 12, 0, 0.0, 0));

@@ -17,10 +17,12 @@
 //! both parts see the connections of that namespace only.
 
 pub(crate) mod diag;
+mod ifaces;
 pub mod inflight;
 pub mod own;
 
 pub use diag::{SockDiag, TcpConn};
+pub use ifaces::{egress_of, interface_addresses, interfaces, IfAddr};
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -106,40 +108,6 @@ pub fn nic_of<'a>(c: &diag::TcpConn, addrs: &'a BTreeMap<IpAddr, String>) -> Opt
     c.local.and_then(|ip| addrs.get(&ip)).filter(|d| d.as_str() != "lo")
 }
 
-/// Interface name per local address (`getifaddrs(3)`).
-pub fn interface_addresses() -> BTreeMap<IpAddr, String> {
-    let mut out = BTreeMap::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs allocates a list we free below; we only read it in between.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return out;
-    }
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list returned by getifaddrs.
-        let ifa = unsafe { &*cur };
-        if !ifa.ifa_addr.is_null() && !ifa.ifa_name.is_null() {
-            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
-            // SAFETY: sa_family tells which sockaddr type ifa_addr points to.
-            let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
-            if fam == libc::AF_INET {
-                // SAFETY: AF_INET → sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                out.insert(IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))), name);
-            } else if fam == libc::AF_INET6 {
-                // SAFETY: AF_INET6 → sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                out.insert(IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)), name);
-            }
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: the list came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    out
-}
-
 impl TcpSource {
     /// With the dump's CPU budget, a fraction of one core (`[sources] tcp_cpu_budget`).
     pub fn with_cpu_budget(mut self, share: f64) -> Self {
@@ -180,7 +148,7 @@ impl TcpSource {
 
     /// One `sock_diag` dump into the per-interface in-flight view when the budget allows; the
     /// number of connections (0 when skipped).
-    fn sweep_inflight(&mut self, addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
+    fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
         let d = self.diag.as_mut().map_err(|e| e.clone())?;
         let start = self.started.elapsed().as_secs_f64();
         if !self.budget.due(start) {
@@ -197,8 +165,10 @@ impl TcpSource {
         let now = self.started.elapsed().as_secs_f64();
         let iface = |c: &TcpConn| nic_of(c, addrs).filter(|d| sel.selects(d, None)).cloned();
         self.inflight.update(now, &conns, iface);
+        // Own bytes by the interface their packets leave by (the peer's connected subnet),
+        // which a rank bound to another rail's address does not change.
         let ifaces = addrs.values().filter(|d| sel.selects(d, None)).cloned();
-        self.own.update(&conns, ifaces, iface);
+        self.own.update(&conns, ifaces, |c: &TcpConn| egress_of(c, ifs, addrs).filter(|d| sel.selects(d, None)).map(str::to_string));
         // The budget covers the whole dump's work, the owners' lookup included.
         self.budget.spent(start, thread_cpu() - cpu0);
         for (dev, per_pid) in &self.own.per_iface {
@@ -241,9 +211,10 @@ impl Source for TcpSource {
         "tcp"
     }
     fn sweep(&mut self) -> Result<SweepReport, SourceError> {
-        let addrs = interface_addresses();
+        let ifs = interfaces();
+        let addrs: BTreeMap<IpAddr, String> = ifs.iter().map(|a| (a.addr, a.name.clone())).collect();
         let mut report = SweepReport::default();
-        let diag = self.sweep_inflight(&addrs);
+        let diag = self.sweep_inflight(&ifs, &addrs);
         match &diag {
             Ok(n) => report.values += n,
             Err(_) => self.ctx.errors.inc("tcp", kind::NETLINK),

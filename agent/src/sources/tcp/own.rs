@@ -6,13 +6,21 @@
 //! rescan). At each `sock_diag` dump this module finds which of the dumped connections those
 //! processes hold — the socket inodes of their `/proc/<pid>/fd` links, read again only when a
 //! connection of unknown owner appears — and adds, per interface and pid, the wire bytes each
-//! of their connections sent since the previous dump: the payload (`tcpi_bytes_sent`,
-//! retransmissions included) plus one set of headers per segment (`tcpi_segs_out`, pure ACKs
-//! included): Ethernet 14 + IP 20 (IPv6 40) + TCP 32 (with the timestamp option). A device
-//! that passes a GSO/TSO super-packet on uncut counts its headers once, so the estimate is an
-//! upper bound of the connection's share of the NIC counter (what is left is other traffic,
-//! never less). A connection absent from the previous dump was established since it: all its
-//! bytes are of this interval (at the first dump nothing is known of before).
+//! of their connections put on the wire since the previous dump: the payload sent
+//! (`tcpi_bytes_sent`, retransmissions included) less what of it still waits below TCP — in
+//! the interface's queue or the driver, not yet counted by the NIC (`SK_MEMINFO_WMEM_ALLOC`,
+//! at most the bytes in flight) — plus one set of headers per segment — payload ÷ MSS data
+//! segments and the pure ACKs (`tcpi_segs_out − tcpi_data_segs_out`) — of Ethernet 14 + IP 20
+//! (IPv6 40) + TCP 32 (with the timestamp option) bytes. Neither the bytes sent nor those
+//! acknowledged alone: TCP counts a byte sent when it enters the interface's queue, and a
+//! queue of 200 kB in front of a 10 Mbit/s rail put the sent bytes 160 ms ahead of the
+//! counter (a third of a transfer seen as "other" in the e2e scenario); an acknowledgement
+//! comes back through the peer's queue (behind the peer's half of a bidirectional ring: 40–
+//! 100 ms late there). A device that passes a GSO/TSO super-packet on uncut counts its
+//! headers once, so the estimate is an upper bound of the connection's share of the NIC
+//! counter (what is left is other traffic, never less). A
+//! connection absent from the previous dump was established since it: all its bytes are of
+//! this interval (at the first dump nothing is known of before).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -60,6 +68,31 @@ fn header_bytes(c: &TcpConn) -> f64 {
     }
 }
 
+/// A connection's cumulative counters that make up its wire bytes.
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    /// Payload bytes that left the NIC: sent less what still waits below TCP.
+    departed: f64,
+    pure_acks: u32,
+    mss: u32,
+    dump: u64,
+}
+
+impl Counts {
+    fn of(c: &TcpConn, dump: u64) -> Counts {
+        let queued = f64::from(c.wmem_alloc).min(c.in_flight_bytes());
+        Counts { departed: c.bytes_sent as f64 - queued, pure_acks: c.segs_out.wrapping_sub(c.data_segs_out), mss: c.snd_mss, dump }
+    }
+
+    /// Wire bytes between `self` (earlier) and `now` (negative when the queue estimate grew
+    /// by more than the bytes sent).
+    fn wire_bytes_to(&self, now: &Counts, header: f64) -> f64 {
+        let payload = now.departed - self.departed;
+        let data_segments = if now.mss > 0 { (payload / f64::from(now.mss)).ceil() } else { 0.0 };
+        payload + (data_segments + f64::from(now.pure_acks.wrapping_sub(self.pure_acks))) * header
+    }
+}
+
 /// Cap on the connections and inodes remembered (a host's churn must not grow the agent).
 const MAX_KEPT: usize = 65_536;
 
@@ -72,8 +105,8 @@ pub struct OwnTraffic {
     inode_pid: HashMap<u32, u32>,
     /// Inodes no traced process held at the last lookup.
     foreign: HashSet<u32>,
-    /// Connection cookie → (bytes sent, segments sent, dump last seen).
-    last: HashMap<u64, (u64, u32, u64)>,
+    /// Connection cookie → its counters at the dump it was last seen in.
+    last: HashMap<u64, Counts>,
     dumps: u64,
     /// `/proc/<pid>/fd` lookups done (one per dump at most).
     pub lookups: u64,
@@ -93,19 +126,20 @@ impl OwnTraffic {
         self.dumps += 1;
         let traced = self.resolve(conns);
         for c in conns {
-            let prev = self.last.insert(c.cookie, (c.bytes_sent, c.segs_out, self.dumps));
+            let now = Counts::of(c, self.dumps);
+            let prev = self.last.insert(c.cookie, now);
             let Some(&pid) = self.inode_pid.get(&c.inode) else { continue };
             let Some(dev) = iface_of(c) else { continue };
-            let (sent, segs) = match prev {
-                Some((s, g, _)) => (s, g),
-                None if self.dumps > 1 => (0, 0),
+            let prev = match prev {
+                Some(p) => p,
+                None if self.dumps > 1 => Counts::default(),
                 None => continue,
             };
-            let bytes = c.bytes_sent.saturating_sub(sent) as f64 + f64::from(c.segs_out.wrapping_sub(segs)) * header_bytes(c);
-            *self.per_iface.entry(dev).or_default().entry(pid).or_default() += bytes;
+            let total = self.per_iface.entry(dev).or_default().entry(pid).or_default();
+            *total = (*total + prev.wire_bytes_to(&now, header_bytes(c))).max(0.0);
         }
         let d = self.dumps;
-        self.last.retain(|_, l| d - l.2 <= 2);
+        self.last.retain(|_, l| d - l.dump <= 2);
         if self.last.len() > MAX_KEPT {
             self.last.clear();
         }
@@ -192,7 +226,7 @@ mod tests {
         assert_eq!(got.len(), 1, "{got:?}");
         let bytes = got[0].1;
         // Payload plus at most one 66-byte header per segment of ≥ 1 kB (and the ACKs).
-        assert!((1_000_000.0..1_100_000.0).contains(&bytes), "{bytes}");
+        assert!((900_000.0..1_100_000.0).contains(&bytes), "{bytes}");
         assert_eq!(own.lookups, 1);
         // Not traced any more: nothing is its own, and its totals are forgotten.
         owners.publish(Path::new("/proc"), std::iter::empty());
@@ -204,7 +238,7 @@ mod tests {
         send(&mut a, &mut b, 200_000);
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
         let again = own.of("lo").expect("measured")[0].1;
-        assert!((200_000.0..221_000.0).contains(&again), "{again}");
+        assert!((180_000.0..320_000.0).contains(&again), "{again}");
     }
 
     #[test]
