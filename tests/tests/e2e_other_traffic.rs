@@ -4,10 +4,9 @@
 //! does not trace) between the servers on one rail for a few seconds.
 //!
 //! - hierarchical job (balanced over the 4 rails), the flow on rail 1: the steps inside the
-//!   flow are `congestion` on server 0 (whose rail 1 carried the flow) — at most 15 % above
-//!   their extra time over the clean steps and at least half of it (issue 31's ±15 % is not
-//!   met from below: see the assertion) — naming rail 1 and the flow's bytes as measured
-//!   other traffic; rail imbalance stays under 10 % of every step (the job's own bytes are
+//!   flow are `congestion` on server 0 (whose rail 1 carried the flow) — the median step
+//!   within 15 % of its extra time over the clean steps, every step within 25 % — naming rail
+//!   1 and the flow's bytes as measured other traffic; rail imbalance stays under 10 % of every step (the job's own bytes are
 //!   balanced: the old rule blamed the job's rails for the flow's bytes);
 //! - flat ring (all of a server's cross-host bytes on rail 0), the flow on rail 2 the job does
 //!   not use: rail imbalance is the job's own (rail 0 at the TBF rate against the same bytes
@@ -103,7 +102,7 @@ fn bulk_flow(s: &Servers, dir: &Path, rail: usize, delay: f64, secs: f64) -> (Pr
 
 /// The flow's (start, end) wall-clock seconds from the sender's log.
 fn flow_span(tx: &mut Proc) -> (f64, f64) {
-    tx.terminate(Duration::from_secs(30));
+    stepwise_tests::harness::wait_for(Duration::from_secs(30), "the bulk flow to end", || (!tx.alive()).then_some(())).expect("the flow ends");
     let log = tx.log_text();
     let at = |w: &str| log.lines().find_map(|l| l.strip_prefix(w)?.trim().parse::<f64>().ok()).unwrap_or_else(|| panic!("no {w:?} in the flow's log: {log}"));
     (at("start "), at("end "))
@@ -138,21 +137,24 @@ fn allreduce_s(out: &JobOutput) -> BTreeMap<u64, f64> {
 fn a_bulk_flow_on_a_rail_of_a_hierarchical_job_is_congestion_not_rail_imbalance() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = servers(dir.path());
-    let steps_n = 24;
+    let steps_n = 30;
     let t0 = now();
     let job = start(&s, dir.path(), "hierarchical", "hier", 1 << 20, steps_n);
-    // After the first ~6 steps (the connections' slow start is over), 2.5 s of flow.
-    let (_rx, mut tx) = bulk_flow(&s, dir.path(), 1, 2.0, 5.0);
+    // After the first steps (the connections' slow start is over), 4 s of flow; the job
+    // goes on for seconds after it.
+    let (_rx, mut tx) = bulk_flow(&s, dir.path(), 1, 1.5, 4.0);
     let out = job.wait(Duration::from_secs(90)).expect("job");
     let t1 = now();
     let (f0, f1) = flow_span(&mut tx);
     let steps = steps_of(&s, t0, t1, steps_n as usize);
     let ar = allreduce_s(&out);
     // Inside: the step's span within the flow; clean: ended before it, or began 1.5 s after
-    // it (the rail's 1 MiB queue drained), step 0 excluded.
+    // it (the rail's 1 MiB queue drained), from step 2 on: step 0 is the connections' slow
+    // start, and the bytes a rank sends before the agent has read its sockets (up to a
+    // rescan after the process is found, docs/architecture.md) are not yet its own.
     let span = |st: &Value| (st["begin"].as_f64().expect("begin"), st["end"].as_f64().expect("end"));
     let inside: Vec<&Value> = steps.values().filter(|st| span(st).0 >= f0 + 0.05 && span(st).1 <= f1).collect();
-    let clean: Vec<&Value> = steps.iter().filter(|(id, st)| **id > 0 && (span(st).1 < f0 || span(st).0 > f1 + 1.5)).map(|(_, st)| st).collect();
+    let clean: Vec<&Value> = steps.iter().filter(|(id, st)| **id > 1 && (span(st).1 < f0 || span(st).0 > f1 + 1.5)).map(|(_, st)| st).collect();
     eprintln!(
         "flow {:.2}–{:.2} s after the job began; inside:\n{}\nclean:\n{}",
         f0 - t0,
@@ -169,16 +171,9 @@ fn a_bulk_flow_on_a_rail_of_a_hierarchical_job_is_congestion_not_rail_imbalance(
         let got = cause_seconds(st, "congestion");
         let secs = st["seconds"].as_f64().expect("seconds");
         assert_eq!(top_problem(st).0, "congestion", "step {id}:\n{}", summarize(std::slice::from_ref(st)));
-        // Issue 31 asks for ±15 %. Above, that holds; below, the job's own bytes on the shared
-        // rail came out 7–20 % high in three runs (the socket's queued-bytes estimate under
-        // the flow's standing queue), so congestion was 11–30 % short of the extra time: what
-        // is checked is the cause and at least half of its seconds (docs/models.md §4).
-        assert!(
-            got <= 1.15 * extra && got >= 0.5 * extra,
-            "step {id}: congestion {:.1} ms vs the step's extra time over the clean steps {:.1} ms",
-            got * 1e3,
-            extra * 1e3
-        );
+        // Each step within 25 % (one step's extra time is its own all-reduce against the
+        // clean steps' median); the median step within issue 31's 15 %, below.
+        assert!(within(got, extra, 0.25), "step {id}: congestion {:.1} ms vs the step's extra time over the clean steps {:.1} ms", got * 1e3, extra * 1e3);
         assert!(
             cause_seconds(st, "rail_imbalance") < 0.10 * secs,
             "step {id}: rail imbalance {:.1} ms of {:.1} ms",
@@ -195,12 +190,17 @@ fn a_bulk_flow_on_a_rail_of_a_hierarchical_job_is_congestion_not_rail_imbalance(
         assert!(cause_seconds(st, "congestion") < 0.075 * secs, "clean step {}: {}", st["step"], summarize(std::slice::from_ref(st)));
         assert!(cause_seconds(st, "rail_imbalance") < 0.10 * secs, "clean step {}: {}", st["step"], summarize(std::slice::from_ref(st)));
     }
+    let (got, extra) = (
+        median(inside.iter().map(|st| cause_seconds(st, "congestion")).collect()),
+        median(inside.iter().filter_map(|st| ar.get(&st["step"].as_u64()?).map(|a| a - base)).collect()),
+    );
     eprintln!(
         "other traffic/hierarchical: median congestion inside the flow {:.1} ms vs extra {:.1} ms; median rail imbalance {:.1} ms",
-        median(inside.iter().map(|st| cause_seconds(st, "congestion")).collect()) * 1e3,
-        median(inside.iter().filter_map(|st| ar.get(&st["step"].as_u64()?).map(|a| a - base)).collect()) * 1e3,
+        got * 1e3,
+        extra * 1e3,
         median(inside.iter().map(|st| cause_seconds(st, "rail_imbalance")).collect()) * 1e3
     );
+    assert!(within(got, extra, 0.15), "median step inside the flow: congestion {:.1} ms vs extra {:.1} ms", got * 1e3, extra * 1e3);
 }
 
 #[test]
@@ -209,10 +209,12 @@ fn a_flat_rings_own_imbalance_stays_rail_imbalance_beside_a_flow_on_a_rail_it_do
     let s = servers(dir.path());
     let steps_n = 10;
     let bytes = 256 * 1024;
+    // The flow first (sending before the job starts), then the job.
+    let (_rx, mut tx) = bulk_flow(&s, dir.path(), 2, 0.0, 60.0);
+    stepwise_tests::harness::wait_for(Duration::from_secs(30), "the bulk flow sending", || tx.log_text().contains("start").then_some(())).expect("flow");
     let before = s.rail_tx(0).expect("tx");
     let t0 = now();
     let job = start(&s, dir.path(), "ring", "flat", bytes, steps_n);
-    let (_rx, mut tx) = bulk_flow(&s, dir.path(), 2, 0.0, 30.0);
     let out = job.wait(Duration::from_secs(90)).expect("job");
     let t1 = now();
     let after = s.rail_tx(0).expect("tx");
@@ -224,7 +226,7 @@ fn a_flat_rings_own_imbalance_stays_rail_imbalance_beside_a_flow_on_a_rail_it_do
     let rail0 = (after[0] - before[0]) / steps_n as f64;
     let excess = rail0 / rate - rail0 / 4.0 / rate;
     assert!(after[2] - before[2] > 2.0 * rail0, "the flow ran on rail 2: {before:?} → {after:?}");
-    let measured: Vec<&Value> = steps.iter().filter(|(id, _)| **id > 0).map(|(_, v)| v).collect();
+    let measured: Vec<&Value> = steps.iter().filter(|(id, _)| **id > 1).map(|(_, v)| v).collect();
     eprintln!("flat ring beside a flow on rail 2 (excess {:.1} ms):\n{}", excess * 1e3, summarize(&measured.iter().map(|v| (*v).clone()).collect::<Vec<_>>()));
     for st in &measured {
         let id = st["step"].as_u64().expect("id");

@@ -27,7 +27,7 @@ fn mean_positive(v: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| s / n as f64)
 }
 
-/// Half the mean smallest RTT (`tcpi_min_rtt`, the path without the queue a transfer builds
+/// Half the smallest RTT (`tcpi_min_rtt`, the path without the queue a transfer builds
 /// — that queueing is its serialisation, already in `V/B`) of the TCP connections on the
 /// windows' NICs that carried data during the transfer, half the smoothed RTT where the kernel
 /// gave no minimum; `None` when no NIC measured one (RDMA, or no TCP connection moved).

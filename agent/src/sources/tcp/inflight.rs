@@ -40,7 +40,9 @@ pub struct IfaceTcp {
     /// Mean smoothed RTT of the connections that carried data since the previous sweep (of
     /// every connection that ever carried data when none did); 0 when unknown.
     pub rtt_seconds: f64,
-    /// Mean `tcpi_min_rtt` of the same connections: the path's round trip without queueing.
+    /// Smallest `tcpi_min_rtt` of the same connections: the path's round trip without
+    /// queueing (a connection first used behind a standing queue never saw less than the
+    /// queue, so a mean would take the queue for the path).
     pub min_rtt_seconds: f64,
     pub mss_bytes: f64,
     pub cwnd_bytes: f64,
@@ -152,8 +154,8 @@ struct Acc {
     sndbuf: f64,
     active_rtt: (f64, usize),
     any_rtt: (f64, usize),
-    active_min: (f64, usize),
-    any_min: (f64, usize),
+    active_min: Option<f64>,
+    any_min: Option<f64>,
     mss: (f64, usize),
     little: f64,
 }
@@ -163,6 +165,13 @@ fn mean((s, n): (f64, usize)) -> f64 {
         s / n as f64
     } else {
         0.0
+    }
+}
+
+/// Keeps the smallest positive value.
+fn low(m: &mut Option<f64>, v: f64) {
+    if v > 0.0 {
+        *m = Some(m.map_or(v, |m| m.min(v)));
     }
 }
 
@@ -186,11 +195,11 @@ impl Acc {
         self.little += inflight / c.srtt;
         if c.bytes_acked > 1 {
             push(&mut self.any_rtt, c.srtt);
-            push(&mut self.any_min, c.min_rtt);
+            low(&mut self.any_min, c.min_rtt);
         }
         if moved {
             push(&mut self.active_rtt, c.srtt);
-            push(&mut self.active_min, c.min_rtt);
+            low(&mut self.active_min, c.min_rtt);
             push(&mut self.mss, c.snd_mss as f64);
         }
     }
@@ -257,9 +266,8 @@ impl InFlightTracker {
             e.cwnd_bytes = a.cwnd;
             e.sndbuf_bytes = a.sndbuf;
             // RTT of the connections that moved data; of those that ever did when none moved.
-            let pick = |active: (f64, usize), any: (f64, usize)| if active.1 > 0 { mean(active) } else { mean(any) };
-            e.rtt_seconds = pick(a.active_rtt, a.any_rtt);
-            e.min_rtt_seconds = pick(a.active_min, a.any_min);
+            e.rtt_seconds = if a.active_rtt.1 > 0 { mean(a.active_rtt) } else { mean(a.any_rtt) };
+            e.min_rtt_seconds = a.active_min.or(a.any_min).unwrap_or(0.0);
             if a.mss.1 > 0 {
                 e.mss_bytes = mean(a.mss);
             }

@@ -51,7 +51,12 @@ pub struct TcpSource {
     metric: Family<NetdevLabel, Counter>,
     diag: Result<SockDiag, String>,
     inflight: inflight::InFlightTracker,
+    /// The traced processes' connections alone (its metrics are not registered).
+    own_inflight: inflight::InFlightTracker,
     own: own::OwnTraffic,
+    /// Per interface (by egress), the smallest `tcpi_min_rtt` of any connection that carried
+    /// data, at the last dump.
+    path_min_rtt: BTreeMap<String, f64>,
     own_metric: Family<NetdevLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     started: std::time::Instant,
     budget: Budget,
@@ -131,6 +136,8 @@ impl TcpSource {
             Clone::clone(&own_metric),
         );
         TcpSource {
+            own_inflight: inflight::InFlightTracker::new(&mut Registry::default()),
+            path_min_rtt: BTreeMap::new(),
             own: own::OwnTraffic::new(ctx.owners.clone()),
             own_metric,
             ctx,
@@ -168,7 +175,24 @@ impl TcpSource {
         // Own bytes by the interface their packets leave by (the peer's connected subnet),
         // which a rank bound to another rail's address does not change.
         let ifaces = addrs.values().filter(|d| sel.selects(d, None)).cloned();
-        self.own.update(&conns, ifaces, |c: &TcpConn| egress_of(c, ifs, addrs).filter(|d| sel.selects(d, None)).map(str::to_string));
+        let egress = |c: &TcpConn| egress_of(c, ifs, addrs).filter(|d| sel.selects(d, None)).map(str::to_string);
+        self.own.update(&conns, ifaces, egress);
+        // The same figures of the traced processes' connections alone, by the interface
+        // their packets leave by, for attribution: a bulk flow's RTT (its queue) is not the
+        // job's round latency, nor is a connection bound to one rail's address the traffic
+        // of that rail when it reaches a peer on another.
+        let own: Vec<TcpConn> = conns.iter().filter(|c| self.own.is_own(c)).cloned().collect();
+        self.own_inflight.update(now, &own, egress);
+        // The path's round trip without queueing is the smallest any connection through the
+        // interface saw, whoever holds it: a connection first used behind a standing queue
+        // (its own job's, or a bulk flow's) never saw less than that queue.
+        self.path_min_rtt.clear();
+        for c in conns.iter().filter(|c| c.min_rtt > 0.0 && c.bytes_acked > 1) {
+            if let Some(dev) = egress(c) {
+                let m = self.path_min_rtt.entry(dev).or_insert(c.min_rtt);
+                *m = m.min(c.min_rtt);
+            }
+        }
         // The budget covers the whole dump's work, the owners' lookup included.
         self.budget.spent(start, thread_cpu() - cpu0);
         for (dev, per_pid) in &self.own.per_iface {
@@ -191,7 +215,11 @@ impl Source for TcpSource {
         for n in &self.own.measured {
             out.entry(n).or_default().own_tx = self.own.of(n);
         }
-        for (n, e) in &self.inflight.ifaces {
+        // With traced processes, the NICs' TCP figures are theirs (none where they have no
+        // connection); without, every connection's.
+        let tcp = if self.own.tracing() { &self.own_inflight } else { &self.inflight };
+        for (n, e) in &tcp.ifaces {
+            let min_rtt = self.path_min_rtt.get(n).copied().unwrap_or(e.min_rtt_seconds);
             out.entry(n).or_default().tcp = crate::timeline::windows::TcpSample {
                 bytes_acked: e.bytes_acked,
                 busy_seconds: e.busy_seconds,
@@ -199,7 +227,7 @@ impl Source for TcpSource {
                 sndbuf_limited_seconds: e.sndbuf_limited_seconds,
                 in_flight_byte_seconds: e.in_flight_byte_seconds,
                 rtt_seconds: e.rtt_seconds,
-                min_rtt_seconds: e.min_rtt_seconds,
+                min_rtt_seconds: min_rtt,
                 mss_bytes: e.mss_bytes,
                 sndbuf_bytes: e.sndbuf_bytes,
                 cwnd_bytes: e.cwnd_bytes,

@@ -6,19 +6,20 @@
 //! rescan). At each `sock_diag` dump this module finds which of the dumped connections those
 //! processes hold — the socket inodes of their `/proc/<pid>/fd` links, read again only when a
 //! connection of unknown owner appears — and adds, per interface and pid, the wire bytes each
-//! of their connections put on the wire since the previous dump: the payload sent
-//! (`tcpi_bytes_sent`, retransmissions included) less what of it still waits below TCP — in
-//! the interface's queue or the driver, not yet counted by the NIC (`SK_MEMINFO_WMEM_ALLOC`,
-//! at most the bytes in flight) — plus one set of headers per segment — payload ÷ MSS data
-//! segments and the pure ACKs (`tcpi_segs_out − tcpi_data_segs_out`) — of Ethernet 14 + IP 20
-//! (IPv6 40) + TCP 32 (with the timestamp option) bytes. Neither the bytes sent nor those
-//! acknowledged alone: TCP counts a byte sent when it enters the interface's queue, and a
-//! queue of 200 kB in front of a 10 Mbit/s rail put the sent bytes 160 ms ahead of the
-//! counter (a third of a transfer seen as "other" in the e2e scenario); an acknowledgement
-//! comes back through the peer's queue (behind the peer's half of a bidirectional ring: 40–
-//! 100 ms late there). A device that passes a GSO/TSO super-packet on uncut counts its
-//! headers once, so the estimate is an upper bound of the connection's share of the NIC
-//! counter (what is left is other traffic, never less). A
+//! of their connections put on the wire since the previous dump: the payload that left the
+//! NIC — acknowledged (`tcpi_bytes_acked`), plus the segments in flight (`tcpi_unacked`, less
+//! those TCP takes as lost, `tcpi_lost`) less what of them still waits below TCP in the
+//! interface's queue or driver (`SK_MEMINFO_WMEM_ALLOC`) — plus one set of headers per
+//! segment (payload ÷ MSS data segments, and the pure ACKs, `tcpi_segs_out −
+//! tcpi_data_segs_out`) of Ethernet 14 + IP 20 (IPv6 40) + TCP 32 (with the timestamp
+//! option) bytes. Not the bytes sent: TCP counts a byte sent when it enters the interface's
+//! queue — 200 kB in front of a 10 Mbit/s rail put them 160 ms ahead of the counter — and a
+//! segment dropped by a full queue is sent again; not the bytes acknowledged alone: an
+//! acknowledgement comes back through the peer's queue (40–100 ms late behind the other half
+//! of a bidirectional ring). A segment lost beyond the NIC counts once, when acknowledged
+//! (its first copy did cross the NIC: other traffic of that size is reported). A device that
+//! passes a GSO/TSO super-packet on uncut counts its headers once, so the estimate is an
+//! upper bound of the connection's share of the NIC counter there. A
 //! connection absent from the previous dump was established since it: all its bytes are of
 //! this interval (at the first dump nothing is known of before).
 
@@ -80,8 +81,9 @@ struct Counts {
 
 impl Counts {
     fn of(c: &TcpConn, dump: u64) -> Counts {
-        let queued = f64::from(c.wmem_alloc).min(c.in_flight_bytes());
-        Counts { departed: c.bytes_sent as f64 - queued, pure_acks: c.segs_out.wrapping_sub(c.data_segs_out), mss: c.snd_mss, dump }
+        let in_flight = f64::from(c.unacked.saturating_sub(c.lost)) * f64::from(c.snd_mss);
+        let departed = c.bytes_acked as f64 + (in_flight - f64::from(c.wmem_alloc)).max(0.0);
+        Counts { departed, pure_acks: c.segs_out.wrapping_sub(c.data_segs_out), mss: c.snd_mss, dump }
     }
 
     /// Wire bytes between `self` (earlier) and `now` (negative when the queue estimate grew
@@ -170,6 +172,16 @@ impl OwnTraffic {
         pids
     }
 
+    /// Whether a traced process holds `c` (as of the last dump).
+    pub fn is_own(&self, c: &TcpConn) -> bool {
+        self.inode_pid.contains_key(&c.inode)
+    }
+
+    /// Whether any process is traced (else nothing is anyone's own).
+    pub fn tracing(&self) -> bool {
+        !self.inode_pid.is_empty()
+    }
+
     /// The interface's own bytes per pid (sorted), when the last dump covered it.
     pub fn of(&self, iface: &str) -> Option<Vec<(u32, f64)>> {
         self.measured.contains(iface).then(|| self.per_iface.get(iface).map(|m| m.iter().map(|(p, b)| (*p, *b)).collect()).unwrap_or_default())
@@ -245,10 +257,10 @@ mod tests {
     fn a_connection_of_an_untraced_process_is_looked_up_once_then_known_foreign() {
         let mut own = OwnTraffic::new(Owners::default());
         own.owners.publish(Path::new("/nonexistent"), [42].into_iter());
-        let c = TcpConn { cookie: 1, inode: 777, bytes_sent: 5000, segs_out: 5, local: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), ..Default::default() };
+        let c = TcpConn { cookie: 1, inode: 777, bytes_acked: 5000, segs_out: 5, local: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), ..Default::default() };
         for k in 0..3 {
             let mut c = c.clone();
-            c.bytes_sent += k * 1000;
+            c.bytes_acked += k * 1000;
             own.update(&[c], ["lo".to_string()].into_iter(), lo);
         }
         assert_eq!(own.lookups, 1, "a foreign inode is not looked up again");
