@@ -323,7 +323,7 @@ const DASHBOARDS = [
         'TCP: N·m/T vs rate',
         "Little's law per interface for the TCP connections (gloo, MPI's tcp btl, NCCL's socket transport): bytes in flight over smoothed RTT (N·m/T, integrated every sweep), against the bytes the interface counter sent (the two agree within a few per cent when the connections carry the interface's traffic) and the interface's nominal rate as attribution uses it (N·m/T far below it while busy is an in-flight limit).",
         [
-          target('A', `sum by (instance, netdev) (rate(stepwise_tcp_little_bytes_total{${SEL}}[${RI}]))`, '{{instance}} {{netdev}} N·m/T'),
+          target('A', `sum by (instance, netdev) (rate(stepwise_tcp_in_flight_per_rtt_bytes_total{${SEL}}[${RI}]))`, '{{instance}} {{netdev}} N·m/T'),
           target('B', `sum by (instance, netdev) (rate(stepwise_netdev_transmit_bytes_total{${SEL}}[${RI}])) and on(instance, netdev) stepwise_tcp_connections{${SEL}}`, '{{instance}} {{netdev}} counter tx'),
           target(
             'C',

@@ -70,6 +70,27 @@ fn prometheus_scrapes_one_series_per_fixture_port_with_fixture_values() {
     assert!((harness::value_of(&total[0]) - expect).abs() < 1.0);
     let ok = prom.query("stepwise_source_up{source=\"rdma\"}").expect("source_up");
     assert_eq!(ok.first().map(harness::value_of), Some(1.0), "{ok:?}");
+    let devices = prom.query("stepwise_source_devices{source=\"rdma\"}").expect("source_devices");
+    assert_eq!(devices.first().map(harness::value_of), Some(8.0), "{devices:?}");
+}
+
+#[test]
+fn a_host_without_rdma_has_the_source_absent_not_down() {
+    let dir = tmp("absent");
+    let cfg = rdma_only_config(dir.path());
+    // A sysfs root with no class/infiniband: a node without RDMA hardware or driver.
+    let sys = dir.path().join("sys");
+    std::fs::create_dir_all(sys.join("class/net")).expect("mkdir");
+    let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8")]).expect("agent starts");
+    std::thread::sleep(Duration::from_millis(600));
+    let text = agent.metrics().expect("scrape");
+    // StepwiseSourceDown is `min by (instance, source) (stepwise_source_up) == 0`: silent here.
+    assert_eq!(sample(&text, "stepwise_source_up", &[("source", "rdma")]), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "stepwise_source_devices", &[("source", "rdma")]), Some(0.0), "{text}");
+    let st = agent.status().expect("status");
+    assert_eq!(st["sources"]["rdma"]["up"], true, "{st}");
+    assert_eq!(st["sources"]["rdma"]["absent"], true, "{st}");
+    assert!(st["sources"]["rdma"]["error"].as_str().is_some_and(|e| e.contains("absent")), "{st}");
 }
 
 #[test]

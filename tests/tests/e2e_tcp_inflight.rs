@@ -10,7 +10,7 @@
 //!   round trip (the connections' smallest RTT, ≈ 21 ms), so the long-RTT job is explained —
 //!   ideal communication is the largest network cause, `unexplained` small, no in-flight cause;
 //! - Little's law on real TCP: over the job, the exported ∫ in-flight bytes / smoothed RTT
-//!   (`stepwise_tcp_little_bytes_total`) agrees with the bytes the NIC counter saw (±20 %);
+//!   (`stepwise_tcp_in_flight_per_rtt_bytes_total`) agrees with the bytes the NIC counter saw (±20 %);
 //! - clamped: `in_flight_limit` carries the excess the workload itself measured (its
 //!   all-reduce clamped − unclamped, ±15 %) and names the send buffer as the binding limit;
 //! - real PyTorch gloo over the same line: explained the same way, Little's law holding on its
@@ -109,7 +109,7 @@ fn metrics(s: &Servers, k: usize) -> String {
 /// (Little's-law bytes, NIC counter tx bytes) of server `k`'s delay-line device.
 fn little_and_tx(s: &Servers, k: usize) -> (f64, f64) {
     let m = metrics(s, k);
-    let little = sample(&m, "stepwise_tcp_little_bytes_total", &[("netdev", DEV[k])]).unwrap_or(0.0);
+    let little = sample(&m, "stepwise_tcp_in_flight_per_rtt_bytes_total", &[("netdev", DEV[k])]).unwrap_or(0.0);
     (little, s.link_bytes(k, DEV[k]).expect("link bytes").0)
 }
 

@@ -66,7 +66,7 @@ pub struct DiagnoseArgs {
     #[arg(long, value_name = "K", value_parser = parse_count)]
     pub slowest: Option<usize>,
     /// Only steps that began within this long before now, e.g. 10m, 2h [default: 10m].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_since)]
     pub since: Option<Duration>,
     /// Cluster mode: every agent as host[:port] (port 9477 when omitted), comma-separated.
     #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',', num_args = 1.., conflicts_with_all = ["dns", "agent", "db"])]
@@ -94,12 +94,30 @@ pub struct DiagnoseArgs {
     pub threshold_ms: f64,
 }
 
+/// Most steps `--slowest` reports (each is a full report).
+const MAX_SLOWEST: usize = 10_000;
+/// Longest `--since` window: a year of history.
+const MAX_SINCE: Duration = Duration::from_secs(366 * 86_400);
+/// Longest `--timeout` per peer.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Largest `--threshold-ms`: an hour.
+const MAX_THRESHOLD_MS: f64 = 3_600_000.0;
+
 fn parse_count(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > MAX_SLOWEST => Err(format!("must be at most {MAX_SLOWEST}")),
         Ok(n) => Ok(n),
-        Err(e) => Err(format!("{e}: expected a whole number of steps, e.g. 3")),
+        Err(e) => Err(format!("{e}: expected a whole number of steps, e.g. 3 (at most {MAX_SLOWEST})")),
     }
+}
+
+fn parse_since(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > MAX_SINCE {
+        return Err(format!("must be at most {} (e.g. 10m, 2h, 7days)", humantime::format_duration(MAX_SINCE)));
+    }
+    Ok(d)
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -107,13 +125,16 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
     if d.is_zero() {
         return Err("must be longer than 0 (e.g. 5s)".into());
     }
+    if d > MAX_TIMEOUT {
+        return Err(format!("must be at most {} (e.g. 5s)", humantime::format_duration(MAX_TIMEOUT)));
+    }
     Ok(d)
 }
 
 fn parse_threshold(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        Ok(x) => Err(format!("{x} is not a threshold: give milliseconds ≥ 0, e.g. 1 or 0.5")),
+        Ok(x) if x.is_finite() && (0.0..=MAX_THRESHOLD_MS).contains(&x) => Ok(x),
+        Ok(x) => Err(format!("{x} is not a threshold: give milliseconds from 0 to {MAX_THRESHOLD_MS}, e.g. 1 or 0.5")),
         Err(e) => Err(format!("{e}: give milliseconds, e.g. 1 or 0.5")),
     }
 }

@@ -91,13 +91,42 @@ pub enum ModelCommand {
     State(plan::StateArgs),
 }
 
-/// A whole-number count (`--flows 8`), with a message that says what went wrong.
+/// Largest count any flag takes (2^20): far beyond the chapter's 1024-host scale, small
+/// enough that no model's memory or time runs away. Models bound some counts further (ranks,
+/// flows × uplinks) and say so.
+pub(crate) const MAX_COUNT: u64 = 1 << 20;
+
+/// A whole-number count (`--flows 8`) of at most [`MAX_COUNT`], with a message that says
+/// what went wrong.
 pub(crate) fn count<T: std::str::FromStr>(s: &str) -> Result<T, String> {
     let t = s.trim();
     if t.starts_with('-') {
         return Err(format!("'{s}': a count cannot be negative"));
     }
-    t.parse().map_err(|_| format!("'{s}' is not a whole number"))
+    let too_large = || format!("'{s}': a count must be at most {MAX_COUNT}");
+    match t.parse::<u64>() {
+        Ok(n) if n > MAX_COUNT => return Err(too_large()),
+        Ok(_) => {}
+        Err(_) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => return Err(too_large()),
+        Err(_) => return Err(format!("'{s}' is not a whole number")),
+    }
+    t.parse().map_err(|_| too_large())
+}
+
+/// Largest plain number (a speed-up, a ratio, a fraction) any flag takes.
+pub(crate) const MAX_FACTOR: f64 = 1e6;
+
+/// A plain finite number from 0 to [`MAX_FACTOR`] (`--speedup 3`, `--fill 0.5`); models check
+/// their own narrower ranges (a fraction in 0…1).
+pub(crate) fn factor(s: &str) -> Result<f64, String> {
+    let x: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !x.is_finite() || x < 0.0 {
+        return Err(format!("'{s}': must be a finite number ≥ 0"));
+    }
+    if x > MAX_FACTOR {
+        return Err(format!("'{s}': must be at most {MAX_FACTOR:e}"));
+    }
+    Ok(x)
 }
 
 /// What a subcommand produced: the same numbers as a table and as JSON.

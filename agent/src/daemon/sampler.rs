@@ -23,7 +23,7 @@ use crate::{
         metrics::{AgentMetrics, SourceLabel},
         watchdog::Watchdog,
     },
-    sources::Source,
+    sources::{Source, SourceError},
     store::{Health, Store},
 };
 
@@ -102,14 +102,19 @@ impl Sampler {
                     if first {
                         warn!(source = s.name(), "{e}");
                     }
-                    0
+                    // A source with nothing to read here is absent, not down.
+                    i64::from(e.is_absent())
                 }
             };
+            let absent = r.as_ref().err().is_some_and(SourceError::is_absent);
             self.agent_metrics.source_up.get_or_create(&label).set(up);
+            let devices = r.as_ref().map_or(0, |x| i64::try_from(x.devices).unwrap_or(i64::MAX));
+            self.agent_metrics.source_devices.get_or_create(&label).set(devices);
             // Built by moving values in: `json!` would deep-copy the detail (and again below),
             // which cost more than a 16-NIC sweep's own parsing.
             let report: serde_json::Map<String, serde_json::Value> = [
                 ("up", (up == 1).into()),
+                ("absent", absent.into()),
                 ("last_sweep", r.as_ref().ok().and_then(|x| serde_json::to_value(x).ok()).unwrap_or_default()),
                 ("error", r.as_ref().err().map_or(serde_json::Value::Null, |e| e.to_string().into())),
                 ("detail", if fresh_detail { s.status() } else { serde_json::Value::Null }),

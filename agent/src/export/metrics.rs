@@ -21,8 +21,12 @@ pub struct BuildLabels {
 /// Metrics about the agent itself.
 #[derive(Clone)]
 pub struct AgentMetrics {
-    /// `stepwise_source_up{source}`: 1 if the last sweep of the source succeeded.
+    /// `stepwise_source_up{source}`: 1 if the last sweep of the source succeeded or found
+    /// nothing to read (an absent source is not down), 0 if it failed or stalled.
     pub source_up: Family<SourceLabel, Gauge>,
+    /// `stepwise_source_devices{source}`: devices the last sweep read; 0 for a source that is
+    /// absent on this host (e.g. no `/sys/class/infiniband`) or failed.
+    pub source_devices: Family<SourceLabel, Gauge>,
     /// `stepwise_source_sweep_duration_seconds{source}`.
     pub sweep_seconds: Family<SourceLabel, Histogram>,
 }
@@ -38,9 +42,11 @@ impl AgentMetrics {
         build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION"), ebpf: if ebpf_embedded { "embedded" } else { "missing" } }).set(1);
         registry.register("stepwise_build_info", "Build information (always 1)", build);
         let source_up = Family::<SourceLabel, Gauge>::default();
-        registry.register("stepwise_source_up", "1 if the source's last sweep succeeded, 0 otherwise", source_up.clone());
+        registry.register("stepwise_source_up", "1 if the source's last sweep succeeded or found nothing to read, 0 if it failed", source_up.clone());
+        let source_devices = Family::<SourceLabel, Gauge>::default();
+        registry.register("stepwise_source_devices", "Devices the source's last sweep read (0: absent on this host, or failed)", source_devices.clone());
         let sweep_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(sweep_histogram as fn() -> Histogram);
         registry.register("stepwise_source_sweep_duration_seconds", "Time taken by one sweep of a source", sweep_seconds.clone());
-        AgentMetrics { source_up, sweep_seconds }
+        AgentMetrics { source_up, source_devices, sweep_seconds }
     }
 }

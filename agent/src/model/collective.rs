@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::{at_least, non_negative, positive, ModelError};
+use super::{at_least, at_most, non_negative, positive, ModelError};
 use crate::units::{Bytes, BytesPerSecond, Seconds};
 
 /// Where the ranks sit and what connects them (docs/models.md §0).
@@ -66,6 +66,10 @@ impl Cluster {
         at_least("hosts", self.hosts, 1)?;
         at_least("GPUs per host", self.gpus_per_host, 1)?;
         at_least("NIC ports per host", self.ports_per_host, 1)?;
+        at_most("GPUs per host", self.gpus_per_host, MAX_PER_HOST)?;
+        at_most("NIC ports per host", self.ports_per_host, MAX_PER_HOST)?;
+        at_most("ranks (hosts × GPUs per host)", self.hosts.saturating_mul(self.gpus_per_host), MAX_RANKS)?;
+        at_most("NIC ports (hosts × ports per host)", self.hosts.saturating_mul(self.ports_per_host), MAX_RANKS)?;
         positive("NIC bandwidth", self.nic.0)?;
         positive("local bandwidth", self.local.0)?;
         if let Some(s) = self.slot {
@@ -168,38 +172,34 @@ enum Transfer {
     ViaSwitch { rank: usize, bytes: Bytes },
 }
 
-/// Resource layout of a [`Cluster`]: local tx/rx per GPU, NIC tx/rx per port, slot tx/rx
-/// per host.
-struct Fabric<'a> {
-    c: &'a Cluster,
-    resources: Vec<Resource>,
+/// `count` identical consecutive rounds of `transfers`. Every placement repeats one round
+/// per phase, so a schedule is a handful of stages whatever the cluster size: a flat ring on
+/// 1024 × 8 ranks is 2 stages of 8191 rounds, not 16 382 copies of an 8192-transfer round
+/// (4.3 GB and over 30 s before).
+struct Stage {
+    phase: &'static str,
+    transfers: Vec<Transfer>,
+    count: usize,
 }
 
-impl<'a> Fabric<'a> {
-    fn new(c: &'a Cluster) -> Fabric<'a> {
-        let mut resources = Vec::new();
-        for dir in ["tx", "rx"] {
-            for r in 0..c.ranks() {
-                resources.push(Resource { name: format!("h{}.gpu{} local-{dir}", r / c.gpus_per_host, r % c.gpus_per_host), bandwidth: c.local });
-            }
-        }
-        for dir in ["tx", "rx"] {
-            for h in 0..c.hosts {
-                for port in 0..c.ports_per_host {
-                    resources.push(Resource { name: format!("h{h}.nic{port} {dir}"), bandwidth: c.nic });
-                }
-            }
-        }
-        if let Some(slot) = c.slot {
-            for dir in ["tx", "rx"] {
-                for h in 0..c.hosts {
-                    resources.push(Resource { name: format!("h{h}.slot {dir}"), bandwidth: slot });
-                }
-            }
-        }
-        Fabric { c, resources }
-    }
+/// Most ranks (hosts × GPUs per host) and NIC ports (hosts × ports per host) a cluster may
+/// have: 2.6× the largest training clusters built so far (~100 000 GPUs). At 2^18 ranks
+/// `--compare` (four algorithms and the break-even) stays near a second even unoptimised;
+/// 800 000 ranks took 3.7 s and 154 MB for one algorithm on a debug build.
+pub const MAX_RANKS: usize = 1 << 18;
+/// Most GPUs or NIC ports per host.
+pub const MAX_PER_HOST: usize = 1024;
 
+/// Resource layout of a [`Cluster`], by index: local tx then rx per rank, NIC tx then rx per
+/// port (host-major), slot tx then rx per host. Names are built only for a bottleneck.
+struct Fabric<'a> {
+    c: &'a Cluster,
+}
+
+impl Fabric<'_> {
+    fn len(&self) -> usize {
+        2 * self.c.ranks() + 2 * self.c.hosts * self.c.ports_per_host + if self.c.slot.is_some() { 2 * self.c.hosts } else { 0 }
+    }
     fn local(&self, rank: usize, rx: bool) -> usize {
         rank + usize::from(rx) * self.c.ranks()
     }
@@ -209,6 +209,38 @@ impl<'a> Fabric<'a> {
     }
     fn slot(&self, host: usize, rx: bool) -> usize {
         2 * self.c.ranks() + 2 * self.c.hosts * self.c.ports_per_host + usize::from(rx) * self.c.hosts + host
+    }
+
+    /// Resource `e` with a local bandwidth of `local` (the cluster's, or one `break_even_local`
+    /// tries).
+    fn resource(&self, e: usize, local: BytesPerSecond) -> Resource {
+        let c = self.c;
+        let (p, ports) = (c.ranks(), c.hosts * c.ports_per_host);
+        let dir = |rx: bool| if rx { "rx" } else { "tx" };
+        if e < 2 * p {
+            let r = e % p;
+            let name = format!("h{}.gpu{} local-{}", r / c.gpus_per_host, r % c.gpus_per_host, dir(e >= p));
+            return Resource { name, bandwidth: local };
+        }
+        let e = e - 2 * p;
+        if e < 2 * ports {
+            let q = e % ports;
+            return Resource { name: format!("h{}.nic{} {}", q / c.ports_per_host, q % c.ports_per_host, dir(e >= ports)), bandwidth: c.nic };
+        }
+        let e = e - 2 * ports;
+        Resource { name: format!("h{}.slot {}", e % c.hosts, dir(e >= c.hosts)), bandwidth: c.slot.unwrap_or(c.nic) }
+    }
+
+    /// The bandwidth of resource `e` given the local bandwidth (no name built).
+    fn bandwidth(&self, e: usize, local: BytesPerSecond) -> BytesPerSecond {
+        let c = self.c;
+        if e < 2 * c.ranks() {
+            local
+        } else if e < 2 * c.ranks() + 2 * c.hosts * c.ports_per_host {
+            c.nic
+        } else {
+            c.slot.unwrap_or(c.nic)
+        }
     }
 
     /// Cross-host bytes of `rank` leaving (`rx = false`) or entering its host.
@@ -230,7 +262,7 @@ impl<'a> Fabric<'a> {
 
     /// Loads of one round; also returns the bytes that left their host.
     fn loads(&self, round: &[Transfer]) -> (Vec<Bytes>, Bytes) {
-        let mut loads = vec![Bytes(0.0); self.resources.len()];
+        let mut loads = vec![Bytes(0.0); self.len()];
         let mut cross = Bytes(0.0);
         let g = self.c.gpus_per_host;
         for t in round {
@@ -253,30 +285,53 @@ impl<'a> Fabric<'a> {
         }
         (loads, cross)
     }
+
+    /// The most loaded resource of each bandwidth class (local, NIC, slot), first index on a
+    /// tie: a round's time under any local bandwidth follows from these alone (§1.3).
+    fn peaks(&self, loads: &[Bytes]) -> Vec<(usize, Bytes)> {
+        let c = self.c;
+        let nic_end = 2 * c.ranks() + 2 * c.hosts * c.ports_per_host;
+        [0..2 * c.ranks(), 2 * c.ranks()..nic_end, nic_end..loads.len()]
+            .into_iter()
+            .filter_map(|range| {
+                let start = range.start;
+                let (i, v) = loads[range].iter().enumerate().fold((0, Bytes(0.0)), |best, (i, &v)| if v.0 > best.1 .0 { (i, v) } else { best });
+                (v.0 > 0.0).then_some((start + i, v))
+            })
+            .collect()
+    }
+
+    /// [`round_time`] over the per-class peaks of a round.
+    fn timing(&self, peaks: &[(usize, Bytes)], local: BytesPerSecond) -> RoundTiming {
+        let mut worst = Seconds(0.0);
+        let mut bottleneck = None;
+        for &(e, v) in peaks {
+            let t = v / self.bandwidth(e, local);
+            if bottleneck.is_none() || t.0 > worst.0 {
+                worst = t;
+                bottleneck = Some(e);
+            }
+        }
+        RoundTiming { time: self.c.alpha + worst, bottleneck }
+    }
 }
 
 /// Ring ReduceScatter + AllGather over `order`: 2(p−1) rounds of `M/p` to the successor.
-fn ring_schedule(order: &[usize], m: Bytes) -> Vec<(&'static str, Vec<Transfer>)> {
+fn ring_schedule(order: &[usize], m: Bytes) -> Vec<Stage> {
     let p = order.len();
     if p < 2 {
         return Vec::new();
     }
     let chunk = m / p as f64;
     let round: Vec<Transfer> = (0..p).map(|i| Transfer::P2p { src: order[i], dst: order[(i + 1) % p], bytes: chunk }).collect();
-    let mut out = Vec::new();
-    for phase in ["reduce-scatter", "all-gather"] {
-        for _ in 0..p - 1 {
-            out.push((phase, round.clone()));
-        }
-    }
-    out
+    vec![Stage { phase: "reduce-scatter", transfers: round.clone(), count: p - 1 }, Stage { phase: "all-gather", transfers: round, count: p - 1 }]
 }
 
-/// Ring over the GPUs of every host at once, `rounds` rounds of `chunk`.
-fn local_ring(c: &Cluster, phase: &'static str, chunk: Bytes) -> Vec<(&'static str, Vec<Transfer>)> {
+/// Ring over the GPUs of every host at once: `g − 1` rounds of `chunk`.
+fn local_ring(c: &Cluster, phase: &'static str, chunk: Bytes) -> Option<Stage> {
     let g = c.gpus_per_host;
     if g < 2 {
-        return Vec::new();
+        return None;
     }
     let round: Vec<Transfer> = (0..c.ranks())
         .map(|r| {
@@ -284,10 +339,10 @@ fn local_ring(c: &Cluster, phase: &'static str, chunk: Bytes) -> Vec<(&'static s
             Transfer::P2p { src: r, dst: h * g + (l + 1) % g, bytes: chunk }
         })
         .collect();
-    vec![(phase, round); g - 1]
+    Some(Stage { phase, transfers: round, count: g - 1 })
 }
 
-fn schedule(c: &Cluster, m: Bytes, algo: Algo) -> Vec<(&'static str, Vec<Transfer>)> {
+fn schedule(c: &Cluster, m: Bytes, algo: Algo) -> Vec<Stage> {
     let (h, g) = (c.hosts, c.gpus_per_host);
     match algo {
         Algo::Ring => ring_schedule(&(0..c.ranks()).collect::<Vec<_>>(), m),
@@ -297,7 +352,7 @@ fn schedule(c: &Cluster, m: Bytes, algo: Algo) -> Vec<(&'static str, Vec<Transfe
         }
         Algo::Hierarchical | Algo::InNetwork => {
             let shard = m / g as f64;
-            let mut out = local_ring(c, "local reduce-scatter", shard);
+            let mut out: Vec<Stage> = local_ring(c, "local reduce-scatter", shard).into_iter().collect();
             if h > 1 {
                 if algo == Algo::Hierarchical {
                     // The S hosts holding the same shard run a ring on it, each pair on its
@@ -308,15 +363,12 @@ fn schedule(c: &Cluster, m: Bytes, algo: Algo) -> Vec<(&'static str, Vec<Transfe
                             Transfer::P2p { src: r, dst: ((host + 1) % h) * g + l, bytes: shard / h as f64 }
                         })
                         .collect();
-                    for phase in ["cross-host reduce-scatter", "cross-host all-gather"] {
-                        for _ in 0..h - 1 {
-                            out.push((phase, round.clone()));
-                        }
-                    }
+                    out.push(Stage { phase: "cross-host reduce-scatter", transfers: round.clone(), count: h - 1 });
+                    out.push(Stage { phase: "cross-host all-gather", transfers: round, count: h - 1 });
                 } else {
                     // One round: each NIC sends its shard once, receives the result once (§1.6).
                     let round = (0..c.ranks()).map(|r| Transfer::ViaSwitch { rank: r, bytes: shard }).collect();
-                    out.push(("in-network reduce", round));
+                    out.push(Stage { phase: "in-network reduce", transfers: round, count: 1 });
                 }
             }
             out.extend(local_ring(c, "local all-gather", shard));
@@ -325,11 +377,14 @@ fn schedule(c: &Cluster, m: Bytes, algo: Algo) -> Vec<(&'static str, Vec<Transfe
     }
 }
 
-/// One round of an AllReduce report.
+/// `count` consecutive identical rounds of an AllReduce report.
 #[derive(Clone, Debug, Serialize)]
-pub struct RoundReport {
-    pub index: usize,
+pub struct RoundGroup {
+    /// Index of the group's first round (0-based).
+    pub first: usize,
+    pub count: usize,
     pub phase: &'static str,
+    /// Time of one round of the group.
     pub time: Seconds,
     pub bottleneck: String,
     pub bottleneck_bytes: Bytes,
@@ -342,7 +397,10 @@ pub struct AllReduceReport {
     pub algo: Algo,
     pub ranks: usize,
     pub bytes: Bytes,
-    pub rounds: Vec<RoundReport>,
+    /// Number of rounds.
+    pub rounds: usize,
+    /// The rounds, consecutive identical ones as one group.
+    pub round_groups: Vec<RoundGroup>,
     pub total: Seconds,
     /// `rounds × α`
     pub latency: Seconds,
@@ -357,71 +415,87 @@ pub struct AllReduceReport {
     pub total_bytes: Bytes,
 }
 
-pub fn allreduce(c: &Cluster, m: Bytes, algo: Algo) -> Result<AllReduceReport, ModelError> {
+/// A stage's per-class peak loads and repeat count, for re-timing under another local bandwidth.
+type StagePeaks = (usize, Vec<(usize, Bytes)>);
+
+/// The report and each stage's peaks.
+fn evaluate(c: &Cluster, m: Bytes, algo: Algo) -> Result<(AllReduceReport, Vec<StagePeaks>), ModelError> {
     c.validate()?;
     non_negative("bytes", m.0)?;
-    let fabric = Fabric::new(c);
-    let nic_tx = |port: usize| fabric.nic(port / c.ports_per_host, port % c.ports_per_host, false);
+    let fabric = Fabric { c };
     let mut nic_tx_bytes = vec![Bytes(0.0); c.hosts * c.ports_per_host];
-    let mut rounds = Vec::new();
-    let mut cross_host_bytes = Bytes(0.0);
     let mut rank_bytes = vec![Bytes(0.0); c.ranks()];
-    for (index, (phase, transfers)) in schedule(c, m, algo).into_iter().enumerate() {
-        for t in &transfers {
+    let (mut groups, mut peaks, mut cross_host_bytes, mut first) = (Vec::new(), Vec::new(), Bytes(0.0), 0);
+    for stage in schedule(c, m, algo) {
+        let n = stage.count as f64;
+        for t in &stage.transfers {
             match *t {
-                Transfer::P2p { src, bytes, .. } => rank_bytes[src] += bytes,
-                Transfer::ViaSwitch { rank, bytes } => rank_bytes[rank] += bytes,
+                Transfer::P2p { src, bytes, .. } => rank_bytes[src] += bytes * n,
+                Transfer::ViaSwitch { rank, bytes } => rank_bytes[rank] += bytes * n,
             }
         }
-        let (loads, cross) = fabric.loads(&transfers);
-        cross_host_bytes += cross;
+        let (loads, cross) = fabric.loads(&stage.transfers);
+        cross_host_bytes += cross * n;
         for (port, sent) in nic_tx_bytes.iter_mut().enumerate() {
-            *sent += loads[nic_tx(port)];
+            *sent += loads[fabric.nic(port / c.ports_per_host, port % c.ports_per_host, false)] * n;
         }
-        let t = round_time(&fabric.resources, &loads, c.alpha);
+        let p = fabric.peaks(&loads);
+        let t = fabric.timing(&p, c.local);
         let (bottleneck, bottleneck_bytes, bottleneck_bandwidth) = match t.bottleneck {
-            Some(e) => (fabric.resources[e].name.clone(), loads[e], fabric.resources[e].bandwidth),
+            Some(e) => {
+                let r = fabric.resource(e, c.local);
+                (r.name, loads[e], r.bandwidth)
+            }
             None => ("none".to_string(), Bytes(0.0), BytesPerSecond(0.0)),
         };
-        rounds.push(RoundReport { index, phase, time: t.time, bottleneck, bottleneck_bytes, bottleneck_bandwidth });
+        groups.push(RoundGroup { first, count: stage.count, phase: stage.phase, time: t.time, bottleneck, bottleneck_bytes, bottleneck_bandwidth });
+        peaks.push((stage.count, p));
+        first += stage.count;
     }
-    let total = rounds.iter().map(|r| r.time).sum();
-    let max_nic_bytes = nic_tx_bytes.iter().copied().fold(Bytes(0.0), Bytes::max);
-    Ok(AllReduceReport {
+    let total = groups.iter().map(|g| g.time * g.count as f64).sum();
+    let report = AllReduceReport {
         algo,
         ranks: c.ranks(),
         bytes: m,
-        latency: c.alpha * rounds.len() as f64,
-        rounds,
+        latency: c.alpha * first as f64,
+        rounds: first,
+        round_groups: groups,
         total,
         cross_host_bytes,
+        max_nic_bytes: nic_tx_bytes.iter().copied().fold(Bytes(0.0), Bytes::max),
         nic_tx_bytes,
-        max_nic_bytes,
         max_rank_bytes: rank_bytes.iter().copied().fold(Bytes(0.0), Bytes::max),
         total_bytes: rank_bytes.into_iter().sum(),
-    })
+    };
+    Ok((report, peaks))
+}
+
+/// `T_comm = Σ_rounds (α + max_e V_{r,e} / B_e)` for `algo` on `c` (§1.3–§1.6). Cost grows
+/// with ranks × stages, not ranks × rounds.
+pub fn allreduce(c: &Cluster, m: Bytes, algo: Algo) -> Result<AllReduceReport, ModelError> {
+    evaluate(c, m, algo).map(|(r, _)| r)
 }
 
 /// Local bandwidth at which the hierarchical AllReduce costs exactly what the flat ring costs
 /// on this cluster today (§1.5: ≈ 50 GB/s = one NIC on the HGX box). Above it hierarchy wins.
 /// `None` when no local bandwidth makes hierarchy win (its cross-host phase alone is slower).
+/// The loads do not depend on the local bandwidth: they are computed once and only re-timed.
 pub fn break_even_local(c: &Cluster, m: Bytes) -> Result<Option<BytesPerSecond>, ModelError> {
     let target = allreduce(c, m, Algo::Ring)?.total;
-    let hier = |b: f64| -> Result<f64, ModelError> {
-        let c2 = Cluster { local: BytesPerSecond(b), ..c.clone() };
-        Ok(allreduce(&c2, m, Algo::Hierarchical)?.total.0)
-    };
+    let (_, stages) = evaluate(c, m, Algo::Hierarchical)?;
+    let fabric = Fabric { c };
+    let hier = |b: f64| -> f64 { stages.iter().map(|(n, p)| fabric.timing(p, BytesPerSecond(b)).time.0 * *n as f64).sum() };
     // The hierarchical time falls monotonically with local bandwidth; bisect in log space.
     let (mut lo, mut hi) = (1.0f64.ln(), 1e18f64.ln());
-    if hier(hi.exp())? >= target.0 {
+    if hier(hi.exp()) >= target.0 {
         return Ok(None);
     }
-    if hier(lo.exp())? <= target.0 {
+    if hier(lo.exp()) <= target.0 {
         return Ok(Some(BytesPerSecond(lo.exp())));
     }
     for _ in 0..100 {
         let mid = 0.5 * (lo + hi);
-        if hier(mid.exp())? > target.0 {
+        if hier(mid.exp()) > target.0 {
             lo = mid;
         } else {
             hi = mid;
@@ -431,110 +505,5 @@ pub fn break_even_local(c: &Cluster, m: Bytes) -> Result<Option<BytesPerSecond>,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::testutil::{close, digit};
-
-    fn m() -> Bytes {
-        Bytes::mib(192.0)
-    }
-
-    #[test]
-    fn check_ring_volume() {
-        // §1.4 [check]: p = 16, M = 192 MiB: 360 MiB per rank, 5760 MiB total, 30 rounds.
-        let v = ring_volume(16, m()).unwrap();
-        assert_eq!(v.per_rank, Bytes::mib(360.0));
-        assert_eq!(v.total, Bytes::mib(5760.0));
-        assert_eq!(v.rounds, 30);
-        let r = allreduce(&Cluster::hgx(), m(), Algo::Ring).unwrap();
-        close(r.max_rank_bytes.in_mib(), 360.0, 1e-12, "per rank");
-        close(r.total_bytes.in_mib(), 5760.0, 1e-12, "total");
-    }
-
-    #[test]
-    fn check_placements_on_hgx() {
-        // §1.5 [check]: flat ≈ 7.6 ms, interleaved ≈ 7.6 ms, hierarchical ≈ 1.3 ms;
-        // cross-server bytes 720 / 5760 / 384 MiB; −47 % bytes, −83 % time.
-        let c = Cluster::hgx();
-        let flat = allreduce(&c, m(), Algo::Ring).unwrap();
-        let inter = allreduce(&c, m(), Algo::Interleaved).unwrap();
-        let hier = allreduce(&c, m(), Algo::Hierarchical).unwrap();
-        digit(flat.total.in_ms(), 7.6, 0.1, "flat");
-        digit(inter.total.in_ms(), 7.6, 0.1, "interleaved");
-        digit(hier.total.in_ms(), 1.3, 0.1, "hierarchical");
-        assert_eq!(flat.rounds.len(), 30);
-        assert_eq!(hier.rounds.len(), 16);
-        close(flat.cross_host_bytes.in_mib(), 720.0, 1e-12, "flat cross");
-        close(inter.cross_host_bytes.in_mib(), 5760.0, 1e-12, "interleaved cross");
-        close(hier.cross_host_bytes.in_mib(), 384.0, 1e-12, "hierarchical cross");
-        digit((1.0 - hier.cross_host_bytes / flat.cross_host_bytes) * 100.0, 47.0, 1.0, "bytes saved %");
-        digit((1.0 - hier.total / flat.total) * 100.0, 83.0, 1.0, "time saved %");
-        // The book's closed form: 14·24 MiB/450 GB/s + 2·12 MiB/50 GB/s + 16·α.
-        let closed = Bytes::mib(24.0) * 14.0 / c.local + Bytes::mib(12.0) * 2.0 / c.nic + c.alpha * 16.0;
-        close(hier.total.0, closed.0, 1e-12, "closed form");
-        // Flat ring: one NIC per server carries 12 MiB per round.
-        assert!(flat.rounds[0].bottleneck.contains("nic7"), "{}", flat.rounds[0].bottleneck);
-        close(flat.rounds[0].bottleneck_bytes.in_mib(), 12.0, 1e-12, "per-round NIC bytes");
-    }
-
-    #[test]
-    fn check_break_even_local_bandwidth() {
-        // §1.5 [check]: break-even local bandwidth ≈ 50 GB/s (= one NIC).
-        let b = break_even_local(&Cluster::hgx(), m()).unwrap().unwrap();
-        close(b.in_gb_s(), 50.0, 0.01, "break-even");
-    }
-
-    #[test]
-    fn check_pcie_reference_flips() {
-        // §1.5 [check]: on the PCIe box flat ≈ 11.0 ms and hierarchical is larger.
-        let c = Cluster::pcie_reference();
-        let flat = allreduce(&c, m(), Algo::Ring).unwrap();
-        let hier = allreduce(&c, m(), Algo::Hierarchical).unwrap();
-        digit(flat.total.in_ms(), 11.0, 0.1, "PCIe flat");
-        assert!(hier.total.0 > flat.total.0, "hierarchical {} vs flat {}", hier.total, flat.total);
-        let cross = hier.rounds.iter().find(|r| r.phase.starts_with("cross")).unwrap();
-        assert!(cross.bottleneck.contains("slot"), "{}", cross.bottleneck);
-        // Hierarchy would need more local bandwidth than the box has.
-        let b = break_even_local(&c, m()).unwrap().unwrap();
-        assert!(b.0 > c.local.0);
-    }
-
-    #[test]
-    fn in_network_has_one_cross_round() {
-        let c = Cluster::hgx();
-        let r = allreduce(&c, m(), Algo::InNetwork).unwrap();
-        assert_eq!(r.rounds.len(), 15);
-        close(r.max_nic_bytes.in_mib(), 24.0, 1e-12, "each NIC sends its shard once");
-        // Across S servers the ring sends 2(S−1)/S shards per NIC: more than one for S > 2.
-        let big = Cluster { hosts: 8, ..Cluster::hgx() };
-        let ring = allreduce(&big, m(), Algo::Hierarchical).unwrap();
-        let inn = allreduce(&big, m(), Algo::InNetwork).unwrap();
-        close(ring.max_nic_bytes / inn.max_nic_bytes, 2.0 * 7.0 / 8.0, 1e-12, "shards per NIC");
-    }
-
-    #[test]
-    fn property_one_resource_rounds_equal_cut_bound() {
-        // §1.3 vs §1.1: with α = 0 and one resource per round, Σ rounds = V / B.
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..50 {
-            let n = 1 + (crate::model::ecmp::xorshift(&mut seed) % 20) as usize;
-            let b = BytesPerSecond(1e9 + (crate::model::ecmp::xorshift(&mut seed) % 1000) as f64 * 1e8);
-            let res = [Resource { name: "cut".into(), bandwidth: b }];
-            let rounds: Vec<Vec<Bytes>> = (0..n).map(|_| vec![Bytes((crate::model::ecmp::xorshift(&mut seed) % 1_000_000) as f64)]).collect();
-            let total: Bytes = rounds.iter().map(|r| r[0]).sum();
-            close(rounds_time(&res, &rounds, Seconds(0.0)).0, (total / b).0, 1e-12, "cut bound");
-        }
-        // The flat ring on a single host with α = 0 is pure NVLink: 2(p−1)/p·M / B_L.
-        let c = Cluster { hosts: 1, alpha: Seconds(0.0), ..Cluster::hgx() };
-        let r = allreduce(&c, m(), Algo::Ring).unwrap();
-        close(r.total.0, (ring_volume(8, m()).unwrap().per_rank / c.local).0, 1e-12, "single host ring");
-    }
-
-    #[test]
-    fn bad_clusters_are_errors() {
-        let c = Cluster { nic: BytesPerSecond(0.0), ..Cluster::hgx() };
-        assert!(matches!(allreduce(&c, m(), Algo::Ring), Err(ModelError::NotPositive { .. })));
-        let c = Cluster { hosts: 0, ..Cluster::hgx() };
-        assert!(allreduce(&c, m(), Algo::Ring).is_err());
-    }
-}
+#[path = "collective_tests.rs"]
+mod tests;

@@ -138,12 +138,21 @@ pub struct CompletionReport {
 /// Event simulation of posts, completions and batched reaping (§2.3).
 pub fn completions(c: &Completions) -> Result<CompletionReport, ModelError> {
     at_least("operations", c.ops, 1)?;
+    super::at_most("operations", c.ops, MAX_OPS)?;
     at_least("slots", c.slots, 1)?;
     at_least("completions per reap", c.reap_batch, 1)?;
     positive("reap period", c.reap_period.0)?;
     non_negative("post interval", c.post_interval.0)?;
     non_negative("completion delay", c.completion_delay.0)?;
     positive("operation size", c.size.0)?;
+    // Reap indices stay exact in f64 (and in usize) over the whole timeline.
+    let horizon = (c.post_interval.0 + c.completion_delay.0 + c.reap_period.0) * (c.ops as f64 + 1.0);
+    if horizon / c.reap_period.0 > MAX_REAPS {
+        return Err(ModelError::Inconsistent {
+            what: "reap period",
+            detail: format!("{} is too short for a timeline of about {}: at most {MAX_REAPS:e} reap periods", c.reap_period, Seconds(horizon)),
+        });
+    }
     // Float sums like 15 µs + 5 µs must count as "done by 20 µs".
     let eps = 1e-9 * c.reap_period.0;
     let mut timeline: Vec<OpTimeline> = Vec::with_capacity(c.ops);
@@ -164,13 +173,20 @@ pub fn completions(c: &Completions) -> Result<CompletionReport, ModelError> {
     };
     let mut earliest = Seconds(0.0);
     for op in 0..c.ops {
-        // Reaps that happen before this post anyway.
-        while (c.reap_period * next_reap as f64).0 <= earliest.0 + eps {
+        // Reaps that happen before this post anyway; those before the first unreaped
+        // completion reap nothing and are skipped (a post interval of hours is not a
+        // billion empty reaps).
+        loop {
+            next_reap = next_reap.max(first_useful_reap(&timeline, &unreaped, c.reap_period, eps, earliest));
+            if (c.reap_period * next_reap as f64).0 > earliest.0 + eps {
+                break;
+            }
             free += reap(next_reap, &mut timeline, &mut unreaped);
             next_reap += 1;
         }
         let mut posted = earliest;
         while free == 0 {
+            next_reap = next_reap.max(first_useful_reap(&timeline, &unreaped, c.reap_period, eps, Seconds(f64::INFINITY)));
             let at = c.reap_period * next_reap as f64;
             free += reap(next_reap, &mut timeline, &mut unreaped);
             next_reap += 1;
@@ -182,6 +198,7 @@ pub fn completions(c: &Completions) -> Result<CompletionReport, ModelError> {
         earliest = posted + c.post_interval;
     }
     while !unreaped.is_empty() {
+        next_reap = next_reap.max(first_useful_reap(&timeline, &unreaped, c.reap_period, eps, Seconds(f64::INFINITY)));
         reap(next_reap, &mut timeline, &mut unreaped);
         next_reap += 1;
     }
@@ -189,6 +206,24 @@ pub fn completions(c: &Completions) -> Result<CompletionReport, ModelError> {
     let slots_free = timeline.iter().map(|o| o.reaped).fold(Seconds(0.0), Seconds::max);
     let items = c.reap_batch as f64 / c.reap_period.0;
     Ok(CompletionReport { timeline, transfers_end, slots_free, sustained_items_per_s: items, sustained_rate: BytesPerSecond(items * c.size.0) })
+}
+
+/// Most operations of a completion timeline (one row each; each reap scans the unreaped ones:
+/// 4096 operations with one slot per reap took 3.3 s on a debug build).
+pub const MAX_OPS: usize = 1024;
+/// Most reap periods a timeline may span (reap indices stay exact in f64).
+const MAX_REAPS: f64 = 1e15;
+
+/// The index of the first reap that can reap anything: none before the earliest completion
+/// of an unreaped operation; none at all before `until` when nothing is unreaped (the
+/// caller's next post). One below the float estimate, so rounding never skips a useful reap.
+fn first_useful_reap(timeline: &[OpTimeline], unreaped: &[usize], period: Seconds, eps: f64, until: Seconds) -> usize {
+    let first_done = unreaped.iter().map(|&i| timeline[i].completed.0).fold(f64::INFINITY, f64::min);
+    let t = first_done.min(until.0);
+    if !t.is_finite() {
+        return 0;
+    }
+    (((t - eps) / period.0).floor().max(0.0) as usize).saturating_sub(1)
 }
 
 /// Completions per second needed to sustain `b` with items of `size`.

@@ -35,10 +35,13 @@ impl PeriodicSource {
     /// On/off edges inside `[0, horizon]`.
     fn edges(&self, horizon: f64, out: &mut Vec<f64>) {
         let p = self.period.0;
-        let first = ((0.0 - self.phase.0) / p).floor() - 1.0;
+        // Only the phase modulo the period matters: a phase of hours on a µs period would
+        // otherwise walk every period from −phase.
+        let phase = self.phase.0.rem_euclid(p);
+        let first = (-phase / p).floor() - 1.0;
         let mut k = first;
         loop {
-            let start = self.phase.0 + k * p;
+            let start = phase + k * p;
             if start > horizon {
                 break;
             }
@@ -52,11 +55,22 @@ impl PeriodicSource {
     }
 }
 
+/// Most on/off edges a queue simulation walks (2 per source per period in the horizon).
+pub const MAX_EDGES: usize = 1 << 20;
+
 /// Piecewise-constant input of the sources over `[0, horizon]`: `(duration, λ)` segments.
 pub fn periodic_input(sources: &[PeriodicSource], horizon: Seconds) -> Result<Vec<(Seconds, BytesPerSecond)>, ModelError> {
     positive("horizon", horizon.0)?;
     for s in sources {
         s.validate()?;
+    }
+    // Two edges per period per source: bounded so a long horizon is an error, not minutes.
+    let edges: f64 = sources.iter().map(|s| 2.0 * (horizon.0 / s.period.0 + 3.0)).sum();
+    if edges > MAX_EDGES as f64 {
+        return Err(ModelError::Inconsistent {
+            what: "horizon",
+            detail: format!("{horizon} covers about {edges:.3e} on/off edges of the sources; at most {MAX_EDGES} (shorten the horizon or lengthen the period)"),
+        });
     }
     let mut cuts = vec![0.0, horizon.0];
     for s in sources {

@@ -107,8 +107,13 @@ pub struct SkewReport {
     pub critical_path: Vec<String>,
 }
 
+/// Most ranks `skew` takes (one DAG node and one table row each).
+pub const MAX_SKEW_RANKS: usize = 1 << 16;
+
 pub fn skew(ready: &[Seconds], exchange: Seconds) -> Result<SkewReport, ModelError> {
     at_least("ranks", ready.len(), 1)?;
+    // One DAG node and one printed row per rank: 2^20 ranks took 10.6 s and printed 35 MB.
+    super::at_most("ranks (ready times)", ready.len(), MAX_SKEW_RANKS)?;
     non_negative("exchange time", exchange.0)?;
     let run = |ready: &[Seconds], exchange: Seconds| -> Result<Schedule, ModelError> {
         let mut g = Dag::new();

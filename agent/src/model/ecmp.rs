@@ -16,6 +16,15 @@ use serde::Serialize;
 
 use super::{at_least, ModelError};
 
+/// Most flows of the exact distribution: n = 1024 (the chapter's) takes under 100 ms
+/// (`cargo xtask bench models`; at most 0.3 s on a debug build for any m from 1 to 65536), but
+/// the cost jumps past ~1200 flows: n = 1500 took 8.8 s and n = 4096, m = 8 over 60 s (debug).
+pub const MAX_FLOWS: usize = 1024;
+/// Most uplinks.
+pub const MAX_UPLINKS: usize = 1 << 16;
+/// Most hashings a Monte-Carlo estimate does in all (trials × (flows + uplinks)).
+pub const MAX_TRIAL_WORK: usize = 1 << 25;
+
 /// xorshift64* (Vigna): a tiny deterministic generator for Monte-Carlo cross-checks.
 pub fn xorshift(state: &mut u64) -> u64 {
     let mut x = if *state == 0 { 0x9e37_79b9_7f4a_7c15 } else { *state };
@@ -272,6 +281,8 @@ pub struct EcmpReport {
 pub fn ecmp(n: usize, m: usize) -> Result<EcmpReport, ModelError> {
     at_least("flows", n, 1)?;
     at_least("uplinks", m, 1)?;
+    super::at_most("flows", n, MAX_FLOWS)?;
+    super::at_most("uplinks", m, MAX_UPLINKS)?;
     let tables = Tables::new(n, m);
     let plan = Plan::new(m);
     let ideal = n.div_ceil(m);
@@ -312,6 +323,7 @@ pub fn monte_carlo_cdf(n: usize, m: usize, trials: usize, seed: u64) -> Result<V
     at_least("flows", n, 1)?;
     at_least("uplinks", m, 1)?;
     at_least("trials", trials, 1)?;
+    super::at_most("trials × (flows + uplinks)", trials.saturating_mul(n.saturating_add(m)), MAX_TRIAL_WORK)?;
     let mut state = seed;
     let mut hist = vec![0usize; n + 1];
     let mut load = vec![0usize; m];

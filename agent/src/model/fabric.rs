@@ -60,6 +60,7 @@ pub struct RailsReport {
 
 pub fn rails(input: &RailsInput) -> Result<RailsReport, ModelError> {
     let g = at_least("GPUs per host", input.gpus_per_host, 1)?;
+    super::at_most("GPUs per host", g, super::collective::MAX_PER_HOST)?;
     non_negative("bytes per pair", input.bytes_per_pair.0)?;
     positive("NIC bandwidth", input.nic.0)?;
     non_negative("α", input.alpha.0)?;

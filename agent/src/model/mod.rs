@@ -36,6 +36,8 @@ pub enum ModelError {
     Negative { what: &'static str, value: f64 },
     #[error("{what} must be at least {min} (got {got})")]
     TooFew { what: &'static str, min: u64, got: u64 },
+    #[error("{what} must be at most {max} (got {got})")]
+    TooMany { what: &'static str, max: u64, got: u64 },
     #[error("{what} must be between {lo} and {hi} (got {value})")]
     OutOfRange { what: &'static str, lo: f64, hi: f64, value: f64 },
     #[error("{what}: {detail}")]
@@ -68,6 +70,15 @@ pub(crate) fn at_least(what: &'static str, n: usize, min: usize) -> Result<usize
         Ok(n)
     } else {
         Err(ModelError::TooFew { what, min: min as u64, got: n as u64 })
+    }
+}
+
+/// A count of at most `max`: a model's memory and time grow with it.
+pub(crate) fn at_most(what: &'static str, n: usize, max: usize) -> Result<usize, ModelError> {
+    if n <= max {
+        Ok(n)
+    } else {
+        Err(ModelError::TooMany { what, max: max as u64, got: n as u64 })
     }
 }
 

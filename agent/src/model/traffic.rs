@@ -169,6 +169,9 @@ pub fn ep_volume_each_way(n: usize, k: usize, f: f64, d: Bytes) -> Result<Bytes,
     Ok(d * (n as f64 * k as f64 * f))
 }
 
+/// Most cells of a traffic matrix (256 × 256 NICs): `--json` prints every cell.
+pub const MAX_MATRIX_CELLS: usize = 1 << 16;
+
 /// A traffic matrix `V_ij` from sending NICs `i` to receiving NICs `j` (§1.9).
 #[derive(Clone, Debug, Serialize)]
 pub struct TrafficMatrix {
@@ -180,6 +183,7 @@ impl TrafficMatrix {
     pub fn even(total: Bytes, senders: usize, receivers: usize) -> Result<TrafficMatrix, ModelError> {
         at_least("sending NICs", senders, 1)?;
         at_least("receiving NICs", receivers, 1)?;
+        super::at_most("sending × receiving NICs (matrix cells)", senders.saturating_mul(receivers), MAX_MATRIX_CELLS)?;
         let cell = total / (senders * receivers) as f64;
         Ok(TrafficMatrix { v: vec![vec![cell; receivers]; senders] })
     }

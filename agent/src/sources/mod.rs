@@ -110,6 +110,18 @@ pub enum SourceError {
     },
     #[error("{source_name}: not available on this host: {reason}")]
     Unavailable { source_name: &'static str, reason: String },
+    /// Nothing to read on this host (no RDMA driver, no device): not a failure. The sampler
+    /// exports `stepwise_source_up` 1 and `stepwise_source_devices` 0, so
+    /// `StepwiseSourceDown` does not fire on a node that simply has no such hardware.
+    #[error("{source_name}: not available on this host (absent, not down): {reason}")]
+    Absent { source_name: &'static str, reason: String },
+}
+
+impl SourceError {
+    /// The source has nothing to read here rather than failing to read it.
+    pub fn is_absent(&self) -> bool {
+        matches!(self, SourceError::Absent { .. })
+    }
 }
 
 /// A counter source sampled every interval.

@@ -1,6 +1,8 @@
 //! `stepwise_nic_info`: one series per NIC port with what joins it to the rest of the node —
-//! its RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU, link layer and
-//! link rate (value 1). node_exporter's `node_infiniband_info` and DCGM's `pci_bus_id`/`gpu` labels join
+//! its RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU and link layer
+//! (value 1). The link rate is a value, not a label: `stepwise_nic_rate_bytes_per_second{netdev}`
+//! (the rate attribution uses) and, per RDMA port, `stepwise_nic_link_rate_bytes_per_second`
+//! (issue 33: it was also this series' `rate_bytes_per_second` label). node_exporter's `node_infiniband_info` and DCGM's `pci_bus_id`/`gpu` labels join
 //! on `device` and on `gpu` (the GPU's PCI address).
 
 use prometheus_client::{
@@ -21,9 +23,6 @@ pub struct NicInfoLabels {
     pub numa_node: String,
     pub gpu: String,
     pub link_layer: String,
-    /// Link rate in bytes per second (the base unit, as node_exporter's
-    /// `node_network_speed_bytes`), empty when the device does not say.
-    pub rate_bytes_per_second: String,
 }
 
 /// The info family; [`NicInfo::update`] replaces its series with a topology's NICs.
@@ -37,7 +36,7 @@ impl NicInfo {
         let m = NicInfo::default();
         r.register(
             "stepwise_nic_info",
-            "A NIC port: RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU, link layer and rate in bytes/s (1)",
+            "A NIC port: RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU and link layer (1)",
             m.family.clone(),
         );
         m
@@ -56,7 +55,6 @@ impl NicInfo {
                 numa_node: n.numa_node.map(|v| v.to_string()).unwrap_or_default(),
                 gpu: s(&n.gpu),
                 link_layer: s(&n.link_layer),
-                rate_bytes_per_second: n.rate_bytes_per_second.map(|r| format!("{}", r.round() as u64)).unwrap_or_default(),
             };
             self.family.get_or_create(&l).set(1);
         }
@@ -83,8 +81,8 @@ mod tests {
         let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("stepwise_nic_info{")).collect();
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines.iter().any(|l| l.contains("device=\"mlx5_1\"") && l.contains("port=\"1\"") && l.contains("rail=\"1\"")), "{lines:?}");
-        // 400 Gb/sec NDR: 5e10 bytes/s, written exactly.
-        assert!(lines.iter().all(|l| l.contains("rate_bytes_per_second=\"50000000000\"")), "{lines:?}");
+        // The rate is a value elsewhere (stepwise_nic_link_rate_bytes_per_second), not a label.
+        assert!(lines.iter().all(|l| !l.contains("rate")), "{lines:?}");
         info.update(&topo(1));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");

@@ -49,6 +49,18 @@ fn conflicting_or_malformed_flags_are_usage_errors() {
     assert!(a.hang && a.json && a.peers.len() == 2);
 }
 
+/// Issue 33: every numeric flag has an upper bound, with the bound in the message.
+#[test]
+fn numeric_flags_are_bounded() {
+    assert!(usage_error(&["--slowest", "10001"]).contains("at most 10000"));
+    assert!(usage_error(&["--slowest", "99999999999999999999999"]).contains("at most 10000"));
+    assert_eq!(parse(&["--slowest", "10000"]).expect("the bound itself").slowest, Some(10_000));
+    assert!(usage_error(&["--since", "400days"]).contains("at most"));
+    assert_eq!(parse(&["--since", "30days"]).expect("a month").since, Some(Duration::from_secs(30 * 86_400)));
+    assert!(usage_error(&["--timeout", "2h"]).contains("at most 1h"));
+    assert!(usage_error(&["--threshold-ms", "1e300"]).contains("milliseconds from 0 to"));
+}
+
 #[test]
 fn good_flags_parse_with_defaults() {
     let a = parse(&["--peers", "node-1:9477,node-2", "--slowest", "3", "--since", "2h", "--json"]).expect("valid");

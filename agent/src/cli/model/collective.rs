@@ -125,21 +125,45 @@ fn break_even_line(b: Option<BytesPerSecond>, c: &Cluster) -> String {
     }
 }
 
-/// Consecutive rounds with the same phase, time and bottleneck, as one row.
+/// One row per group of identical rounds.
 fn rounds_table(r: &AllReduceReport) -> String {
     let mut t = Table::new(&["rounds", "phase", "time/round", "bottleneck", "bytes on it", "its bandwidth"]);
-    let mut i = 0;
-    while i < r.rounds.len() {
-        let a = &r.rounds[i];
-        let mut j = i + 1;
-        while j < r.rounds.len() && r.rounds[j].phase == a.phase && r.rounds[j].bottleneck == a.bottleneck && (r.rounds[j].time.0 - a.time.0).abs() <= 1e-15 {
-            j += 1;
-        }
-        let range = if j - i == 1 { format!("{}", i + 1) } else { format!("{}–{}", i + 1, j) };
-        t.row(vec![range, a.phase.to_string(), a.time.to_string(), a.bottleneck.clone(), a.bottleneck_bytes.to_string(), a.bottleneck_bandwidth.to_string()]);
-        i = j;
+    for g in &r.round_groups {
+        let range = if g.count == 1 { format!("{}", g.first + 1) } else { format!("{}–{}", g.first + 1, g.first + g.count) };
+        t.row(vec![range, g.phase.to_string(), g.time.to_string(), g.bottleneck.clone(), g.bottleneck_bytes.to_string(), g.bottleneck_bandwidth.to_string()]);
     }
     t.render()
+}
+
+/// Runs of equal values as `v ×n` (`0 B ×7 360 MiB 0 B ×7 360 MiB` on two HGX hosts); past 16
+/// runs, each distinct value once with how many NICs sent it (`--json` lists every NIC).
+fn runs(values: &[Bytes]) -> String {
+    let show = |v: Bytes, n: usize| if n == 1 { v.to_string() } else { format!("{v} ×{n}") };
+    let mut out: Vec<(Bytes, usize)> = Vec::new();
+    for &v in values {
+        match out.last_mut() {
+            Some((last, n)) if last.0 == v.0 => *n += 1,
+            _ => out.push((v, 1)),
+        }
+    }
+    if out.len() <= 16 {
+        return out.into_iter().map(|(v, n)| show(v, n)).collect::<Vec<_>>().join(" ");
+    }
+    let mut sorted: Vec<f64> = values.iter().map(|v| v.0).collect();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let mut distinct: Vec<(Bytes, usize)> = Vec::new();
+    for v in sorted {
+        match distinct.last_mut() {
+            Some((d, n)) if d.0 == v => *n += 1,
+            _ => distinct.push((Bytes(v), 1)),
+        }
+    }
+    if distinct.len() > 16 {
+        let (max, min) = (distinct[0].0, distinct[distinct.len() - 1].0);
+        return format!("{min} … {max} over {} NICs, {} different values (--json lists each NIC)", values.len(), distinct.len());
+    }
+    let listed: Vec<String> = distinct.iter().map(|&(v, n)| show(v, n)).collect();
+    format!("{} (by value; --json lists each NIC)", listed.join(", "))
 }
 
 pub fn allreduce(a: AllreduceArgs) -> Result<Output, ModelError> {
@@ -153,7 +177,7 @@ pub fn allreduce(a: AllreduceArgs) -> Result<Output, ModelError> {
         for r in &reports {
             t.row(vec![
                 r.algo.name().to_string(),
-                r.rounds.len().to_string(),
+                r.rounds.to_string(),
                 r.total.to_string(),
                 format!("{:+.0} %", (r.total / flat.total - 1.0) * 100.0),
                 r.cross_host_bytes.to_string(),
@@ -170,17 +194,16 @@ pub fn allreduce(a: AllreduceArgs) -> Result<Output, ModelError> {
         return Ok(Output::new(&Compare { cluster: &c, bytes: m, algorithms: &reports, break_even_local: be }, text));
     }
     let r = run_allreduce(&c, m, a.algo.into())?;
-    let per_nic: Vec<String> = r.nic_tx_bytes.iter().map(ToString::to_string).collect();
     let text = format!(
         "{}{}\n{}",
         title(&format!("AllReduce, {}: {}", r.algo.name(), describe(&c, m))),
         rounds_table(&r),
         kv(&[
-            ("total", format!("{} ({} rounds, {} of it launch latency)", r.total, r.rounds.len(), r.latency)),
+            ("total", format!("{} ({} rounds, {} of it launch latency)", r.total, r.rounds, r.latency)),
             ("cross-server bytes", format!("{} (both directions)", r.cross_host_bytes)),
             ("bytes sent", format!("{} per rank (max), {} in all", r.max_rank_bytes, r.total_bytes)),
             ("max bytes per NIC", format!("{} sent", r.max_nic_bytes)),
-            ("bytes sent per NIC", per_nic.join(" ")),
+            ("bytes sent per NIC", runs(&r.nic_tx_bytes)),
             ("break-even local bandwidth", break_even_line(be, &c)),
         ])
     );

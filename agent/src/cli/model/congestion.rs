@@ -70,7 +70,7 @@ pub struct FeedbackArgs {
     #[arg(long, default_value = "512KiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
     pub buffer: Bytes,
     /// Fraction of the buffer already full.
-    #[arg(long, default_value_t = 0.5, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 0.5, value_parser = super::factor, allow_hyphen_values = true)]
     pub fill: f64,
     /// Feedback delay T_f.
     #[arg(long, default_value = "20us", value_parser = parse_seconds, allow_hyphen_values = true)]

@@ -79,6 +79,9 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
     if !(a > 0.0 && b > 0.0 && a.is_finite() && b.is_finite()) {
         return Err(format!("'{s}': an oversubscription ratio must be positive"));
     }
+    if !(1.0 / super::MAX_FACTOR..=super::MAX_FACTOR).contains(&(a / b)) {
+        return Err(format!("'{s}': an oversubscription ratio must lie between 1:{0:e} and {0:e}:1", super::MAX_FACTOR));
+    }
     Ok(a / b)
 }
 

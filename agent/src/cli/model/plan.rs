@@ -27,7 +27,7 @@ pub struct ScaleArgs {
     #[arg(long, default_value = "scale", value_parser = parse_egress, allow_hyphen_values = true)]
     pub egress: Egress,
     /// Divides the egress.
-    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::factor, allow_hyphen_values = true)]
     pub oversubscription: f64,
     /// NVLink bandwidth per GPU.
     #[arg(long, default_value = "450GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]
@@ -128,7 +128,7 @@ pub struct AccessArgs {
     #[arg(long, default_value = "100ns", value_parser = parse_seconds, allow_hyphen_values = true)]
     pub local_access: Seconds,
     /// Accesses per item r.
-    #[arg(long, default_value_t = 10.0, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 10.0, value_parser = super::factor, allow_hyphen_values = true)]
     pub accesses: f64,
 }
 

@@ -126,7 +126,7 @@ pub struct SmallmsgArgs {
     #[arg(long, default_value = "8MiB,8KiB", value_parser = parse_bytes_list, allow_hyphen_values = true)]
     pub bytes: List<Bytes>,
     /// Bandwidth multiplier for the "faster link" column.
-    #[arg(long, default_value_t = 3.0, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 3.0, value_parser = super::factor, allow_hyphen_values = true)]
     pub speedup: f64,
     /// Reductions per step.
     #[arg(long, default_value_t = 72, value_parser = super::count::<usize>, allow_hyphen_values = true)]

@@ -183,7 +183,7 @@ pub struct PipelineArgs {
     #[arg(long, default_value = "1ms", value_parser = parse_seconds_pos, allow_hyphen_values = true)]
     pub stage_time: Seconds,
     /// Target utilisation for the micro-batch count question.
-    #[arg(long, default_value_t = 0.9, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 0.9, value_parser = super::factor, allow_hyphen_values = true)]
     pub target: f64,
 }
 
@@ -218,7 +218,7 @@ pub struct EpArgs {
     #[arg(long, default_value = "8KiB", value_parser = parse_bytes_pos, allow_hyphen_values = true)]
     pub token_bytes: Bytes,
     /// Fraction f of the copies that leave the server.
-    #[arg(long, default_value_t = 0.5, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 0.5, value_parser = super::factor, allow_hyphen_values = true)]
     pub remote_fraction: f64,
     /// NIC bandwidth.
     #[arg(long, default_value = "50GB/s", value_parser = parse_rate_pos, allow_hyphen_values = true)]

@@ -67,6 +67,9 @@ pub struct ProcInfo {
     pub nic: String,
     /// Its GPU's PCI address, from its profiler plugin (empty until reported).
     pub gpu: String,
+    /// That GPU's UUID from the NVIDIA driver (`/proc/driver/nvidia/gpus/<pci>/information`;
+    /// empty when the driver does not say).
+    pub gpu_uuid: String,
 }
 
 impl ProcInfo {

@@ -48,9 +48,15 @@ pub struct RankInfoLabels {
     pub container: String,
     /// The netdev its traffic uses (`several` when more than one; empty until linked).
     pub nic: String,
-    /// Its GPU's PCI address (sysfs spelling, as DCGM's `pci_bus_id` up to the domain's
-    /// width), from the profiler plugin; empty when unknown.
+    /// Its GPU's PCI address (sysfs spelling, `0000:1b:00.0`), from the profiler plugin;
+    /// empty when unknown.
     pub gpu: String,
+    /// The same address as dcgm-exporter's `pci_bus_id` spells it (`00000000:1B:00.0`), for
+    /// a join without `label_replace` (docs/dcgm-join.md); empty when unknown.
+    pub pci_bus_id: String,
+    /// The GPU's UUID (`GPU-…`, dcgm-exporter's `UUID`) where the NVIDIA driver exposes it
+    /// under the configured proc root; empty otherwise.
+    pub gpu_uuid: String,
 }
 
 impl RankInfoLabels {
@@ -66,6 +72,8 @@ impl RankInfoLabels {
             container: pod.and_then(|p| p.container_id.as_ref()).map(|c| c.chars().take(12).collect()).unwrap_or_default(),
             nic: p.nic.clone(),
             gpu: p.gpu.clone(),
+            pci_bus_id: super::gpu_id::dcgm_pci_bus_id(&p.gpu),
+            gpu_uuid: p.gpu_uuid.clone(),
         }
     }
 }
@@ -138,7 +146,7 @@ impl CollectiveMetrics {
         r.register("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());
         r.register(
             "stepwise_rank_info",
-            "A traced process: its global and local rank, job, Kubernetes pod, namespace and container, the NIC its traffic uses and its GPU's PCI address (1 while it runs)",
+            "A traced process: its global and local rank, job, Kubernetes pod, namespace and container, the NIC its traffic uses, its GPU's PCI address (sysfs and dcgm-exporter spellings) and UUID (1 while it runs)",
             m.rank_info.clone(),
         );
         m
@@ -150,12 +158,14 @@ impl CollectiveMetrics {
 
     /// Puts each process's linked NIC ([`super::net_metrics::nic_label`]) and its GPU (the
     /// plugin's, `gpus`) on its `stepwise_rank_info` series, replacing the series whose labels
-    /// changed.
+    /// changed. A GPU's UUID is read from the NVIDIA driver under `proc_root` when its
+    /// address changes.
     pub fn label_nics<'a>(
         &self,
         procs: impl Iterator<Item = (&'a u32, &'a mut super::decode::ProcInfo)>,
         links: &[crate::timeline::links::ProcessLink],
         gpus: &std::collections::BTreeMap<u32, String>,
+        proc_root: &std::path::Path,
     ) {
         for (pid, info) in procs {
             let nic = match super::net_metrics::nic_label(links, *pid) {
@@ -166,6 +176,9 @@ impl CollectiveMetrics {
             if nic != info.nic || gpu != info.gpu {
                 self.forget_rank_info(info);
                 info.nic = nic;
+                if gpu != info.gpu {
+                    info.gpu_uuid = super::gpu_id::nvidia_uuid(proc_root, &gpu);
+                }
                 info.gpu = gpu;
                 self.set_rank_info(info);
             }
@@ -252,23 +265,31 @@ mod tests {
             m.set_rank_info(p);
         }
         assert!(info_lines(&r).iter().all(|l| l.contains("nic=\"\"")), "not linked yet: {:?}", info_lines(&r));
-        m.label_nics(procs.iter_mut(), &[link(10, &["rail0"]), link(11, &["rail1", "rail2"])], &BTreeMap::new());
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail0"]), link(11, &["rail1", "rail2"])], &BTreeMap::new(), std::path::Path::new("/nonexistent"));
         let lines = info_lines(&r);
         assert_eq!(lines.len(), 2, "one series per process: {lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("nic=\"rail0\"")), "{lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("nic=\"several\"")), "{lines:?}");
         // Rank 0 moves to another NIC; an unlinked process goes back to empty.
-        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])], &BTreeMap::new());
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])], &BTreeMap::new(), std::path::Path::new("/nonexistent"));
         let lines = info_lines(&r);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("nic=\"rail3\"")), "{lines:?}");
         assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("nic=\"\"")), "{lines:?}");
         // Rank 1's plugin reports its GPU: the same series, now with it.
         let gpus: BTreeMap<u32, String> = [(11, "0000:52:00.0".to_string())].into();
-        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])], &gpus);
+        let proc_root = tempfile::tempdir().expect("tempdir");
+        let dir = proc_root.path().join("driver/nvidia/gpus/0000:52:00.0");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("information"), "Model: \t\t NVIDIA H100\nGPU UUID: \t GPU-0a1b2c3d-0000-1111-2222-333344445555\n").expect("write");
+        m.label_nics(procs.iter_mut(), &[link(10, &["rail3"])], &gpus, proc_root.path());
         let lines = info_lines(&r);
         assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(lines.iter().any(|l| l.contains("rank=\"1\"") && l.contains("gpu=\"0000:52:00.0\"")), "{lines:?}");
+        let one = lines.iter().find(|l| l.contains("rank=\"1\"")).expect("rank 1");
+        assert!(one.contains("gpu=\"0000:52:00.0\""), "{one}");
+        // dcgm-exporter's spelling and the driver's UUID, for the join of docs/dcgm-join.md.
+        assert!(one.contains("pci_bus_id=\"00000000:52:00.0\""), "{one}");
+        assert!(one.contains("gpu_uuid=\"GPU-0a1b2c3d-0000-1111-2222-333344445555\""), "{one}");
         assert!(lines.iter().any(|l| l.contains("rank=\"0\"") && l.contains("gpu=\"\"")), "{lines:?}");
     }
 }

@@ -11,6 +11,7 @@ pub mod decode;
 mod drain;
 pub mod elf;
 pub mod exits;
+pub mod gpu_id;
 pub mod history;
 pub mod k8s;
 pub mod links;
@@ -587,7 +588,7 @@ impl Collectives {
         let (host, gpus) = self.history.lock().map(|h| (h.host.to_string(), h.plugin.gpus())).unwrap_or_default();
         let says = self.procs.iter().map(|(p, i)| (links::Says { pid: *p, env: &i.env, gpu: gpus.get(p).map(String::as_str) }, i.called));
         if let Some(l) = self.linker.refresh(&host, &self.cfg.proc_root, says) {
-            self.metrics.label_nics(self.procs.iter_mut(), &l, &gpus);
+            self.metrics.label_nics(self.procs.iter_mut(), &l, &gpus, &self.cfg.proc_root);
             if let Ok(mut h) = self.history.lock() {
                 h.links = l;
             }

@@ -409,7 +409,7 @@ impl Source for RdmaSource {
             for d in present {
                 self.vanish_device(&d);
             }
-            return Err(SourceError::Unavailable {
+            return Err(SourceError::Absent {
                 source_name: SOURCE,
                 reason: format!("{} does not exist (no RDMA driver loaded, or wrong --sysfs-root)", self.class_path.display()),
             });

@@ -334,11 +334,16 @@ fn generic_counter_names_are_capped() {
 }
 
 #[test]
-fn missing_class_dir_is_unavailable_not_a_panic() {
+fn missing_class_dir_is_absent_not_down_and_not_a_panic() {
     let h = Host::new();
     let (mut src, _e, _r) = h.source();
     let e = src.sweep().expect_err("no class/infiniband");
     assert!(e.to_string().contains("class/infiniband"), "{e}");
+    // Absent (the sampler exports source_up 1, devices 0), not a failure.
+    assert!(e.is_absent(), "{e:?}");
+    // Once a device appears the source sweeps it.
+    h.add_nic("mlx5_0", "eth0");
+    assert_eq!(src.sweep().expect("sweep").devices, 1);
 }
 
 /// Replaces a file the way the scenario writer does: a temp file renamed over it.

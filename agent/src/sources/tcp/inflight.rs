@@ -136,8 +136,8 @@ impl Metrics {
             m.in_flight_integral.clone(),
         );
         r.register(
-            "stepwise_tcp_little_bytes",
-            "Integral of Σ in-flight bytes / smoothed RTT over time (rate() = N·m/T, Little's-law throughput)",
+            "stepwise_tcp_in_flight_per_rtt_bytes",
+            "Integral of Σ in-flight bytes / smoothed RTT over time: the bytes Little's law says were sent (rate() = N·m/T throughput; was stepwise_tcp_little_bytes_total)",
             m.little.clone(),
         );
         m
@@ -353,5 +353,15 @@ mod tests {
         // A new connection reusing nothing: its history is not counted.
         t.update(0.3, &[conn(2, 9_000_000, 0, 0.02, 9.0, 0.0)], dev);
         assert_eq!(t.ifaces["eth0"].bytes_acked, 100_000.0);
+        // Exported under the name that says what it is (issue 33; was
+        // stepwise_tcp_little_bytes_total): the 50 kB Little's law says were sent.
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
+        let v: Option<f64> = text
+            .lines()
+            .find(|l| l.starts_with("stepwise_tcp_in_flight_per_rtt_bytes_total{netdev=\"eth0\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok());
+        assert_eq!(v, Some(50_000.0), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("stepwise_tcp_little")), "{text}");
     }
 }

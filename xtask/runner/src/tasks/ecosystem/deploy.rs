@@ -163,7 +163,13 @@ fn alerts_and_dashboards(t: &Tools, helm: &[Value], plain: &[Value], port: &[Val
         bail!("deploy/helm/stepwise/files/stepwise-rules.yaml differs from deploy/prometheus/stepwise-rules.yaml: cp the latter over the former");
     }
     let check = run_ok(Command::new("promtool").args(["check", "rules"]).arg(&rules))?;
-    let test = run_ok(Command::new("promtool").args(["test", "rules"]).arg(root().join("deploy/prometheus/stepwise-rules.test.yaml")))?;
+    // Also the dcgm-exporter joins of docs/dcgm-join.md (issue 33), as PromQL expression tests.
+    let test = run_ok(
+        Command::new("promtool")
+            .args(["test", "rules"])
+            .arg(root().join("deploy/prometheus/stepwise-rules.test.yaml"))
+            .arg(root().join("deploy/prometheus/dcgm-join.test.yaml")),
+    )?;
     let test_out = format!("{}{}", stdout(&test), String::from_utf8_lossy(&test.stderr));
     if !test_out.contains("SUCCESS") {
         bail!("promtool test rules:\n{test_out}");
