@@ -7,23 +7,32 @@ use tracing::{info, warn};
 
 use crate::engine::Engine;
 
-/// Listens for step markers on a Unix datagram socket (mode 0660, so only the socket's group
-/// — the training job's — can send). A failure to bind is logged; markers can still be
-/// POSTed to the API.
-pub fn start(path: &std::path::Path, engine: Arc<Mutex<Engine>>) -> Option<tokio::task::JoinHandle<()>> {
+/// Binds the marker socket (mode 0660, so only the socket's group — the training job's — can
+/// send). A socket another live agent listens on is an error: the start fails rather than
+/// take it (that agent would lose its markers for good). Any other failure to bind is logged
+/// (`None`); markers can still be POSTed to the API.
+pub fn bind(path: &std::path::Path) -> Result<Option<tokio::net::UnixDatagram>, String> {
     use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
+    if let Err(e) = crate::sources::sockpath::claim(path) {
+        if crate::sources::sockpath::listening(path) {
+            return Err(e);
+        }
+        warn!("marker socket: {e}");
     }
-    let _ = std::fs::remove_file(path);
-    let sock = match tokio::net::UnixDatagram::bind(path) {
-        Ok(s) => s,
+    match tokio::net::UnixDatagram::bind(path) {
+        Ok(s) => {
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
+            Ok(Some(s))
+        }
         Err(e) => {
             warn!(path = %path.display(), "cannot bind the marker socket: {e}; markers can still be POSTed to /api/v1/markers");
-            return None;
+            Ok(None)
         }
-    };
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
+    }
+}
+
+/// Listens for step markers on the socket [`bind`] made.
+pub fn start(path: &std::path::Path, sock: tokio::net::UnixDatagram, engine: Arc<Mutex<Engine>>) -> tokio::task::JoinHandle<()> {
     // The kernel stamps each datagram when the training process sends it: a marker's time
     // does not depend on when this task gets the CPU or the engine lock (an attribution
     // tick holds it for milliseconds), which would move step boundaries.
@@ -32,7 +41,7 @@ pub fn start(path: &std::path::Path, engine: Arc<Mutex<Engine>>) -> Option<tokio
         warn!("marker socket: no kernel timestamps ({e}); markers are stamped on receipt");
     }
     info!(path = %path.display(), "listening for step markers");
-    Some(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut buf = vec![0u8; crate::timeline::markers::MAX_MARKER_BYTES + 1];
         loop {
             let (n, sent) = if stamped.is_ok() {
@@ -60,7 +69,7 @@ pub fn start(path: &std::path::Path, engine: Arc<Mutex<Engine>>) -> Option<tokio
                 }
             }
         }
-    }))
+    })
 }
 
 /// Asks the kernel to timestamp datagrams on `sock` (`SO_TIMESTAMPNS`; for a Unix datagram

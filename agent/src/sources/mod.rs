@@ -10,6 +10,7 @@ pub mod nic;
 pub mod qdisc;
 pub mod rdma;
 pub mod select;
+pub mod sockpath;
 pub mod tcp;
 
 use std::{path::PathBuf, time::Duration};

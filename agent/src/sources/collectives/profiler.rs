@@ -298,16 +298,7 @@ impl Receiver {
     /// Binds `path` (mode 0660, like the marker socket): a stale socket file is replaced; a
     /// socket another live agent listens on is an error, as is any other failure.
     pub fn bind(path: &Path) -> Result<Receiver, String> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        if path.exists() {
-            let live = UnixDatagram::unbound().and_then(|s| s.connect(path)).is_ok();
-            if live {
-                return Err(format!("{} is in use by another listener (another agent?)", path.display()));
-            }
-            std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
-        }
+        crate::sources::sockpath::claim(path)?;
         let sock = UnixDatagram::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
         let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
         sock.set_read_timeout(Some(Duration::from_millis(500))).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -368,7 +359,7 @@ pub fn check(cfg: &crate::config::CollectivesConfig) -> (bool, String) {
         return (true, "off ([collectives] profiler_socket is empty or the probes are off): NCCL collectives are timed at enqueue".into());
     }
     let sock = &cfg.profiler_socket;
-    let listening = sock.exists() && UnixDatagram::unbound().and_then(|s| s.connect(sock)).is_ok();
+    let listening = crate::sources::sockpath::listening(sock);
     let mut detail = format!("socket {} ({})", sock.display(), if listening { "an agent listens" } else { "not bound now: the agent binds it at start" });
     if cfg.profiler_plugin_install.as_os_str().is_empty() {
         detail.push_str("; profiler_plugin_install unset (jobs load a plugin installed otherwise)");

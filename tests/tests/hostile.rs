@@ -1,0 +1,66 @@
+//! Hostile neighbours and broken hosts (issue 38): a second agent on a live agent's marker
+//! socket, the history deleted under a running agent, forged profiler records, a flooding
+//! marker sender, a descriptor limit too small for the host's devices.
+//!
+//! Needs the agent binary (`STEPWISE_AGENT_BIN`, or `cargo build -p agent`).
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use stepwise_tests::{
+    faults::{AgentSpec, FaultAgent, Marks},
+    harness::{agent_bin, free_port, wait_for, Proc},
+};
+
+fn tempdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("stepwise-hostile-{tag}-")).tempdir_in(stepwise_tests::scenario::memory_dir()).expect("tmp")
+}
+
+/// No counter sources and no probes.
+const QUIET: &str = "interval = \"100ms\"\n[sources]\nrdma = false\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n[collectives]\nenabled = false\n[steps]\ngrace = \"300ms\"\n";
+
+fn quiet_agent(dir: &std::path::Path) -> FaultAgent {
+    FaultAgent::start(dir, &AgentSpec { config: QUIET.into(), log_env: Some("warn".into()), ..Default::default() }).expect("agent")
+}
+
+/// Waits up to `t` for `p` to exit; its exit code.
+fn exit_within(p: &mut Proc, t: Duration) -> Option<i32> {
+    let end = Instant::now() + t;
+    while Instant::now() < end {
+        if let Ok(Some(st)) = p.child.try_wait() {
+            return st.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn a_second_agent_on_a_live_marker_socket_refuses_to_start_and_the_first_keeps_its_markers() {
+    let dir = tempdir("marker-sock");
+    let first = quiet_agent(dir.path());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["run", "--listen", &addr, "--config"]).arg(&first.config).arg("--db").arg(dir.path().join("second.db"));
+    cmd.arg("--marker-socket").arg(&first.sock).env("STEPWISE_PROFILER_SOCKET", dir.path().join("second-profiler.sock"));
+    let t0 = Instant::now();
+    let mut second = Proc::spawn("second", &mut cmd, dir.path().join("second.log")).expect("spawn");
+    let code = exit_within(&mut second, Duration::from_secs(15));
+    let took = t0.elapsed();
+    let log = second.log_text();
+    eprintln!("second agent: exit {code:?} after {took:?}: {log}");
+    assert!(matches!(code, Some(c) if c != 0), "the second agent must refuse to start (exit {code:?}): {log}");
+    assert!(log.contains("marker socket") && log.contains("in use"), "a clear error: {log}");
+    // The first agent still owns the socket: a marker sent now reaches it.
+    assert!(first.sock.exists(), "the socket file is still there");
+    let marks = Marks::new(&first.sock).expect("socket");
+    let before = first.metric("stepwise_markers_total", &[]);
+    wait_for(Duration::from_secs(10), "a marker after the second agent's exit", || {
+        marks.send(0, 1, "begin");
+        std::thread::sleep(Duration::from_millis(100));
+        (first.metric("stepwise_markers_total", &[]) > before).then_some(())
+    })
+    .expect("the first agent keeps its markers");
+}
