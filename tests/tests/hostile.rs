@@ -64,3 +64,31 @@ fn a_second_agent_on_a_live_marker_socket_refuses_to_start_and_the_first_keeps_i
     })
     .expect("the first agent keeps its markers");
 }
+
+fn stored_steps(db: &std::path::Path) -> i64 {
+    let s = stepwise::store::Store::open(db).expect("store");
+    s.fuzzing_connection().query_row("SELECT count(*) FROM steps", [], |r| r.get(0)).expect("count")
+}
+
+#[test]
+fn history_deleted_under_a_running_agent_is_reported_and_recreated() {
+    let dir = tempdir("store-deleted");
+    let agent = quiet_agent(dir.path());
+    let marks = Marks::new(&agent.sock).expect("socket");
+    marks.step(2, 1, Duration::from_millis(20));
+    wait_for(Duration::from_secs(20), "the first step stored", || (agent.metric("stepwise_steps_total", &[]) >= 1.0).then_some(())).expect("step");
+    for f in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{f}", agent.db.display()));
+    }
+    let t0 = Instant::now();
+    wait_for(Duration::from_secs(20), "the store reopened", || (agent.metric("stepwise_store_reopened_total", &[]) >= 1.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.json("/api/v1/status").map(|s| s["store"].to_string()).unwrap_or_default()));
+    eprintln!("deleted store noticed and reopened after {:?}", t0.elapsed());
+    assert!(agent.db.exists(), "the database is re-created at its path");
+    let store = agent.json("/api/v1/status").expect("status")["store"].clone();
+    assert!(store["error"].as_str().is_some_and(|e| e.contains("deleted while open")), "{store}");
+    assert!(agent.proc.log_text().contains("reopened"), "logged: {}", agent.proc.log_text());
+    marks.step(2, 2, Duration::from_millis(20));
+    wait_for(Duration::from_secs(20), "a step after the loss in the re-created file", || (stored_steps(&agent.db) >= 1).then_some(())).expect("stored");
+    assert_eq!(agent.metric("stepwise_store_up", &[]), 1.0);
+}
