@@ -73,56 +73,16 @@ pub fn start(path: &std::path::Path, sock: tokio::net::UnixDatagram, engine: Arc
 }
 
 /// Asks the kernel to timestamp datagrams on `sock` (`SO_TIMESTAMPNS`; for a Unix datagram
-/// socket the stamp is taken in the sender's `sendmsg`). Hand code: neither tokio nor std
-/// exposes socket options or control messages, and this is the only place that needs them.
+/// socket the stamp is taken in the sender's `sendmsg`).
 fn enable_send_timestamps(sock: &tokio::net::UnixDatagram) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    let on: libc::c_int = 1;
-    // SAFETY: valid fd, option value of the documented type and size.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    crate::sources::sockpath::set_flag(sock.as_raw_fd(), libc::SO_TIMESTAMPNS)
 }
 
 /// One datagram into `buf` with its `SCM_TIMESTAMPNS` send time (wall-clock seconds), if any.
 fn recv_stamped(sock: &tokio::net::UnixDatagram, buf: &mut [u8]) -> std::io::Result<(usize, Option<f64>)> {
     use std::os::fd::AsRawFd;
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // Room for one timespec control message (and alignment).
-    let mut control = [0u64; 8];
-    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    // SAFETY: valid fd and msghdr; MSG_DONTWAIT because readiness is handled by tokio.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut sent = None;
-    // SAFETY: walking the control buffer the kernel filled, with the libc CMSG macros.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                sent = Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9).filter(|t| *t > 0.0);
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok((n as usize, sent))
+    // MSG_DONTWAIT because readiness is handled by tokio.
+    let got = crate::sources::sockpath::recv(sock.as_raw_fd(), buf, libc::MSG_DONTWAIT)?;
+    Ok((got.len, got.sent))
 }

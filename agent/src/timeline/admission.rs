@@ -65,16 +65,16 @@ struct ReasonLabel {
 
 /// A token bucket: `rate` per second, at most `2 × rate` saved.
 #[derive(Clone, Copy, Debug)]
-struct Bucket {
+pub(crate) struct Bucket {
     tokens: f64,
     at: f64,
 }
 
 impl Bucket {
-    fn full(rate: f64, now: f64) -> Bucket {
+    pub(crate) fn full(rate: f64, now: f64) -> Bucket {
         Bucket { tokens: 2.0 * rate, at: now }
     }
-    fn take(&mut self, rate: f64, now: f64) -> bool {
+    pub(crate) fn take(&mut self, rate: f64, now: f64) -> bool {
         // A clock that went back refills nothing.
         self.tokens = (self.tokens + rate * (now - self.at).max(0.0)).min(2.0 * rate);
         self.at = self.at.max(now);
