@@ -92,3 +92,33 @@ fn history_deleted_under_a_running_agent_is_reported_and_recreated() {
     wait_for(Duration::from_secs(20), "a step after the loss in the re-created file", || (stored_steps(&agent.db) >= 1).then_some(())).expect("stored");
     assert_eq!(agent.metric("stepwise_store_up", &[]), 1.0);
 }
+
+#[test]
+fn one_flooding_process_does_not_lock_a_jobs_ranks_out_of_markers() {
+    let dir = tempdir("rank-flood");
+    let agent = quiet_agent(dir.path());
+    let marks = Marks::new(&agent.sock).expect("socket");
+    // This test process floods 5 000 new ranks (the flood took all 1 024 slots).
+    for rank in 0..5000u32 {
+        marks.send(10_000 + rank, 1, "begin");
+        if rank % 500 == 499 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let dropped = |reason: &str| agent.metric("stepwise_markers_dropped_total", &[("reason", reason)]);
+    wait_for(Duration::from_secs(20), "the flood received", || {
+        (agent.metric("stepwise_markers_total", &[]) + dropped("sender_ranks") + dropped("too_many_ranks") >= 5000.0).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", agent.metrics().unwrap_or_default()));
+    let held = agent.metric("stepwise_markers_total", &[]);
+    // A job's rank, sent by another process (`agent mark`), gets in at once.
+    for phase in ["begin", "end"] {
+        let st =
+            Command::new(agent_bin()).args(["mark", "--rank", "3", "--step", "1", "--phase", phase, "--socket"]).arg(&agent.sock).status().expect("agent mark");
+        assert!(st.success());
+    }
+    wait_for(Duration::from_secs(10), "the job's markers held", || (agent.metric("stepwise_markers_total", &[]) >= held + 2.0).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: held {held}, dropped {} too_many_ranks, {} sender_ranks", dropped("too_many_ranks"), dropped("sender_ranks")));
+    eprintln!("rank flood: {held} of 5000 flood markers held, {} refused sender_ranks; the job's rank admitted", dropped("sender_ranks"));
+    assert_eq!(held, 256.0, "one process holds at most 256 ranks");
+}

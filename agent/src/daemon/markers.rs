@@ -1,5 +1,6 @@
 //! The step-marker socket: a Unix datagram socket the training job sends markers to, each
-//! stamped by the kernel when it was sent (SO_TIMESTAMPNS), parsed and handed to the engine.
+//! stamped by the kernel when it was sent (SO_TIMESTAMPNS) and named by its sending process
+//! (SO_PASSCRED), parsed and handed to the engine.
 
 use std::sync::{Arc, Mutex};
 
@@ -36,33 +37,35 @@ pub fn start(path: &std::path::Path, sock: tokio::net::UnixDatagram, engine: Arc
     // The kernel stamps each datagram when the training process sends it: a marker's time
     // does not depend on when this task gets the CPU or the engine lock (an attribution
     // tick holds it for milliseconds), which would move step boundaries.
-    let stamped = enable_send_timestamps(&sock);
-    if let Err(e) = &stamped {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    if let Err(e) = crate::sources::sockpath::set_flag(fd, libc::SO_TIMESTAMPNS) {
         warn!("marker socket: no kernel timestamps ({e}); markers are stamped on receipt");
+    }
+    // The kernel names each marker's sending process: admission holds each to its share of
+    // the ranks (a flooding process cannot lock a job's ranks out).
+    if let Err(e) = crate::sources::sockpath::set_flag(fd, libc::SO_PASSCRED) {
+        warn!("marker socket: no sender credentials ({e}); ranks are admitted without a per-process share");
     }
     info!(path = %path.display(), "listening for step markers");
     tokio::spawn(async move {
         let mut buf = vec![0u8; crate::timeline::markers::MAX_MARKER_BYTES + 1];
         loop {
-            let (n, sent) = if stamped.is_ok() {
-                if sock.readable().await.is_err() {
-                    continue;
-                }
-                match sock.try_io(tokio::io::Interest::READABLE, || recv_stamped(&sock, &mut buf)) {
-                    Ok(r) => r,
-                    Err(_) => continue, // WouldBlock: readiness was spurious
-                }
-            } else {
-                let Ok(n) = sock.recv(&mut buf).await else { continue };
-                (n, None)
+            if sock.readable().await.is_err() {
+                continue;
+            }
+            // MSG_DONTWAIT because readiness is handled by tokio.
+            let got = match sock.try_io(tokio::io::Interest::READABLE, || crate::sources::sockpath::recv(fd, &mut buf, libc::MSG_DONTWAIT)) {
+                Ok(r) => r,
+                Err(_) => continue, // WouldBlock: readiness was spurious
             };
-            let now = sent.unwrap_or_else(crate::engine::wall_now);
+            let now = got.sent.unwrap_or_else(crate::engine::wall_now);
             let mut e = match engine.lock() {
                 Ok(e) => e,
                 Err(p) => p.into_inner(),
             };
-            match crate::timeline::Marker::parse(&buf[..n], now) {
-                Ok(m) => e.add_marker(m),
+            match crate::timeline::Marker::parse(&buf[..got.len], now) {
+                Ok(m) => e.add_marker_from(m, got.peer.map(|p| p.pid).filter(|p| *p != 0)),
                 Err(err) => {
                     e.marker_error();
                     tracing::debug!("marker refused: {err}");
@@ -70,19 +73,4 @@ pub fn start(path: &std::path::Path, sock: tokio::net::UnixDatagram, engine: Arc
             }
         }
     })
-}
-
-/// Asks the kernel to timestamp datagrams on `sock` (`SO_TIMESTAMPNS`; for a Unix datagram
-/// socket the stamp is taken in the sender's `sendmsg`).
-fn enable_send_timestamps(sock: &tokio::net::UnixDatagram) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    crate::sources::sockpath::set_flag(sock.as_raw_fd(), libc::SO_TIMESTAMPNS)
-}
-
-/// One datagram into `buf` with its `SCM_TIMESTAMPNS` send time (wall-clock seconds), if any.
-fn recv_stamped(sock: &tokio::net::UnixDatagram, buf: &mut [u8]) -> std::io::Result<(usize, Option<f64>)> {
-    use std::os::fd::AsRawFd;
-    // MSG_DONTWAIT because readiness is handled by tokio.
-    let got = crate::sources::sockpath::recv(sock.as_raw_fd(), buf, libc::MSG_DONTWAIT)?;
-    Ok((got.len, got.sent))
 }
