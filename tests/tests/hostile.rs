@@ -122,3 +122,40 @@ fn one_flooding_process_does_not_lock_a_jobs_ranks_out_of_markers() {
     eprintln!("rank flood: {held} of 5000 flood markers held, {} refused sender_ranks; the job's rank admitted", dropped("sender_ranks"));
     assert_eq!(held, 256.0, "one process holds at most 256 ranks");
 }
+
+/// Open descriptors of `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn five_hundred_devices_under_a_1024_descriptor_limit_keep_the_api_answering() {
+    let dir = tempdir("nofile");
+    let sys = dir.path().join("sys");
+    stepwise_tests::scenario::Scenario::new(&sys).host_dgx(500).write().expect("write fixture");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, "interval = \"200ms\"\n[sources]\ntcp = false\n[collectives]\nenabled = false\n").expect("config");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg("ulimit -n 1024 && exec \"$@\"").arg("bash").arg(agent_bin());
+    cmd.args(["run", "--listen", &addr, "--config"]).arg(&cfg).arg("--sysfs-root").arg(&sys).arg("--db").arg(dir.path().join("agent.db"));
+    cmd.arg("--marker-socket").arg(dir.path().join("m.sock")).env("STEPWISE_PROFILER_SOCKET", dir.path().join("p.sock")).env("STEPWISE_LOG", "warn");
+    let mut agent = Proc::spawn("agent", &mut cmd, dir.path().join("agent.log")).expect("spawn");
+    let get = |path: &str| stepwise_tests::harness::http_get(&addr, path);
+    wait_for(Duration::from_secs(60), "/readyz", || get("/readyz").ok().filter(|r| r.status == 200)).unwrap_or_else(|e| panic!("{e}: {}", agent.log_text()));
+    // A few sweeps over every device.
+    let t0 = Instant::now();
+    let mut most = 0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        most = most.max(fds(agent.pid()));
+        let m = get("/metrics").unwrap_or_else(|e| panic!("/metrics: {e}: {}", agent.log_text()));
+        assert_eq!(m.status, 200);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ready = get("/readyz").expect("/readyz");
+    let log = agent.log_text();
+    eprintln!("500 devices under ulimit -n 1024: at most {most} descriptors; /readyz {} {}", ready.status, ready.body.trim());
+    assert!(agent.alive(), "{log}");
+    assert!(!log.contains("Too many open files"), "descriptors ran out: {}", &log[..log.len().min(3000)]);
+    assert_eq!(ready.status, 200, "{}", ready.body);
+}

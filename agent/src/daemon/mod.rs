@@ -65,6 +65,13 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     // SIGTERM/SIGINT handled from the first moment: a stop asked for during start-up (a pod
     // deleted while it starts) is a clean shutdown once started, never the default kill.
     let shutdown = ShutdownSignal::install();
+    // Hundreds of devices' counter files, sockets and eBPF objects: the soft descriptor limit
+    // (often 1 024) is raised to the hard one before anything is opened.
+    match sources::nofile::raise_soft() {
+        Ok(Some((from, to))) => info!(from, to, "raised the soft RLIMIT_NOFILE to the hard limit"),
+        Ok(None) => {}
+        Err(e) => warn!("cannot raise RLIMIT_NOFILE: {e}"),
+    }
     let hup = reload::sighup();
     // First, before any task or thread starts: a port in use fails the start at once.
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;

@@ -7,6 +7,7 @@ pub mod ethtool;
 pub mod fsread;
 pub mod netdev;
 pub mod nic;
+pub mod nofile;
 pub mod qdisc;
 pub mod rdma;
 pub mod select;
