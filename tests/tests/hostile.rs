@@ -159,3 +159,21 @@ fn five_hundred_devices_under_a_1024_descriptor_limit_keep_the_api_answering() {
     assert!(!log.contains("Too many open files"), "descriptors ran out: {}", &log[..log.len().min(3000)]);
     assert_eq!(ready.status, 200, "{}", ready.body);
 }
+
+#[test]
+fn diagnose_merges_duplicate_peers_keeps_a_probeless_peer_and_refuses_a_device_as_store() {
+    let dir = tempdir("diagnose");
+    // Probes off: its /api/v1/collectives answers 503.
+    let agent = quiet_agent(dir.path());
+    let peers = format!("{},{},{}", agent.addr, agent.addr, agent.addr);
+    let out = Command::new(agent_bin()).args(["diagnose", "--json", "--timeout", "10s", "--peers", &peers]).output().expect("diagnose");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    eprintln!("diagnose over a probeless peer named 3 times: exit {:?}, peers {}", out.status.code(), report["peers"]);
+    assert_eq!(report["peers"]["answered"].as_array().map(Vec::len), Some(1), "one peer, asked once: {}", report["peers"]);
+    assert_eq!(report["peers"]["failed"].as_array().map(Vec::len), Some(0), "probes off is not a failure: {}", report["peers"]);
+    // A device at --db is an unreadable store (exit 1), as a directory is, not "no steps" (3).
+    for db in [std::path::Path::new("/dev/zero"), dir.path()] {
+        let st = Command::new(agent_bin()).arg("diagnose").arg("--db").arg(db).output().expect("diagnose");
+        assert_eq!(st.status.code(), Some(1), "{}: {}", db.display(), String::from_utf8_lossy(&st.stderr));
+    }
+}
