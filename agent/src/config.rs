@@ -317,7 +317,20 @@ impl Config {
         range("collectives.history", self.collectives.history as u64, 1, MAX_CALL_HISTORY)?;
         range("steps.history", self.steps.history as u64, 1, MAX_STEP_HISTORY)?;
         range("steps.counter_samples", self.steps.counter_samples as u64, 16, 1 << 20)?;
-        range("store.max_bytes", self.store.max_bytes, MIN_STORE_BYTES, u64::MAX)
+        range("store.max_bytes", self.store.max_bytes, MIN_STORE_BYTES, u64::MAX)?;
+        // Waits and windows of years overflow the clock arithmetic they feed (an `Instant`
+        // plus 100 years) or never end: bounded with the reason.
+        let at_most = |field: &'static str, v: Duration, max: Duration| match v {
+            v if v <= max => Ok(()),
+            v => Err(ConfigError::Invalid {
+                field,
+                value: humantime::format_duration(v).to_string(),
+                reason: format!("must be at most {}", humantime::format_duration(max)),
+            }),
+        };
+        at_most("steps.max_wait", self.steps.max_wait, Duration::from_secs(3600))?;
+        at_most("collectives.sample_window", self.collectives.sample_window, Duration::from_secs(86_400))?;
+        at_most("collectives.sample_every", self.collectives.sample_every, Duration::from_secs(86_400))
     }
 
     /// The documented default configuration as TOML (`agent run --print-default-config`).
@@ -526,6 +539,9 @@ mod tests {
             ("[steps]\nhistory = 0\n", "steps.history"),
             ("[steps]\ncounter_samples = 3\n", "steps.counter_samples"),
             ("[store]\nmax_bytes = 0\n", "store.max_bytes"),
+            ("[steps]\nmax_wait = \"100years\"\n", "steps.max_wait"),
+            ("[collectives]\nsample_window = \"100years\"\n", "collectives.sample_window"),
+            ("[collectives]\nsample_every = \"100years\"\n", "collectives.sample_every"),
         ] {
             let c = Config::from_toml(text).expect("parses");
             match c.validate() {
@@ -533,7 +549,10 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
-        let ok = Config::from_toml("[collectives]\nhistory = 4194304\n[steps]\nhistory = 1\n[store]\nmax_bytes = 1048576\n").expect("parses");
+        let ok = Config::from_toml(
+            "[collectives]\nhistory = 4194304\nsample_window = \"1day\"\n[steps]\nhistory = 1\nmax_wait = \"1h\"\n[store]\nmax_bytes = 1048576\n",
+        )
+        .expect("parses");
         ok.validate().expect("the bounds themselves are valid");
         Config::default().validate().expect("defaults are valid");
     }

@@ -217,8 +217,14 @@ impl Engine {
         }
     }
 
-    pub fn add_marker(&mut self, mut m: Marker) {
-        if self.admission.admit(&m).is_err() {
+    pub fn add_marker(&mut self, m: Marker) {
+        self.add_marker_from(m, None);
+    }
+
+    /// [`Engine::add_marker`] sent by process `sender` (the marker socket's credentials):
+    /// admission holds each sending process to its share of the ranks.
+    pub fn add_marker_from(&mut self, mut m: Marker, sender: Option<u32>) {
+        if self.admission.admit_from(&m, sender).is_err() {
             return;
         }
         m.host.get_or_insert_with(|| self.host.clone());

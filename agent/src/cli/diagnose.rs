@@ -238,6 +238,9 @@ fn from_store(db: &std::path::Path, sel: &Selection, collectives: bool) -> Resul
             return Err(none(format!("no history store at {} (has the agent run on this host? point --db at its [store] path)", db.display())))
         }
         Err(e) => return Err(store_err(&e)),
+        // A device (`/dev/zero` reads as empty), FIFO or directory is no store: an error like
+        // any unreadable one, not "no steps".
+        Ok(m) if !m.file_type().is_file() => return Err(store_err(&"not a regular file")),
         Ok(m) if m.len() == 0 => return Err(none(format!("the history store at {} is empty: no step stored yet", db.display()))),
         Ok(_) => {}
     }
@@ -393,6 +396,9 @@ pub fn main(mut a: DiagnoseArgs) -> ExitCode {
     if let Some(ag) = &mut a.agent {
         *ag = peers.pop().unwrap_or_default();
     }
+    // A peer named twice (or as `host` and `host:9477`) is asked once.
+    let mut seen = std::collections::HashSet::new();
+    peers.retain(|p| seen.insert(p.clone()));
     a.peers = peers;
     if a.hang {
         let peers = match (&a.dns, &a.agent) {

@@ -58,17 +58,25 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// The daemon until SIGINT/SIGTERM: binds the API port and the profiler socket first (a start
+/// The daemon until SIGINT/SIGTERM: binds the API port, the profiler socket and the marker socket first (a start
 /// that cannot have them fails at once), starts the sources, the engine and its sinks, the
 /// collective probes, the marker socket, the sampler thread, SIGHUP reloads and the API.
 pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     // SIGTERM/SIGINT handled from the first moment: a stop asked for during start-up (a pod
     // deleted while it starts) is a clean shutdown once started, never the default kill.
     let shutdown = ShutdownSignal::install();
+    // Hundreds of devices' counter files, sockets and eBPF objects: the soft descriptor limit
+    // (often 1 024) is raised to the hard one before anything is opened.
+    match sources::nofile::raise_soft() {
+        Ok(Some((from, to))) => info!(from, to, "raised the soft RLIMIT_NOFILE to the hard limit"),
+        Ok(None) => {}
+        Err(e) => warn!("cannot raise RLIMIT_NOFILE: {e}"),
+    }
     let hup = reload::sighup();
     // First, before any task or thread starts: a port in use fails the start at once.
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let profiler_rx = crate::sources::collectives::profiler::bind_configured(&cfg.collectives).map_err(|e| anyhow::anyhow!("profiler socket: {e}"))?;
+    let marker_sock = markers::bind(&cfg.steps.marker_socket).map_err(|e| anyhow::anyhow!("marker socket: {e}"))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = StopOnDrop(stop_tx);
     let mut registry = Registry::default();
@@ -104,7 +112,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
             e.set_calls(c.history());
         }
     }
-    let markers_task = markers::start(&cfg.steps.marker_socket, engine.clone());
+    let markers_task = marker_sock.map(|s| markers::start(&cfg.steps.marker_socket, s, engine.clone()));
 
     let topo = discover_topology(&cfg, &state, &nic_info);
     if let Some(Ok(c)) = coll.as_mut() {

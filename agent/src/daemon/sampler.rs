@@ -49,6 +49,8 @@ struct Clock {
     started: Instant,
     sweeps: u64,
     last_retention: Option<Instant>,
+    /// When the store's path was last compared with its open file.
+    last_identity: Instant,
     last_trim: Instant,
     last_tick: Option<Instant>,
 }
@@ -56,7 +58,8 @@ struct Clock {
 impl Sampler {
     /// Runs rounds every interval until `stop` says so (checked every 50 ms while waiting).
     pub fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut c = Clock { started: Instant::now(), sweeps: 0, last_retention: None, last_trim: Instant::now(), last_tick: None };
+        let mut c =
+            Clock { started: Instant::now(), sweeps: 0, last_retention: None, last_identity: Instant::now(), last_trim: Instant::now(), last_tick: None };
         let detail_every = detail::every(self.interval);
         let mut next = Instant::now();
         loop {
@@ -144,12 +147,19 @@ impl Sampler {
         }
     }
 
-    /// Writes the steps the store's sink queued, and applies retention: periodically (age
+    /// Writes the steps the store's sink queued (into a reopened file when the store's was
+    /// deleted or replaced: [`crate::store::health::keep_open`]), and applies retention: periodically (age
     /// and size), and as soon as the file passes max_bytes (at most once a second), down to
     /// 90 % so the next pass is not at once.
     fn write_store(&mut self, c: &mut Clock) {
         let pending = self.store_queue.take();
         let Some(st) = self.store.as_mut() else { return };
+        // Once a second, and before the batch is written: a file deleted under the agent is
+        // reopened rather than written unseen.
+        if c.last_identity.elapsed() >= Duration::from_secs(1) {
+            c.last_identity = Instant::now();
+            crate::store::health::keep_open(st, &self.store_health);
+        }
         for p in &pending {
             match st.put_step(&p.job, &p.attribution, &p.collectives, &p.windows) {
                 Ok(_) => self.store_health.ok(),

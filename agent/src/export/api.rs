@@ -290,6 +290,8 @@ async fn readyz(State(s): State<AppState>) -> Response {
         (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: source {source} has not finished its sweep for {:.1} s\n", age.as_secs_f64())).into_response()
     } else if s.probes_ready.as_ref().is_some_and(|r| !r.load(Ordering::Acquire)) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: collective probes are still attaching\n").into_response()
+    } else if let Some(why) = crate::sources::nofile::shortage() {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response()
     } else {
         "ready\n".into_response()
     }

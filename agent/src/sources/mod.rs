@@ -7,9 +7,11 @@ pub mod ethtool;
 pub mod fsread;
 pub mod netdev;
 pub mod nic;
+pub mod nofile;
 pub mod qdisc;
 pub mod rdma;
 pub mod select;
+pub mod sockpath;
 pub mod tcp;
 
 use std::{path::PathBuf, time::Duration};

@@ -28,6 +28,7 @@ struct State {
 pub struct Health {
     up: Gauge,
     errors: Counter,
+    reopened: Counter,
     state: Arc<Mutex<State>>,
 }
 
@@ -36,6 +37,7 @@ impl Health {
         let h = Health::default();
         registry.register("stepwise_store_up", "1 while the history store is open and its last write succeeded; 0 when unusable or disabled", h.up.clone());
         registry.register("stepwise_store_errors", "History store failures (open, write, retention)", h.errors.clone());
+        registry.register("stepwise_store_reopened", "History store files found deleted or replaced while open, and reopened", h.reopened.clone());
         h
     }
 
@@ -60,10 +62,18 @@ impl Health {
         });
     }
 
+    /// The file was found deleted or replaced (`why`) and reopened: counted, and kept as the
+    /// last error (`up` stays 1: the reopened store works).
+    fn reopened(&self, why: &str) {
+        self.reopened.inc();
+        let msg = why.to_string();
+        self.with(|s| s.error = Some(msg));
+    }
+
     /// The `store` object of `/api/v1/status`.
     pub fn json(&self) -> serde_json::Value {
         let g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        serde_json::json!({"enabled": g.enabled, "path": g.path, "up": g.up, "errors": self.errors.get(), "error": g.error})
+        serde_json::json!({"enabled": g.enabled, "path": g.path, "up": g.up, "errors": self.errors.get(), "reopened": self.reopened.get(), "error": g.error})
     }
 }
 
@@ -91,6 +101,26 @@ pub fn open(enabled: bool, path: &Path, health: &Health) -> Option<Store> {
     }
 }
 
+/// Keeps the daemon's store on the file its path names: when the file was deleted or replaced
+/// while open (writes since went to an unlinked inode nobody reads), logs it and reopens the
+/// path, which recreates the schema; counted in `stepwise_store_reopened_total` and shown as
+/// the store's last error. A reopen that fails is a store failure (`up` 0), retried at the
+/// next check; meanwhile writes go on into the old file.
+pub fn keep_open(store: &mut Store, health: &Health) {
+    let Some(why) = store.lost() else { return };
+    match Store::open(store.path()) {
+        Ok(fresh) => {
+            tracing::warn!("history store: {why}; reopened it (steps written since the loss, and the history before it, are gone)");
+            *store = fresh;
+            health.reopened(&why);
+        }
+        Err(e) => {
+            tracing::warn!("history store: {why}; cannot reopen it: {e}");
+            health.failed(&format!("{why}; cannot reopen it: {e}"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +139,40 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
         assert!(text.contains("stepwise_store_up 0") && text.contains("stepwise_store_errors_total 1"), "{text}");
+    }
+
+    fn steps(s: &Store) -> i64 {
+        s.fuzzing_connection().query_row("SELECT count(*) FROM steps", [], |r| r.get(0)).expect("count")
+    }
+
+    #[test]
+    fn a_store_deleted_or_replaced_while_open_is_reopened_and_counted() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("agent.db");
+        let mut reg = Registry::default();
+        let h = Health::register(&mut reg);
+        let mut s = open(true, &path, &h).expect("store");
+        keep_open(&mut s, &h);
+        assert_eq!(h.json()["reopened"], 0, "an intact store is kept");
+        for f in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{f}", path.display()));
+        }
+        assert!(s.lost().is_some_and(|w| w.contains("deleted")), "{:?}", s.lost());
+        keep_open(&mut s, &h);
+        assert!(s.lost().is_none() && path.exists(), "reopened: the path names the open file again");
+        assert_eq!(steps(&s), 0, "the schema is recreated");
+        let v = h.json();
+        assert_eq!((v["up"].as_bool(), v["reopened"].as_u64()), (Some(true), Some(1)), "{v}");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains("deleted while open")), "{v}");
+        // Replaced by another file (a restore, a move): the new file is the one written.
+        drop(Store::open(dir.path().join("other.db")).expect("other"));
+        std::fs::rename(dir.path().join("other.db"), &path).expect("rename");
+        assert!(s.lost().is_some_and(|w| w.contains("replaced")), "{:?}", s.lost());
+        keep_open(&mut s, &h);
+        assert!(s.lost().is_none());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
+        assert!(text.contains("stepwise_store_reopened_total 2"), "{text}");
     }
 
     #[test]

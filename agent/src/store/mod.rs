@@ -50,6 +50,8 @@ pub struct Store {
     path: PathBuf,
     /// Rows read back that failed validation (corrupt JSON, out-of-range values).
     skipped: Cell<u64>,
+    /// Device and inode of the file when it was opened: [`Store::lost`] compares the path's.
+    identity: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Store {
@@ -73,7 +75,9 @@ impl Store {
         let conn = Connection::open_with_flags(&path, flags).map_err(|source| StoreError::Open { path: path.clone(), source })?;
         // Before WAL mode: SQLite gives `-wal` and `-shm` the database file's mode.
         restrict_mode(&path);
-        Store::setup(conn, path, true)
+        let mut store = Store::setup(conn, path, true)?;
+        store.identity = identity(&store.path);
+        Ok(store)
     }
 
     /// A store in memory (tests, `agent diagnose` over peers' data).
@@ -111,7 +115,7 @@ impl Store {
         // The store's queries are keyed lookups whose best plan does not depend on the values.
         conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(sql(&path, "set query planner stability"))?;
         schema::migrate(&mut conn, &path)?;
-        Ok(Store { conn, path, skipped: Cell::new(0) })
+        Ok(Store { conn, path, skipped: Cell::new(0), identity: None })
     }
 
     /// The connection itself, for the `store_rows` fuzz target, which corrupts rows inside a
@@ -124,6 +128,19 @@ impl Store {
     /// The file this store lives in (`:memory:` for an in-memory store).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Why the path no longer names the file this store writes, if it does not: the file was
+    /// deleted or replaced while open (a cleanup job, an operator), and every write since went
+    /// to an unlinked inode nobody can read. The caller reopens ([`Store::open`] recreates the
+    /// schema). `None` while the path still names the open file, and for an in-memory store.
+    pub fn lost(&self) -> Option<String> {
+        let opened = self.identity?;
+        match identity(&self.path) {
+            None => Some(format!("{} was deleted while open", self.path.display())),
+            Some(now) if now != opened => Some(format!("{} was replaced by another file while open", self.path.display())),
+            Some(_) => None,
+        }
     }
 
     /// Rows skipped on read since this store was opened because they failed validation.
@@ -154,6 +171,12 @@ impl Store {
         let size: i64 = self.conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(sql(&self.path, "read page_size"))?;
         Ok(size.max(0) as u64)
     }
+}
+
+/// Device and inode of the file at `path` (`None` when nothing is there).
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn is_empty(conn: &Connection) -> rusqlite::Result<bool> {

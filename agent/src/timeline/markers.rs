@@ -45,6 +45,8 @@ pub enum MarkerError {
 pub const MAX_MARKER_BYTES: usize = 1024;
 /// Ranks beyond this are refused (bounded memory per step).
 pub const MAX_RANK: u32 = 1 << 20;
+/// A marker's `time`: wall-clock seconds since the epoch, from 2001-09-09 to 2100-01-01.
+pub const TIME_RANGE: std::ops::Range<f64> = 1e9..4_102_444_800.0;
 /// Longest `host` accepted (Linux `HOST_NAME_MAX`): a marker held 200 000 times must not
 /// carry a kilobyte of name each.
 pub const MAX_HOST_BYTES: usize = 64;
@@ -70,6 +72,11 @@ impl Marker {
         }
         match m.time {
             Some(t) if !t.is_finite() || t <= 0.0 => return Err(MarkerError::Range { field: "time", value: t.to_string() }),
+            // Wall-clock seconds since the epoch: 1e18 or 1e-6 would make a step of 31 billion
+            // years, or one in 1970.
+            Some(t) if !TIME_RANGE.contains(&t) => {
+                return Err(MarkerError::Range { field: "time", value: format!("{t} (wall-clock seconds between 2001 and 2100 expected)") })
+            }
             Some(_) => {}
             None => m.time = Some(now),
         }
@@ -91,8 +98,8 @@ mod tests {
     fn parses_the_documented_protocol() {
         let m = Marker::parse(b"{\"rank\":3,\"step\":7,\"phase\":\"begin\"}\n", 100.5).expect("parse");
         assert_eq!((m.rank, m.step, m.phase, m.time), (3, 7, Phase::Begin, Some(100.5)));
-        let m = Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":12.25}"#, 99.0).expect("parse");
-        assert_eq!(m.time, Some(12.25));
+        let m = Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":1764500000.25}"#, 99.0).expect("parse");
+        assert_eq!(m.time, Some(1764500000.25));
     }
 
     #[test]
@@ -117,5 +124,11 @@ mod tests {
             assert!(matches!(Marker::parse(m.as_bytes(), 1.0), Err(MarkerError::Range { field: "step", .. })), "{m}");
         }
         assert!(matches!(Marker::parse(host(950).as_bytes(), 1.0), Err(MarkerError::Range { field: "host", .. })));
+        let now = 1.7e9;
+        for t in ["1e18", "1e-6", "12.25", "4102444800"] {
+            let m = format!(r#"{{"rank":0,"step":1,"phase":"end","time":{t}}}"#);
+            assert!(matches!(Marker::parse(m.as_bytes(), now), Err(MarkerError::Range { field: "time", .. })), "{m}");
+        }
+        assert!(Marker::parse(br#"{"rank":0,"step":1,"phase":"end","time":1e9}"#, now).is_ok(), "the range's start");
     }
 }

@@ -91,8 +91,43 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
     let deadline = Instant::now() + timeout;
     // Compact rows from an agent that has the format, every call in full from one that
     // ignores the parameter (both read by `take_calls`).
-    let mut c: CompactCollectivesPage<NetView> =
-        get_json(agent, peer, &format!("/api/v1/collectives?since={since:.6}&until={until:.6}&limit={CALLS_LIMIT}&format=compact"), deadline, timeout)?;
+    let mut p = match get_json::<CompactCollectivesPage<NetView>>(
+        agent,
+        peer,
+        &format!("/api/v1/collectives?since={since:.6}&until={until:.6}&limit={CALLS_LIMIT}&format=compact"),
+        deadline,
+        timeout,
+    ) {
+        Ok(c) => from_calls(peer, c)?,
+        // An agent running without its probes (as `--agent` reports it): its markers and
+        // counters still count.
+        Err(PeerError::Status { status: 503, body, .. }) if body.contains("probes are not running") => {
+            PeerData { peer: peer.to_string(), notes: vec!["collective probes off on this agent: no calls from it".into()], ..Default::default() }
+        }
+        Err(e) => return Err(e),
+    };
+    match get_json::<WindowsPage>(agent, peer, &format!("/api/v1/windows?since={since:.6}&until={until:.6}"), deadline, timeout) {
+        Ok(w) => {
+            let host = w.host.unwrap_or_else(|| p.host.clone());
+            if p.host.is_empty() {
+                p.host = host.clone();
+            }
+            p.nics = w.nics.into_iter().map(|s| (NicInfo { host: s.nic.host.clone().or_else(|| Some(host.clone())), ..s.nic }, s.samples)).collect();
+        }
+        Err(e) => p.notes.push(format!("NIC counters unavailable ({e}); its NICs are missing")),
+    }
+    match fetch_markers(agent, peer, &p.host, (since, until), deadline, timeout) {
+        Ok((markers, note)) => {
+            p.markers = markers;
+            p.notes.extend(note);
+        }
+        Err(e) => p.notes.push(format!("markers unavailable ({e}); its ranks' markers are missing")),
+    }
+    Ok(p)
+}
+
+/// A peer's data from its collectives page (compact or full).
+fn from_calls(peer: &str, mut c: CompactCollectivesPage<NetView>) -> Result<PeerData, PeerError> {
     let calls = c.take_calls().map_err(|error| PeerError::Garbage { path: "/api/v1/collectives".into(), error })?;
     let mut p = PeerData {
         peer: peer.to_string(),
@@ -107,20 +142,6 @@ pub fn fetch_peer(agent: &ureq::Agent, peer: &str, since: f64, until: f64, timeo
     }
     p.calls = calls;
     p.host = c.host;
-    match fetch_markers(agent, peer, &p.host, (since, until), deadline, timeout) {
-        Ok((markers, note)) => {
-            p.markers = markers;
-            p.notes.extend(note);
-        }
-        Err(e) => p.notes.push(format!("markers unavailable ({e}); its ranks' markers are missing")),
-    }
-    match get_json::<WindowsPage>(agent, peer, &format!("/api/v1/windows?since={since:.6}&until={until:.6}"), deadline, timeout) {
-        Ok(w) => {
-            let host = w.host.unwrap_or_else(|| p.host.clone());
-            p.nics = w.nics.into_iter().map(|s| (NicInfo { host: s.nic.host.clone().or_else(|| Some(host.clone())), ..s.nic }, s.samples)).collect();
-        }
-        Err(e) => p.notes.push(format!("NIC counters unavailable ({e}); its NICs are missing")),
-    }
     Ok(p)
 }
 

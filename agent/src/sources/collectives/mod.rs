@@ -6,6 +6,7 @@
 //! strong `pncclX` share an address) → the RingBuf is drained → [`decode::CallDecoder`] pairs
 //! entry/exit per thread and assigns `(CommId, seq)` → [`history::History`] and metrics.
 
+pub mod admission;
 mod attach;
 pub mod decode;
 mod drain;

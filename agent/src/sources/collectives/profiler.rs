@@ -10,7 +10,10 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    os::unix::{fs::PermissionsExt, net::UnixDatagram},
+    os::{
+        fd::AsRawFd,
+        unix::{fs::PermissionsExt, net::UnixDatagram},
+    },
     path::{Path, PathBuf},
     sync::atomic::AtomicU64,
     time::Duration,
@@ -25,12 +28,16 @@ use prometheus_client::{
 use tracing::{debug, info, warn};
 
 use super::{
+    admission,
     decode::{fnv1a, Call, CommId},
     history::{CallRecord, ClockMap},
     targets::Family as Lib,
     SharedHistory,
 };
-use crate::timeline::join::{Clocking, ProxyWait, Timing};
+use crate::{
+    sources::sockpath::Peer,
+    timeline::join::{Clocking, ProxyWait, Timing},
+};
 
 /// A process is "active" while its plugin sent within this many seconds.
 pub const ACTIVE_SECONDS: f64 = 30.0;
@@ -68,6 +75,8 @@ impl PluginProc {
 pub struct PluginStore {
     calls: VecDeque<CallRecord>,
     pub procs: BTreeMap<u32, PluginProc>,
+    /// Who may add records, and how fast ([`super::admission`]).
+    admission: super::admission::RecordAdmission,
 }
 
 /// The history-wide identity of a plugin collective: one CommId per (communicator, function),
@@ -237,6 +246,7 @@ struct TimingLabel {
 pub struct ProfilerMetrics {
     records: Counter,
     refused: Counter,
+    dropped: Family<ReasonLabel, Counter>,
     plugin_drops: Family<ReasonLabel, Counter>,
     processes: Family<TimingLabel, Gauge>,
     offset_error: Gauge<f64, AtomicU64>,
@@ -248,6 +258,7 @@ impl ProfilerMetrics {
         let m = ProfilerMetrics {
             records: Counter::default(),
             refused: Counter::default(),
+            dropped: Family::default(),
             plugin_drops: Family::default(),
             processes: Family::default(),
             offset_error: Gauge::default(),
@@ -255,6 +266,11 @@ impl ProfilerMetrics {
         };
         r.register("stepwise_profiler_records", "Collective records received from the NCCL profiler plugin", m.records.clone());
         r.register("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
+        r.register(
+            "stepwise_profiler_records_dropped",
+            "Profiler plugin records refused by the agent: the header's pid is not the sender's (no_credentials, pid_unmapped, pid_mismatch) or admission control (too_many_processes, process_rate, new_communicators)",
+            m.dropped.clone(),
+        );
         r.register(
             "stepwise_profiler_plugin_drops",
             "Records the profiler plugins dropped: ring_full (the job outran the sender) or unsent (no agent listened, or its queue stayed full)",
@@ -298,17 +314,10 @@ impl Receiver {
     /// Binds `path` (mode 0660, like the marker socket): a stale socket file is replaced; a
     /// socket another live agent listens on is an error, as is any other failure.
     pub fn bind(path: &Path) -> Result<Receiver, String> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        if path.exists() {
-            let live = UnixDatagram::unbound().and_then(|s| s.connect(path)).is_ok();
-            if live {
-                return Err(format!("{} is in use by another listener (another agent?)", path.display()));
-            }
-            std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
-        }
+        crate::sources::sockpath::claim(path)?;
         let sock = UnixDatagram::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+        // The kernel names each datagram's sender: a record's pid is checked against it.
+        crate::sources::sockpath::set_flag(sock.as_raw_fd(), libc::SO_PASSCRED).map_err(|e| format!("{}: SO_PASSCRED: {e}", path.display()))?;
         let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
         sock.set_read_timeout(Some(Duration::from_millis(500))).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Receiver { sock, path: path.to_path_buf() })
@@ -323,8 +332,8 @@ impl Receiver {
     fn run(self, history: &SharedHistory, m: &ProfilerMetrics) {
         let mut buf = vec![0u8; 1 << 16];
         loop {
-            let n = match self.sock.recv(&mut buf) {
-                Ok(n) => Some(n),
+            let n = match crate::sources::sockpath::recv(self.sock.as_raw_fd(), &mut buf, 0) {
+                Ok(got) => Some(got),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => None,
                 Err(e) => {
                     warn!(path = %self.path.display(), "profiler socket: {e}");
@@ -337,8 +346,8 @@ impl Receiver {
                 Ok(h) => h,
                 Err(p) => p.into_inner(),
             };
-            if let Some(n) = n {
-                handle_datagram(&mut h, &buf[..n], m, now);
+            if let Some(got) = n {
+                handle_datagram(&mut h, &buf[..got.len], got.peer, m, now);
             }
             m.update(&h.plugin, now);
         }
@@ -368,7 +377,7 @@ pub fn check(cfg: &crate::config::CollectivesConfig) -> (bool, String) {
         return (true, "off ([collectives] profiler_socket is empty or the probes are off): NCCL collectives are timed at enqueue".into());
     }
     let sock = &cfg.profiler_socket;
-    let listening = sock.exists() && UnixDatagram::unbound().and_then(|s| s.connect(sock)).is_ok();
+    let listening = crate::sources::sockpath::listening(sock);
     let mut detail = format!("socket {} ({})", sock.display(), if listening { "an agent listens" } else { "not bound now: the agent binds it at start" });
     if cfg.profiler_plugin_install.as_os_str().is_empty() {
         detail.push_str("; profiler_plugin_install unset (jobs load a plugin installed otherwise)");
@@ -430,25 +439,44 @@ pub fn start_configured(rx: Option<Receiver>, history: Option<SharedHistory>, re
     }
 }
 
-/// Decodes one datagram into the history and counts it.
-pub fn handle_datagram(h: &mut super::history::History, b: &[u8], m: &ProfilerMetrics, now: f64) {
-    match wire::decode(b) {
-        Ok((hd, recs)) => {
-            let (host, clock, cap) = (h.host.clone(), h.clock, h.capacity());
-            let (full, unsent) = h.plugin.push(&hd, &recs, &host, &clock, cap, now);
-            m.records.inc_by(recs.len() as u64);
-            for r in &recs {
-                m.proxy.observe(r);
-                gpu_progress(&mut h.progress, r, hd.pid, &host, &clock);
-            }
-            m.plugin_drops.get_or_create(&ReasonLabel { reason: "ring_full" }).inc_by(full);
-            m.plugin_drops.get_or_create(&ReasonLabel { reason: "unsent" }).inc_by(unsent);
-        }
+/// Decodes one datagram from `peer` (its credentials) into the history and counts it: the
+/// header's pid must be the sender's, and each record passes admission control
+/// ([`super::admission`]); what is refused is counted by reason.
+pub fn handle_datagram(h: &mut super::history::History, b: &[u8], peer: Option<Peer>, m: &ProfilerMetrics, now: f64) {
+    let (mut hd, mut recs) = match wire::decode(b) {
+        Ok(d) => d,
         Err(e) => {
             m.refused.inc();
             debug!("profiler datagram refused: {e}");
+            return;
+        }
+    };
+    let drop = |why: admission::Refusal, n: usize| {
+        m.dropped.get_or_create(&ReasonLabel { reason: why.as_str() }).inc_by(n as u64);
+    };
+    match admission::sender_pid(hd.pid, peer, admission::nspids) {
+        Ok(pid) => hd.pid = pid,
+        Err(why) => {
+            debug!(claimed = hd.pid, ?peer, "profiler records refused: {}", why.as_str());
+            return drop(why, recs.len());
         }
     }
+    recs.retain(|r| match h.plugin.admission.admit(hd.pid, comm_of(r.comm_hash, r.func).0, now) {
+        Ok(()) => true,
+        Err(why) => {
+            drop(why, 1);
+            false
+        }
+    });
+    let (host, clock, cap) = (h.host.clone(), h.clock, h.capacity());
+    let (full, unsent) = h.plugin.push(&hd, &recs, &host, &clock, cap, now);
+    m.records.inc_by(recs.len() as u64);
+    for r in &recs {
+        m.proxy.observe(r);
+        gpu_progress(&mut h.progress, r, hd.pid, &host, &clock);
+    }
+    m.plugin_drops.get_or_create(&ReasonLabel { reason: "ring_full" }).inc_by(full);
+    m.plugin_drops.get_or_create(&ReasonLabel { reason: "unsent" }).inc_by(unsent);
 }
 
 /// The GPU side of a record's collective, for hang detection: a [`wire::FLAG_STARTED`]

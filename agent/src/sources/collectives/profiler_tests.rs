@@ -40,6 +40,39 @@ fn datagram(pid: u32, recs: &[Record], dropped_full: u64) -> Vec<u8> {
     b
 }
 
+fn peer(pid: u32) -> Option<Peer> {
+    Some(Peer { pid, uid: 0 })
+}
+
+fn dropped(m: &ProfilerMetrics, reason: &'static str) -> u64 {
+    m.dropped.get_or_create(&ReasonLabel { reason }).get()
+}
+
+#[test]
+fn forged_pids_are_refused_and_a_record_flood_is_bounded_like_markers() {
+    let m = ProfilerMetrics::register(&mut Registry::default());
+    let mut h = History::new("host-a".into(), 1 << 16);
+    // Process 4242 claims to be 0, 1 and 2^32-1: nothing is kept.
+    for forged in [0, 1, u32::MAX] {
+        handle_datagram(&mut h, &datagram(forged, &[rec(0, 0, 30, 42)], 0), peer(4242), &m, 1000.0);
+    }
+    handle_datagram(&mut h, &datagram(4242, &[rec(0, 0, 30, 42)], 0), None, &m, 1000.0);
+    assert!(h.plugin.procs.is_empty(), "{:?}", h.plugin.procs.keys());
+    assert_eq!((dropped(&m, "pid_mismatch"), dropped(&m, "no_credentials")), (3, 1));
+    // 15 s of 1 000 datagrams/s, 8 records each on a new communicator every datagram.
+    let mut sent = 0u64;
+    for i in 0..15_000u64 {
+        let recs: Vec<Record> = (0..8).map(|k| Record { comm_hash: i, ..rec(0, k, 30, 42) }).collect();
+        handle_datagram(&mut h, &datagram(4242, &recs, 0), peer(4242), &m, 1000.0 + i as f64 / 1000.0);
+        sent += 8;
+    }
+    let kept = h.plugin.procs[&4242].records;
+    let comms: std::collections::BTreeSet<u64> = h.plugin.calls_since(0.0, usize::MAX).filter_map(|c| c.call.comm).map(|c| c.0).collect();
+    assert!(kept <= 2 * 4000 + 15 * 4000, "{kept} of {sent} records kept");
+    assert!(comms.len() <= 40 + 15 * 20, "{} communicators", comms.len());
+    assert_eq!(dropped(&m, "process_rate") + dropped(&m, "new_communicators"), sent - kept);
+}
+
 fn uprobe(pid: u32, seq: u64, enter_ns: u64) -> Call {
     Call {
         pid,
@@ -73,8 +106,8 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     first.exit_ns = 1_000_028_010_000;
     h.push_call(first);
     h.push_call(uprobe(11, 0, 1_000_000_000_000));
-    handle_datagram(&mut h, &datagram(10, &[rec(0, 0, 30, 42), rec(0, 1, 100, 111)], 3), &m, 1001.0);
-    handle_datagram(&mut h, b"garbage", &m, 1001.0);
+    handle_datagram(&mut h, &datagram(10, &[rec(0, 0, 30, 42), rec(0, 1, 100, 111)], 3), peer(10), &m, 1001.0);
+    handle_datagram(&mut h, b"garbage", peer(10), &m, 1001.0);
     let calls = h.calls_since(0.0, 100);
     let views: Vec<_> = calls.iter().map(|c| c.view()).collect();
     // Process 10's uprobe call is replaced; 11's stays, timed at enqueue.

@@ -22,7 +22,9 @@
 //!   A removed directory has no links left (`st_nlink == 0`): [`Check::Gone`].
 //!
 //! Descriptors count against a [`Budget`] below `RLIMIT_NOFILE`; past it files are opened
-//! for each read, as before (never a failure).
+//! for each read, as before (never a failure), and a port whose directories do not fit is
+//! opened for each sweep and closed after it (`port.rs`), so hundreds of ports under a soft
+//! limit of 1 024 never take the descriptors the other sources' sockets need.
 
 use std::{
     ffi::{CStr, CString},
@@ -98,6 +100,12 @@ impl Budget {
     /// Descriptors held now.
     pub fn held(&self) -> usize {
         self.0.held.load(Ordering::Relaxed)
+    }
+
+    /// More descriptors held than the budget allows (directories are held whatever the budget
+    /// while their port is read: the caller closes them after the sweep).
+    pub fn over(&self) -> bool {
+        self.held() > self.0.limit.load(Ordering::Relaxed)
     }
 
     fn try_take(&self) -> bool {

@@ -142,6 +142,10 @@ impl PortsDir {
             None => sorted_names(path),
         };
         self.ports = names.map(port_entries).unwrap_or_default();
+        // Past the descriptor budget the directory is listed by path at each sweep instead.
+        if budget.over() {
+            self.dir = None;
+        }
     }
 }
 

@@ -364,6 +364,11 @@ impl PortState {
         }
         (self.read_monotonic_ns, self.read_unix_ns) = now_ns();
         self.export(io.metrics);
+        // Past the descriptor budget the port's files are closed after its sweep: its
+        // directories are opened again at the next one, as reads by path would.
+        if io.budget.over() {
+            self.files = None;
+        }
         Some((read, skipped))
     }
 

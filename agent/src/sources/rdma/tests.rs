@@ -434,7 +434,9 @@ fn files_over_the_descriptor_budget_are_opened_for_each_read() {
     assert_eq!(port(&p, "mlx5_1").transmit_bytes, 1400);
     assert_eq!(port(&p, "mlx5_0").receive_bytes, 240);
     assert_eq!(errors.get("rdma", "read"), 0);
-    assert!(src.open_files() <= 6 + 2 * 4, "directories plus at most the budget: {}", src.open_files());
+    // Directories count too: a port (or a device's ports directory) that does not fit is
+    // closed after its sweep (500 devices under `ulimit -n 1024` ran out of descriptors).
+    assert!(src.open_files() <= 6, "at most the budget, directories included: {}", src.open_files());
 }
 
 #[test]
