@@ -12,8 +12,8 @@ fn rank(r: u32, host: &str, open: Option<(u64, f64)>, done: Option<u64>) -> Rank
         rank: Some(r),
         pid: 100 + r,
         host: host.into(),
-        open: open.map(|(seq, since)| OpenCall { seq, op: "all_reduce".into(), tid: 100 + r, since }),
-        last_done: done.map(|seq| DoneCall { seq, op: "all_reduce".into(), exit: 50.0 + seq as f64 }),
+        open: open.map(|(seq, since)| OpenCall { seq, op: "all_reduce".into(), bytes: None, tid: 100 + r, since }),
+        last_done: done.map(|seq| DoneCall { seq, op: "all_reduce".into(), bytes: None, exit: 50.0 + seq as f64 }),
         ..Default::default()
     }
 }
@@ -91,7 +91,7 @@ fn k_times_the_median_raises_the_threshold_above_the_floor() {
 #[test]
 fn an_exited_rank_is_evidence_and_says_how_it_ended() {
     let mut dead = rank(1, "a", None, Some(6));
-    dead.aborted = Some(OpenCall { seq: 7, op: "all_reduce".into(), tid: 101, since: 100.0 });
+    dead.aborted = Some(OpenCall { seq: 7, op: "all_reduce".into(), bytes: None, tid: 101, since: 100.0 });
     dead.exited = Some(Exit { at: 100.5, signal: Some(9), code: None });
     let v = view(
         "a",

@@ -190,7 +190,7 @@ mod tests {
         let killed = Missing {
             rank: Some(1),
             why: Why::Exited,
-            aborted: Some(OpenCall { seq: 5, op: "all_reduce".into(), tid: 7, since: 0.0 }),
+            aborted: Some(OpenCall { seq: 5, op: "all_reduce".into(), bytes: None, tid: 7, since: 0.0 }),
             exited: Some(Exit { at: 2.0, signal: Some(9), code: None }),
             ..stopped.clone()
         };

@@ -148,7 +148,7 @@ mod tests {
             rank: Some(rank),
             pid: rank + 1,
             host: host.into(),
-            open: Some(OpenCall { seq: 3, op: "all_reduce".into(), tid: 1, since }),
+            open: Some(OpenCall { seq: 3, op: "all_reduce".into(), bytes: None, tid: 1, since }),
             ..Default::default()
         }
     }
