@@ -76,7 +76,32 @@ fn a_stopped_rank_inside_the_call_is_not_progressing() {
 fn a_slow_call_every_rank_is_inside_is_not_a_hang() {
     let all_in = (0..4).map(|r| rank(r, "a", Some((7, 100.0 + r as f64 * 0.1)), Some(6))).collect();
     let h = evaluate(&[view("a", 200.0, 0.01, all_in)], &cfg(), false);
-    assert!(h[0].missing.is_empty() && !h[0].suspected, "{:?}", h[0]);
+    assert!(h[0].missing.is_empty() && !h[0].suspected && h[0].desync.is_none(), "{:?}", h[0]);
+}
+
+/// Every rank inside #7, but rank 2 in a broadcast: the others can never finish. A desync,
+/// suspected past the threshold; a count that differs (rank 1 returned from #7 with half the
+/// bytes, the others still inside) is one too.
+#[test]
+fn ranks_inside_different_calls_at_one_number_are_a_desync_hang() {
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0 + r as f64 * 0.1)), Some(6))).collect();
+    ranks[2].open.as_mut().expect("open").op = "broadcast".into();
+    assert!(!evaluate(&[view("a", 101.0, 0.01, ranks.clone())], &cfg(), false)[0].suspected, "under the threshold");
+    let h = &evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0];
+    assert!(h.suspected && h.missing.is_empty(), "{h:?}");
+    let d = h.desync.as_ref().expect("desync");
+    assert_eq!((d.seq, d.odd_ranks.clone(), d.groups[1].op.as_str()), (7, vec![2], "broadcast"));
+
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0)), Some(6))).collect();
+    for r in &mut ranks {
+        r.open.as_mut().expect("open").bytes = Some(4096);
+    }
+    ranks[1].open = None;
+    ranks[1].last_done = Some(DoneCall { seq: 7, op: "all_reduce".into(), bytes: Some(2048), exit: 100.1 });
+    let h = &evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0];
+    assert!(h.suspected, "{h:?}");
+    let d = h.desync.as_ref().expect("desync");
+    assert_eq!((d.odd_ranks.clone(), d.groups[1].bytes), (vec![1], Some(2048)));
 }
 
 #[test]

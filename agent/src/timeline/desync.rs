@@ -40,7 +40,8 @@ pub struct RankCall {
     #[serde(default)]
     pub bytes: Option<u64>,
     pub state: CallState,
-    /// Wall-clock seconds of its entry.
+    /// Wall-clock seconds of its entry (of a completed call known only by its return, as in
+    /// a hang view's last completed call: the return).
     pub enter: f64,
 }
 
