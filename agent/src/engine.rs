@@ -284,6 +284,7 @@ impl Engine {
         let colls = join_calls(&views);
         let recent: Vec<&CallView> = views.iter().filter(|c| c.enter >= now - DESYNC_WINDOW_SECONDS).collect();
         self.desync.update(crate::timeline::desync::find(&recent, open.as_slice()), now);
+        let desyncs = self.desync.desyncs();
         let markers: Vec<Marker> = self.markers_since(lookback);
         let (found, _) = pipeline::find_steps(&markers, &colls);
         let mut net = net;
@@ -337,6 +338,7 @@ impl Engine {
                 att.notes.push(format!("incomplete data: closed {:.1} s after its end (steps.max_wait) before {what}", now - step.end));
             }
             let step_windows = self.log.window(step.begin, step.end);
+            att.desyncs = crate::timeline::desync::of_step(&desyncs, &inputs.collectives);
             let mine: Vec<Collective> = inputs.collectives.into_iter().cloned().collect();
             let done = FinishedStep { job: &f.job, attribution: &att, collectives: &mine, windows: &inputs.windows, step_windows: &step_windows };
             self.metrics.step(&done);

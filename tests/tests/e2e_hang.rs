@@ -295,4 +295,6 @@ fn slow_but_progressing_job_is_never_suspected() {
     assert!(hi / lo >= 2.0, "the job's steps vary: {lo}..{hi} µs");
     assert!(max_open > 0.3, "the detector saw calls open for a while: {max_open} s");
     assert!(!ever, "a slow but progressing job was suspected hung (longest open {max_open:.2} s)");
+    let open = open_of(&s.agent);
+    assert_eq!(open["desyncs"], serde_json::json!([]), "no rank disagrees in a healthy job: {open}");
 }

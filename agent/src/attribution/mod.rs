@@ -121,6 +121,9 @@ pub struct Attribution {
     /// `unknown`, or `mixed (gpu 6, host_enqueue 2)`. Empty without collectives.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub timing: String,
+    /// Ranks that disagree at one of this step's sequence numbers (`timeline::desync`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub desyncs: Vec<crate::timeline::desync::Desync>,
 }
 
 impl Attribution {
@@ -282,6 +285,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         incomplete: acc.incomplete,
         notes: acc.notes,
         timing,
+        desyncs: Vec::new(),
     }
 }
 

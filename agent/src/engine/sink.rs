@@ -355,6 +355,7 @@ mod tests {
             incomplete: false,
             notes: Vec::new(),
             timing: String::new(),
+            desyncs: Vec::new(),
         }
     }
 

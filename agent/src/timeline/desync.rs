@@ -221,6 +221,21 @@ pub fn find(calls: &[&CallView], open: &[HostProgress]) -> Vec<Desync> {
     books.values().filter_map(CommBook::desync).collect()
 }
 
+/// The desyncs touching a step whose collectives are `colls`: one whose first number is
+/// among the step's numbers of its communicator, or earlier when its odd ranks run shifted
+/// (then every later number of theirs disagrees too).
+pub fn of_step(desyncs: &[Desync], colls: &[&super::Collective]) -> Vec<Desync> {
+    desyncs
+        .iter()
+        .filter(|d| {
+            let seqs = colls.iter().filter(|c| c.comm == d.comm).map(|c| c.seq);
+            let (lo, hi) = seqs.fold((u64::MAX, 0), |(a, b), s| (a.min(s), b.max(s)));
+            lo <= hi && ((lo..=hi).contains(&d.seq) || (d.shift.is_some() && d.seq < lo))
+        })
+        .cloned()
+        .collect()
+}
+
 fn with_bytes(op: &str, bytes: Option<u64>) -> String {
     match bytes {
         Some(b) => format!("{op} ({b} B)"),

@@ -137,3 +137,20 @@ fn user_probes_and_calls_without_a_rank_are_not_compared() {
     calls[2].rank = None;
     assert!(find_in(&calls, &[]).is_empty());
 }
+
+#[test]
+fn a_step_gets_the_desyncs_at_its_numbers_and_a_shift_from_before() {
+    let mut calls = healthy(8);
+    for c in calls.iter_mut().filter(|c| c.rank == Some(1) && c.seq == Some(3)) {
+        c.bytes = Some(4000);
+    }
+    let d = find_in(&calls, &[]);
+    let joined = crate::timeline::join_calls(&calls);
+    let step = |lo: u64, hi: u64| -> Vec<&crate::timeline::Collective> { joined.iter().filter(|c| (lo..=hi).contains(&c.seq)).collect() };
+    assert_eq!(of_step(&d, &step(2, 3)).len(), 1);
+    assert!(of_step(&d, &step(4, 5)).is_empty(), "one count apart at #3 only");
+    assert!(of_step(&d, &[]).is_empty());
+    let mut shifted = d.clone();
+    shifted[0].shift = Some(1);
+    assert_eq!(of_step(&shifted, &step(4, 5)).len(), 1, "a shifted rank disagrees at every later number");
+}
