@@ -76,6 +76,8 @@ fn check_found(a: &Agent, library: &str, op: &str, bytes: Option<u64>) -> f64 {
     assert!(lat <= threshold, "desync found {lat:.2} s after the first entry, later than the {threshold:.2} s hang threshold");
     assert_eq!((d["seq"].as_u64(), d["library"].as_str()), (Some(SEQ), Some(library)), "{d}");
     assert_eq!(d["odd_ranks"], serde_json::json!([2]), "{d}");
+    // Hung at the divergence: no later call shows which way rank 2 is shifted.
+    assert!(d["shift"].is_null(), "{d}");
     let g = d["groups"].as_array().expect("groups");
     let want_bytes = |b: Option<u64>| if library == "gloo" { Value::Null } else { b.into() };
     assert_eq!((&g[0]["op"], &g[0]["bytes"], &g[0]["ranks"]), (&Value::from("all_reduce"), &want_bytes(Some(BYTES)), &serde_json::json!([0, 1, 3])), "{d}");
@@ -86,6 +88,7 @@ fn check_found(a: &Agent, library: &str, op: &str, bytes: Option<u64>) -> f64 {
     let out = std::process::Command::new(agent_bin()).args(["diagnose", "--hang", "--agent", &a.addr]).output().expect("diagnose");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(4), "diagnose --hang exits 4 on a suspected hang: {text}");
+    println!("{text}");
     assert!(text.contains("SUSPECTED HUNG by a desync") && text.contains(&format!("rank 2 called {op}")), "{text}");
     lat
 }

@@ -71,7 +71,8 @@ pub struct Desync {
     pub diverging: usize,
     /// The odd ranks' calls from `seq` on match the others' at `seq + shift`: 1 when they
     /// skipped a collective, −1 when they made one more. Absent when the calls seen do not
-    /// show it (a job that hangs at `seq` has no later calls).
+    /// show it: a job that hangs at `seq` has no later calls, and one whose collectives
+    /// repeat with period 2 matches both ways.
     #[serde(default)]
     pub shift: Option<i64>,
     /// Wall-clock seconds of the earliest entry at `seq`.
@@ -129,14 +130,17 @@ impl CommBook {
         let mut diverging = self.seqs.iter().filter_map(|(s, r)| judge(&self.comm, &self.library, *s, r.values().cloned().collect()));
         let mut d = diverging.next()?;
         d.diverging += diverging.count();
-        d.shift = [1, -1].into_iter().find(|k| self.shifted(&d, *k));
+        // A job that repeats a pattern of period 2 matches both ways: no direction claimed.
+        let ways: Vec<i64> = [1, -1].into_iter().filter(|k| self.shifted(&d, *k)).collect();
+        d.shift = (ways.len() == 1).then(|| ways[0]);
         Some(d)
     }
 
     /// Every odd rank's call from `d.seq` on matches the others' at the number `k` later,
-    /// and at least one such pair was seen.
+    /// and such a pair was seen after `d.seq` (at `d.seq` alone, a periodic job's previous
+    /// or next collective matches by chance).
     fn shifted(&self, d: &Desync, k: i64) -> bool {
-        let mut pairs = 0;
+        let mut later = false;
         for (s, ranks) in self.seqs.range(d.seq..) {
             let Some(theirs) = s.checked_add_signed(k).and_then(|t| self.seqs.get(&t)) else { continue };
             let others = groups(theirs.values().filter(|c| !d.odd_ranks.contains(&c.rank)));
@@ -145,10 +149,10 @@ impl CommBook {
                 if !agree(&c.op, c.bytes, &want.op, want.bytes) {
                     return false;
                 }
-                pairs += 1;
+                later |= *s > d.seq;
             }
         }
-        pairs > 0
+        later
     }
 }
 
@@ -248,6 +252,11 @@ fn ranks_list(r: &[u32]) -> String {
     format!("{} {}", if r.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
 }
 
+/// `rank 2 runs` / `ranks 1, 2 run`.
+fn ranks_run(r: &[u32]) -> String {
+    format!("{} {}", ranks_list(r), if r.len() == 1 { "runs" } else { "run" })
+}
+
 impl Desync {
     /// `#12: rank 2 called broadcast (4096 B), ranks 0, 1, 3 called all_reduce (4096 B)`
     /// and what the later calls say.
@@ -255,8 +264,8 @@ impl Desync {
         let parts: Vec<String> = self.groups.iter().map(|g| format!("{} called {}", ranks_list(&g.ranks), with_bytes(&g.op, g.bytes))).collect();
         let mut s = format!("#{}: {}", self.seq, parts.join(", "));
         match self.shift {
-            Some(1) => s.push_str(&format!("; from there {} run one collective ahead (skipped one)", ranks_list(&self.odd_ranks))),
-            Some(-1) => s.push_str(&format!("; from there {} run one collective behind (made an extra one)", ranks_list(&self.odd_ranks))),
+            Some(1) => s.push_str(&format!("; from there {} one collective ahead (skipped one)", ranks_run(&self.odd_ranks))),
+            Some(-1) => s.push_str(&format!("; from there {} one collective behind (made an extra one)", ranks_run(&self.odd_ranks))),
             _ => {}
         }
         if self.diverging > 1 {

@@ -72,25 +72,38 @@ fn a_different_count_is_a_desync_and_the_first_number_is_reported() {
     assert_eq!(d[0].groups[1], Group { op: "all_reduce".into(), bytes: Some(4000), ranks: vec![1] });
 }
 
-#[test]
-fn a_skipped_collective_shifts_the_rank_and_is_reported_at_the_first_divergence() {
-    // Each step: all_reduce (8000 B) then broadcast (64 B). Rank 2 skips step 2's all_reduce
-    // (#4): its own numbers from 4 on are the others' one later.
+/// Each step: all_reduce (8000 B), all_gather (64 B), broadcast (64 B); rank 2 skips
+/// step 1's all_reduce (#3): its own numbers from 3 on are the others' one later. With a
+/// period of 2 collectives the direction is ambiguous, and a job hung at the divergence
+/// shows no later calls: no shift is claimed then.
+fn pattern(period: u64, s: u64) -> (&'static str, u64) {
+    [("all_reduce", 8000), ("all_gather", 64), ("broadcast", 64)][(s % period) as usize]
+}
+
+fn skipped(period: u64, upto: u64) -> Vec<CallView> {
     let mut calls = Vec::new();
-    for s in 0..12u64 {
-        let (op, bytes) = if s % 2 == 0 { ("all_reduce", 8000) } else { ("broadcast", 64) };
+    for s in 0..upto {
+        let (op, bytes) = pattern(period, s);
         for r in [0u32, 1, 3] {
             calls.push(done(s, r, op, Some(bytes)));
         }
-        let theirs = if s >= 4 { s + 1 } else { s };
-        let (op, bytes) = if theirs % 2 == 0 { ("all_reduce", 8000) } else { ("broadcast", 64) };
+        let (op, bytes) = pattern(period, if s >= 3 { s + 1 } else { s });
         calls.push(done(s, 2, op, Some(bytes)));
     }
-    let d = find_in(&calls, &[]);
+    calls
+}
+
+#[test]
+fn a_skipped_collective_shifts_the_rank_and_is_reported_at_the_first_divergence() {
+    let d = find_in(&skipped(3, 12), &[]);
     assert_eq!(d.len(), 1);
-    assert_eq!((d[0].seq, d[0].odd_ranks.clone(), d[0].shift), (4, vec![2], Some(1)));
-    assert_eq!(d[0].diverging, 8, "every number from #4 disagrees");
-    assert!(d[0].summary().contains("rank 2 run one collective ahead (skipped one)"), "{}", d[0].summary());
+    assert_eq!((d[0].seq, d[0].odd_ranks.clone(), d[0].shift), (3, vec![2], Some(1)));
+    assert_eq!(d[0].diverging, 9, "every number from #3 disagrees");
+    assert!(d[0].summary().contains("rank 2 runs one collective ahead (skipped one)"), "{}", d[0].summary());
+    let d = find_in(&skipped(2, 12), &[]);
+    assert_eq!((d[0].seq, d[0].shift), (3, None), "period 2: a skip and an extra call look alike");
+    let d = find_in(&skipped(3, 4), &[]);
+    assert_eq!((d[0].seq, d[0].shift), (3, None), "nothing after the divergence");
 }
 
 /// Probes attached mid-job: rank 2's own numbers run one ahead of the others'. The
