@@ -8,9 +8,9 @@
 //! than `max(floor, k × median)` and at least one rank missing — still before the call,
 //! exited, or inside it but not progressing: its process is stopped (SIGSTOP, a debugger),
 //! which the view's process states say — or the ranks' calls at that sequence number
-//! disagree (operation or bytes: a desync, [`crate::timeline::desync`]). All ranks inside a slow call and running is a slow
-//! call, not a hang: with host-side probes alone a rank that is inside and running cannot be
-//! told from one that is progressing. [`detector`] adds the daemon's hysteresis and metrics.
+//! disagree (operation or bytes: a desync, [`crate::timeline::desync`]). All ranks inside
+//! a slow call and running is a slow call, not a hang: with host-side probes alone a rank
+//! that is inside and running cannot be told from one that is progressing. [`detector`] adds the daemon's hysteresis and metrics.
 
 pub mod desync;
 pub mod detector;
@@ -136,11 +136,17 @@ fn join(views: &[HostProgress]) -> BTreeMap<String, Joined> {
     out
 }
 
-/// The ranks' calls at `h.seq` (open, completed or aborted there), if they disagree.
+/// The ranks' calls at `h.seq` (open, completed or aborted there), if they disagree. A rank
+/// inside another call is compared only by that call: its numbers are its own (a process
+/// that counted from one more collective after a mid-job attach runs one ahead), and its
+/// last completed call at `h.seq` would then be an earlier collective.
 fn desync_at(h: &Hang, j: &Joined) -> Option<Desync> {
     let mut calls = Vec::new();
     for (r, _) in j.ranks.values() {
         let Some(rank) = r.rank else { continue };
+        if r.open.as_ref().is_some_and(|o| o.seq != h.seq) {
+            continue;
+        }
         let at = |op: &str, bytes: Option<u64>, state: CallState, enter: f64| RankCall {
             rank,
             host: r.host.clone(),

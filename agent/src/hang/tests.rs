@@ -102,6 +102,14 @@ fn ranks_inside_different_calls_at_one_number_are_a_desync_hang() {
     assert!(h.suspected, "{h:?}");
     let d = h.desync.as_ref().expect("desync");
     assert_eq!((d.odd_ranks.clone(), d.groups[1].bytes), (vec![1], Some(2048)));
+
+    // A rank whose own numbers run one ahead (mid-job attach): inside #8 (the others' #7),
+    // its last completed #7 an earlier broadcast. Not a desync.
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0)), Some(6))).collect();
+    ranks[2].open = Some(OpenCall { seq: 8, op: "all_reduce".into(), bytes: None, tid: 1, since: 100.0 });
+    ranks[2].last_done = Some(DoneCall { seq: 7, op: "broadcast".into(), bytes: None, exit: 99.0 });
+    let h = &evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0];
+    assert!(h.desync.is_none() && !h.suspected, "{h:?}");
 }
 
 #[test]
