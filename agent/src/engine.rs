@@ -71,7 +71,12 @@ pub struct Engine {
     admission: crate::timeline::admission::Admission,
     /// Judges the open calls at every tick (`[hang]`).
     hang: crate::hang::detector::Detector,
+    /// Compares the ranks' calls at every tick (`timeline::desync`).
+    desync: crate::hang::desync::Watch,
 }
+
+/// Seconds of recent calls the desync watch compares at each tick.
+const DESYNC_WINDOW_SECONDS: f64 = 120.0;
 
 mod sink;
 
@@ -124,6 +129,7 @@ impl Engine {
             marker_metrics: MarkerMetrics::register(registry),
             admission: crate::timeline::admission::Admission::register(registry, Default::default()),
             hang: crate::hang::detector::Detector::new(Default::default(), registry),
+            desync: crate::hang::desync::Watch::new(registry),
             calls: None,
             last_attributed: 0.0,
             drops_seen: 0,
@@ -161,22 +167,28 @@ impl Engine {
         &self.hang
     }
 
-    /// Judges this host's open calls as of the probe consumer's watermark.
-    fn judge_hangs(&mut self, now: f64) {
-        let Some(calls) = &self.calls else { return };
+    /// The desyncs found in the last 10 minutes (`/api/v1/open`).
+    pub fn desyncs(&self) -> Vec<crate::timeline::desync::Desync> {
+        self.desync.desyncs()
+    }
+
+    /// Judges this host's open calls as of the probe consumer's watermark; the view judged.
+    fn judge_hangs(&mut self, now: f64) -> Option<crate::timeline::open::HostProgress> {
+        let calls = self.calls.as_ref()?;
         let (mut view, proc_root) = {
             let h = match calls.lock() {
                 Ok(h) => h,
                 Err(p) => p.into_inner(),
             };
             if h.drained_until <= 0.0 {
-                return;
+                return None;
             }
             (h.progress.snapshot(&h.host, h.drained_until), h.proc_root.clone())
         };
         // Whether a rank inside a long-open call is stopped (the rule's "not progressing").
         crate::sources::collectives::exits::fill_inside_states(&mut view, &proc_root, self.hang.config().floor.as_secs_f64());
         self.hang.update(&view, now);
+        Some(view)
     }
 
     pub fn steps_config(&self) -> &StepsConfig {
@@ -268,7 +280,7 @@ impl Engine {
         while self.markers.front().is_some_and(|m| m.time.unwrap_or(now) < now - MARKER_KEEP_SECONDS) {
             self.markers.pop_front();
         }
-        self.judge_hangs(now);
+        let open = self.judge_hangs(now);
         let horizon = now - self.cfg.grace.as_secs_f64();
         let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
@@ -276,6 +288,9 @@ impl Engine {
         self.metrics.set_identities(identities);
         let counters_until = self.counters_until.unwrap_or(f64::INFINITY);
         let colls = join_calls(&views);
+        let recent: Vec<&CallView> = views.iter().filter(|c| c.enter >= now - DESYNC_WINDOW_SECONDS).collect();
+        self.desync.update(crate::timeline::desync::find(&recent, open.as_slice()), now);
+        let desyncs = self.desync.desyncs();
         let markers: Vec<Marker> = self.markers_since(lookback);
         let (found, _) = pipeline::find_steps(&markers, &colls);
         let mut net = net;
@@ -329,6 +344,7 @@ impl Engine {
                 att.notes.push(format!("incomplete data: closed {:.1} s after its end (steps.max_wait) before {what}", now - step.end));
             }
             let step_windows = self.log.window(step.begin, step.end);
+            att.desyncs = crate::timeline::desync::of_step(&desyncs, &inputs.collectives);
             let mine: Vec<Collective> = inputs.collectives.into_iter().cloned().collect();
             let done = FinishedStep { job: &f.job, attribution: &att, collectives: &mine, windows: &inputs.windows, step_windows: &step_windows };
             self.metrics.step(&done);

@@ -23,6 +23,7 @@ fn one_step(ranks: Vec<crate::attribution::RankTime>) -> Attribution {
         incomplete: false,
         notes: Vec::new(),
         timing: String::new(),
+        desyncs: Vec::new(),
     }
 }
 

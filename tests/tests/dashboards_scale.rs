@@ -53,6 +53,7 @@ fn step(id: u64, ranks: u32) -> Attribution {
         incomplete: false,
         notes: Vec::new(),
         timing: String::new(),
+        desyncs: Vec::new(),
     }
 }
 

@@ -114,6 +114,15 @@ fn sigstopped_rank_is_named_stopped_then_its_step_is_readiness_skew() {
     assert_eq!(scenarios::top_problem(&step5).0, "readiness_skew", "{step5}");
     assert_eq!(skew["rank"], 2, "{skew}");
     assert!(skew["seconds"].as_f64().unwrap_or(0.0) >= 0.8 * stopped, "readiness skew {} s for a {stopped:.1} s stop", skew["seconds"]);
+    // nccl-tests' bandwidths (docs/models.md §7): a 4-rank all_reduce's bus factor is 2·3/4.
+    let ev = &scenarios::cause(&step5, "ideal_comm")["evidence"];
+    let (alg, bus) = (ev["algbw_bytes_per_second"].as_f64().expect("algbw"), ev["busbw_bytes_per_second"].as_f64().expect("busbw"));
+    println!("step 5: algbw {:.1} MB/s, busbw {:.1} MB/s", alg / 1e6, bus / 1e6);
+    assert!(alg > 0.0 && (bus - 1.5 * alg).abs() < 1e-6 * bus, "{ev}");
+    let m = s.agent.metrics().expect("metrics");
+    let (last, last_alg) =
+        (sample(&m, "stepwise_step_bus_bandwidth_bytes_per_second", &[]), sample(&m, "stepwise_step_algorithm_bandwidth_bytes_per_second", &[]));
+    assert!(last.zip(last_alg).is_some_and(|(b, a)| a > 0.0 && (b - 1.5 * a).abs() < 1e-6 * b), "{last:?} vs {last_alg:?}");
 }
 
 #[test]
@@ -295,4 +304,6 @@ fn slow_but_progressing_job_is_never_suspected() {
     assert!(hi / lo >= 2.0, "the job's steps vary: {lo}..{hi} µs");
     assert!(max_open > 0.3, "the detector saw calls open for a while: {max_open} s");
     assert!(!ever, "a slow but progressing job was suspected hung (longest open {max_open:.2} s)");
+    let open = open_of(&s.agent);
+    assert_eq!(open["desyncs"], serde_json::json!([]), "no rank disagrees in a healthy job: {open}");
 }

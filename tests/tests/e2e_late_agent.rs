@@ -116,4 +116,10 @@ fn an_agent_started_mid_job_joins_under_the_other_agents_numbers() {
     }
     eprintln!("{} steps checked after server 1's agent came in, {late_seen} late", checked.len());
     assert!(late_seen >= 5);
+    // Server 1's agent counted from mid-job, its ranks from different collectives: once
+    // aligned, no rank disagrees with another (no false desync, issue 34).
+    for k in 0..2 {
+        let open = s.get_json(&format!("{}:{}", mgmt_addr(k), 9477 + k), "/api/v1/open").expect("/api/v1/open");
+        assert_eq!(open["desyncs"], serde_json::json!([]), "server {k}'s agent: {open}");
+    }
 }

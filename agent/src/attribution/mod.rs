@@ -15,6 +15,7 @@
 //!   sum to the step time; a negative remainder (the ideal was slower than reality) is
 //!   reported in `unexplained` as model error, never hidden.
 
+pub mod busbw;
 mod congestion;
 mod evidence;
 mod ideal;
@@ -121,6 +122,9 @@ pub struct Attribution {
     /// `unknown`, or `mixed (gpu 6, host_enqueue 2)`. Empty without collectives.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub timing: String,
+    /// Ranks that disagree at one of this step's sequence numbers (`timeline::desync`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub desyncs: Vec<crate::timeline::desync::Desync>,
 }
 
 impl Attribution {
@@ -289,6 +293,10 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     }
     let ranks = std::mem::take(&mut acc.ranks).into_vec();
     let mut causes = causes(&acc, &ranks, order.len(), total);
+    if let (Some(b), Some(c)) = (busbw::of(d.collectives), causes.iter_mut().find(|c| c.kind == CauseKind::IdealComm)) {
+        c.evidence.insert("algbw_bytes_per_second".into(), b.algbw.into());
+        c.evidence.insert("busbw_bytes_per_second".into(), b.busbw.into());
+    }
     skew::timing_evidence(d.collectives, &mut causes, &mut acc.notes);
     let timing = crate::timeline::join::timing_summary(d.collectives);
     Attribution {
@@ -302,6 +310,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         incomplete: acc.incomplete,
         notes: acc.notes,
         timing,
+        desyncs: Vec::new(),
     }
 }
 

@@ -185,6 +185,10 @@ pub struct StepMetrics {
     /// One series without labels, created by the first step with rail bytes: before it the
     /// family is empty (a 0 would read as "less than balanced", 1 is balanced).
     imbalance: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    /// The last step's collectives' algorithm and bus bandwidth (nccl-tests' definitions,
+    /// `attribution::busbw`); created by the first step that has one.
+    algbw: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    busbw: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     rank_labels: crate::labels::RankLabels,
     /// The labels of each rank value's series (a rank whose process changes, e.g. a new
     /// job's pod, gets new series and its old ones are removed).
@@ -216,6 +220,8 @@ impl StepMetrics {
             rank_late: Family::default(),
             rail_share: Family::default(),
             imbalance: Family::default(),
+            algbw: Family::default(),
+            busbw: Family::default(),
             rank_labels: Default::default(),
             rank_series: HashMap::new(),
             identities: BTreeMap::new(),
@@ -242,6 +248,16 @@ impl StepMetrics {
         r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
         r.register("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
         r.register("stepwise_rail_imbalance_ratio", "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)", m.imbalance.clone());
+        r.register(
+            "stepwise_step_algorithm_bandwidth_bytes_per_second",
+            "The last step's collectives' data size over their transfer time (nccl-tests algbw)",
+            m.algbw.clone(),
+        );
+        r.register(
+            "stepwise_step_bus_bandwidth_bytes_per_second",
+            "The last step's collectives' algbw times the operation's bus factor, e.g. 2(n-1)/n for all_reduce (nccl-tests busbw)",
+            m.busbw.clone(),
+        );
         m
     }
 
@@ -318,6 +334,11 @@ impl StepSink for StepMetrics {
             self.rank_wait.get_or_create(&label).inc_by(r.wait_seconds);
             self.rank_late.get_or_create(&label).inc_by(r.late_seconds);
         }
+        let colls: Vec<&Collective> = s.collectives.iter().collect();
+        if let Some(b) = crate::attribution::busbw::of(&colls) {
+            self.algbw.get_or_create(&Vec::new()).set(b.algbw);
+            self.busbw.get_or_create(&Vec::new()).set(b.busbw);
+        }
         let m = &*self;
         let mut per_rail: BTreeMap<String, f64> = BTreeMap::new();
         for w in windows.iter().flatten() {
@@ -355,6 +376,7 @@ mod tests {
             incomplete: false,
             notes: Vec::new(),
             timing: String::new(),
+            desyncs: Vec::new(),
         }
     }
 

@@ -31,6 +31,10 @@ pub struct OpenWire {
     pub hangs: Vec<Hang>,
     /// More communicators than `limit` were tracked.
     pub truncated: bool,
+    /// Desyncs the agent found in the last 10 minutes (ranks whose calls at one sequence
+    /// number differ), the latest first.
+    #[serde(default)]
+    pub desyncs: Vec<crate::timeline::desync::Desync>,
 }
 
 /// Fills `state` of every live rank (each process read once, at most [`MAX_STATES`]).
@@ -74,23 +78,24 @@ pub fn page(s: &AppState, comm: Option<&str>, limit: usize) -> Response {
     let truncated = view.comms.len() > limit;
     view.comms.truncate(limit);
     let states = fill_states(&mut view, &proc_root.0, &proc_root.1);
-    let (cfg, mut hangs) = match &s.engine {
+    let (cfg, mut hangs, mut desyncs) = match &s.engine {
         Some(e) => {
             let e = match e.lock() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
-            (e.hang().config().clone(), e.hang().hangs().to_vec())
+            (e.hang().config().clone(), e.hang().hangs().to_vec(), e.desyncs())
         }
-        None => (Default::default(), Vec::new()),
+        None => (Default::default(), Vec::new(), Vec::new()),
     };
+    desyncs.retain(|d| comm.is_none_or(|id| d.comm == id));
     hangs.retain(|h| view.comms.iter().any(|c| c.comm == h.comm));
     for m in hangs.iter_mut().flat_map(|h| h.missing.iter_mut()) {
         if let Some(st) = m.pid.and_then(|p| states.get(&p)) {
             m.state = Some(st.clone());
         }
     }
-    Json(OpenWire { view, hang: cfg, hangs, truncated }).into_response()
+    Json(OpenWire { view, hang: cfg, hangs, truncated, desyncs }).into_response()
 }
 
 #[cfg(test)]

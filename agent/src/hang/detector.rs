@@ -96,7 +96,7 @@ impl Detector {
             step(st, h.rule, now, self.cfg.clear_after.as_secs_f64());
             if h.rule && st.raised == Some(now) {
                 self.metrics.raised.inc();
-                warn!(comm = %h.comm, seq = h.seq, op = %h.op, open_seconds = h.open_seconds, missing = ?missing_ranks(h), "collective suspected hung");
+                warn!(comm = %h.comm, seq = h.seq, op = %h.op, open_seconds = h.open_seconds, missing = ?missing_ranks(h), desync = h.desync.as_ref().map(|d| d.summary()), "collective suspected hung");
             }
             h.suspected = st.raised.is_some();
             h.suspected_since = st.raised;

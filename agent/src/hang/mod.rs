@@ -7,10 +7,12 @@
 //! communicator is suspected hung ([`crate::config::HangConfig`]): some rank inside longer
 //! than `max(floor, k × median)` and at least one rank missing — still before the call,
 //! exited, or inside it but not progressing: its process is stopped (SIGSTOP, a debugger),
-//! which the view's process states say. All ranks inside a slow call and running is a slow
-//! call, not a hang: with host-side probes alone a rank that is inside and running cannot be
-//! told from one that is progressing. [`detector`] adds the daemon's hysteresis and metrics.
+//! which the view's process states say — or the ranks' calls at that sequence number
+//! disagree (operation or bytes: a desync, [`crate::timeline::desync`]). All ranks inside
+//! a slow call and running is a slow call, not a hang: with host-side probes alone a rank
+//! that is inside and running cannot be told from one that is progressing. [`detector`] adds the daemon's hysteresis and metrics.
 
+pub mod desync;
 pub mod detector;
 
 use std::collections::BTreeMap;
@@ -19,7 +21,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::HangConfig,
-    timeline::open::{Exit, HostProgress, OpenCall, ProcState, RankProgress},
+    timeline::{
+        desync::{judge, CallState, Desync, RankCall},
+        open::{Exit, HostProgress, OpenCall, ProcState, RankProgress},
+    },
 };
 
 /// Why a rank is missing from the call everyone else is in.
@@ -86,6 +91,10 @@ pub struct Hang {
     pub suspected: bool,
     /// When the daemon raised the suspicion (wall-clock seconds).
     pub suspected_since: Option<f64>,
+    /// The ranks' calls at this sequence number disagree (operation or bytes): the cause of
+    /// the hang, and evidence for the rule even when every rank is inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desync: Option<Desync>,
 }
 
 /// Joined ranks of one communicator.
@@ -125,6 +134,37 @@ fn join(views: &[HostProgress]) -> BTreeMap<String, Joined> {
         }
     }
     out
+}
+
+/// The ranks' calls at `h.seq` (open, completed or aborted there), if they disagree. A rank
+/// inside another call is compared only by that call: its numbers are its own (a process
+/// that counted from one more collective after a mid-job attach runs one ahead), and its
+/// last completed call at `h.seq` would then be an earlier collective.
+fn desync_at(h: &Hang, j: &Joined) -> Option<Desync> {
+    let mut calls = Vec::new();
+    for (r, _) in j.ranks.values() {
+        let Some(rank) = r.rank else { continue };
+        if r.open.as_ref().is_some_and(|o| o.seq != h.seq) {
+            continue;
+        }
+        let at = |op: &str, bytes: Option<u64>, state: CallState, enter: f64| RankCall {
+            rank,
+            host: r.host.clone(),
+            pid: r.pid,
+            op: op.to_string(),
+            bytes,
+            state,
+            enter,
+        };
+        if let Some(o) = r.open.as_ref().filter(|o| o.seq == h.seq) {
+            calls.push(at(&o.op, o.bytes, CallState::Open, o.since));
+        } else if let Some(d) = r.last_done.as_ref().filter(|d| d.seq == h.seq) {
+            calls.push(at(&d.op, d.bytes, CallState::Done, d.exit));
+        } else if let Some(a) = r.aborted.as_ref().filter(|a| a.seq == h.seq) {
+            calls.push(at(&a.op, a.bytes, CallState::Aborted, a.since));
+        }
+    }
+    judge(&h.comm, &h.library, h.seq, calls)
 }
 
 /// Judges every communicator with an open call. `count_unseen`: ranks of `nranks` that no
@@ -197,7 +237,8 @@ pub fn evaluate(views: &[HostProgress], cfg: &HangConfig, count_unseen: bool) ->
             }
         }
         h.missing.sort_by_key(|m| (m.why, m.rank));
-        let evidence = h.missing.iter().any(|m| m.why != Why::NotSeen || count_unseen);
+        h.desync = desync_at(&h, &j);
+        let evidence = h.missing.iter().any(|m| m.why != Why::NotSeen || count_unseen) || h.desync.is_some();
         h.rule = h.open_seconds > h.threshold_seconds && evidence;
         h.suspected = h.rule;
         out.push(h);

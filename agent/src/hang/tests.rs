@@ -12,8 +12,8 @@ fn rank(r: u32, host: &str, open: Option<(u64, f64)>, done: Option<u64>) -> Rank
         rank: Some(r),
         pid: 100 + r,
         host: host.into(),
-        open: open.map(|(seq, since)| OpenCall { seq, op: "all_reduce".into(), tid: 100 + r, since }),
-        last_done: done.map(|seq| DoneCall { seq, op: "all_reduce".into(), exit: 50.0 + seq as f64 }),
+        open: open.map(|(seq, since)| OpenCall { seq, op: "all_reduce".into(), bytes: None, tid: 100 + r, since }),
+        last_done: done.map(|seq| DoneCall { seq, op: "all_reduce".into(), bytes: None, exit: 50.0 + seq as f64 }),
         ..Default::default()
     }
 }
@@ -76,7 +76,40 @@ fn a_stopped_rank_inside_the_call_is_not_progressing() {
 fn a_slow_call_every_rank_is_inside_is_not_a_hang() {
     let all_in = (0..4).map(|r| rank(r, "a", Some((7, 100.0 + r as f64 * 0.1)), Some(6))).collect();
     let h = evaluate(&[view("a", 200.0, 0.01, all_in)], &cfg(), false);
-    assert!(h[0].missing.is_empty() && !h[0].suspected, "{:?}", h[0]);
+    assert!(h[0].missing.is_empty() && !h[0].suspected && h[0].desync.is_none(), "{:?}", h[0]);
+}
+
+/// Every rank inside #7, but rank 2 in a broadcast: the others can never finish. A desync,
+/// suspected past the threshold; a count that differs (rank 1 returned from #7 with half the
+/// bytes, the others still inside) is one too.
+#[test]
+fn ranks_inside_different_calls_at_one_number_are_a_desync_hang() {
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0 + r as f64 * 0.1)), Some(6))).collect();
+    ranks[2].open.as_mut().expect("open").op = "broadcast".into();
+    assert!(!evaluate(&[view("a", 101.0, 0.01, ranks.clone())], &cfg(), false)[0].suspected, "under the threshold");
+    let h = &evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0];
+    assert!(h.suspected && h.missing.is_empty(), "{h:?}");
+    let d = h.desync.as_ref().expect("desync");
+    assert_eq!((d.seq, d.odd_ranks.clone(), d.groups[1].op.as_str()), (7, vec![2], "broadcast"));
+
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0)), Some(6))).collect();
+    for r in &mut ranks {
+        r.open.as_mut().expect("open").bytes = Some(4096);
+    }
+    ranks[1].open = None;
+    ranks[1].last_done = Some(DoneCall { seq: 7, op: "all_reduce".into(), bytes: Some(2048), exit: 100.1 });
+    let h = &evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0];
+    assert!(h.suspected, "{h:?}");
+    let d = h.desync.as_ref().expect("desync");
+    assert_eq!((d.odd_ranks.clone(), d.groups[1].bytes), (vec![1], Some(2048)));
+
+    // A rank whose own numbers run one ahead (mid-job attach): inside #8 (the others' #7),
+    // its last completed #7 an earlier broadcast. Not a desync.
+    let mut ranks: Vec<RankProgress> = (0..4).map(|r| rank(r, "a", Some((7, 100.0)), Some(6))).collect();
+    ranks[2].open = Some(OpenCall { seq: 8, op: "all_reduce".into(), bytes: None, tid: 1, since: 100.0 });
+    ranks[2].last_done = Some(DoneCall { seq: 7, op: "broadcast".into(), bytes: None, exit: 99.0 });
+    let h = &evaluate(&[view("a", 103.0, 0.01, ranks)], &cfg(), false)[0];
+    assert!(h.desync.is_none() && !h.suspected, "{h:?}");
 }
 
 #[test]
@@ -91,7 +124,7 @@ fn k_times_the_median_raises_the_threshold_above_the_floor() {
 #[test]
 fn an_exited_rank_is_evidence_and_says_how_it_ended() {
     let mut dead = rank(1, "a", None, Some(6));
-    dead.aborted = Some(OpenCall { seq: 7, op: "all_reduce".into(), tid: 101, since: 100.0 });
+    dead.aborted = Some(OpenCall { seq: 7, op: "all_reduce".into(), bytes: None, tid: 101, since: 100.0 });
     dead.exited = Some(Exit { at: 100.5, signal: Some(9), code: None });
     let v = view(
         "a",

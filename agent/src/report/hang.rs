@@ -20,6 +20,9 @@ pub struct HangReport {
     pub hosts: Vec<String>,
     /// Suspected communicators first, then the longest open.
     pub hangs: Vec<Hang>,
+    /// Ranks whose calls at one sequence number differ: found by the agents in their
+    /// recent calls, or in the joined open calls.
+    pub desyncs: Vec<crate::timeline::desync::Desync>,
     pub notes: Vec<String>,
 }
 
@@ -72,7 +75,11 @@ fn place(m: &Missing) -> String {
 }
 
 fn headline(h: &Hang) -> String {
-    let verdict = if h.suspected { "SUSPECTED HUNG" } else { "open" };
+    let verdict = match (h.suspected, &h.desync) {
+        (true, Some(_)) => "SUSPECTED HUNG by a desync",
+        (true, None) => "SUSPECTED HUNG",
+        (false, _) => "open",
+    };
     let inside = h.inside.len();
     let total = h.nranks.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
     format!(
@@ -96,7 +103,9 @@ pub fn text(rep: &HangReport) -> String {
     }
     for h in &rep.hangs {
         let _ = writeln!(out, "{}", headline(h));
-        if h.missing.is_empty() {
+        if let Some(d) = &h.desync {
+            let _ = writeln!(out, "  desync: the ranks disagree at {}", d.summary());
+        } else if h.missing.is_empty() {
             out.push_str("  every rank is inside: a slow call, not a hang\n");
         }
         let rows: Vec<Vec<String>> = h
@@ -115,6 +124,9 @@ pub fn text(rep: &HangReport) -> String {
         if !rows.is_empty() {
             out.push_str(&super::text::table(&["missing rank", "host", "pid", "last completed", "doing"], &rows, &[true, false, true, true, false], "  "));
         }
+    }
+    for d in &rep.desyncs {
+        let _ = writeln!(out, "desync on communicator {} ({}) first at {}", d.comm, d.library, d.summary());
     }
     for n in &rep.notes {
         let _ = writeln!(out, "note: {n}");
@@ -157,6 +169,12 @@ pub fn html(rep: &HangReport) -> String {
             );
         }
         out.push_str("</table>");
+        if let Some(d) = &h.desync {
+            let _ = write!(out, "<p class=\"bad\">desync: the ranks disagree at {}</p>", escape(&d.summary()));
+        }
+    }
+    for d in &rep.desyncs {
+        let _ = write!(out, "<p class=\"bad\">desync on communicator {} ({}) first at {}</p>", escape(&d.comm), escape(&d.library), escape(&d.summary()));
     }
     for n in &rep.notes {
         let _ = write!(out, "<p>{}</p>", escape(n));
@@ -190,7 +208,7 @@ mod tests {
         let killed = Missing {
             rank: Some(1),
             why: Why::Exited,
-            aborted: Some(OpenCall { seq: 5, op: "all_reduce".into(), tid: 7, since: 0.0 }),
+            aborted: Some(OpenCall { seq: 5, op: "all_reduce".into(), bytes: None, tid: 7, since: 0.0 }),
             exited: Some(Exit { at: 2.0, signal: Some(9), code: None }),
             ..stopped.clone()
         };

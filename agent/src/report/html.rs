@@ -209,6 +209,15 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
         }
         out.push_str("</table>");
     }
+    for d in &a.desyncs {
+        let _ = write!(
+            out,
+            "<p class=\"note\">desync on communicator {} ({}): the ranks disagree at {}</p>",
+            escape(&d.comm),
+            escape(&d.library),
+            escape(&d.summary())
+        );
+    }
     for n in &a.notes {
         let _ = write!(out, "<p class=\"note\">{}</p>", escape(n));
     }

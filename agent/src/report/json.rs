@@ -4,6 +4,8 @@
 //! ```text
 //! {"source": str,
 //!  "steps": [{"step", "begin", "end", "seconds", "collectives", "incomplete", "notes",
+//!             "desyncs": [{"comm", "library", "seq", "groups": [{"op", "bytes", "ranks"}],
+//!                          "calls", "odd_ranks", "diverging", "shift", "since"}],
 //!             "timing": "gpu" | "host_completion" | "host_enqueue" | "unknown" | "mixed (…)" | "",
 //!             "top_cause": kind | null,
 //!             "causes": [{"kind", "seconds", "share", "evidence", "fix", "rank"?}],  // all seven
@@ -34,6 +36,7 @@ fn step(r: &StepReport, threshold: f64) -> Value {
         "collectives": a.collectives,
         "incomplete": a.incomplete,
         "notes": a.notes,
+        "desyncs": a.desyncs,
         "timing": a.timing,
         "top_cause": r.ranked(threshold).first().map(|c| c.kind),
         "causes": a.causes,

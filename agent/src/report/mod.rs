@@ -297,6 +297,7 @@ pub(crate) mod fixtures {
             incomplete: false,
             notes: vec![],
             timing: String::new(),
+            desyncs: Vec::new(),
         }
     }
 

@@ -137,6 +137,9 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
             .collect();
         out.push_str(&table(&["nic", "tx", "share", "rate"], &rows, &[false, true, true, true], "  "));
     }
+    for d in &a.desyncs {
+        let _ = writeln!(out, "  desync on communicator {} ({}): the ranks disagree at {}", d.comm, d.library, d.summary());
+    }
     for n in &a.notes {
         let _ = writeln!(out, "  note: {n}");
     }

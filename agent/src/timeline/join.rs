@@ -275,7 +275,7 @@ pub(super) fn aligned_seq(offsets: &SeqOffsets<'_>, comm: &str, c: &CallView, ra
 /// that overlaps most with the reference process's first call is the same collective, and
 /// the difference of their numbers is the offset. Offsets are taken relative to the process
 /// that started counting last, so the joined numbers do not depend on the window of history.
-fn seq_offsets<'a>(calls: &[&'a CallView]) -> SeqOffsets<'a> {
+pub(super) fn seq_offsets<'a>(calls: &[&'a CallView]) -> SeqOffsets<'a> {
     let mut groups: BTreeMap<(&str, &str), BTreeMap<u32, Vec<&CallView>>> = BTreeMap::new();
     for c in calls {
         let (Some(comm), Some(_)) = (c.comm.as_deref(), c.seq) else { continue };

@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod align;
 pub mod clocks;
+pub mod desync;
 pub mod join;
 pub mod links;
 pub mod markers;

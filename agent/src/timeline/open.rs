@@ -59,6 +59,9 @@ pub struct RankProgress {
 pub struct OpenCall {
     pub seq: u64,
     pub op: String,
+    /// Payload bytes (count × element size), when the arguments say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
     pub tid: u32,
     /// Wall-clock seconds of the entry.
     pub since: f64,
@@ -69,6 +72,8 @@ pub struct OpenCall {
 pub struct DoneCall {
     pub seq: u64,
     pub op: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
     /// Wall-clock seconds of the return.
     pub exit: f64,
 }

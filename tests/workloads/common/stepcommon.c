@@ -31,10 +31,12 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
       {"stop-rank", required_argument, 0, 'S'},  {"stop-step", required_argument, 0, 'K'},
       {"vary-us", required_argument, 0, 'Y'},   {"start-at-us", required_argument, 0, 'T'},
       {"period-us", required_argument, 0, 'P'},
+      {"desync-rank", required_argument, 0, 'R'}, {"desync-step", required_argument, 0, 'k'},
+      {"desync-mode", required_argument, 0, 'M'},
       {0, 0, 0, 0}};
   *o = (struct step_opts){.rank = -1, .nranks = -1, .steps = 10, .bytes = 1 << 20,
                           .compute_us = 10000, .delay_rank = -1, .delay_every = 1, .verify = 1,
-                          .stop_rank = -1};
+                          .stop_rank = -1, .desync_rank = -1, .desync_mode = DESYNC_OP};
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
@@ -54,6 +56,14 @@ void step_parse(int argc, char** argv, struct step_opts* o, int with_rank, const
       case 'Y': o->vary_us = parse_long("--vary-us", optarg, 0, usage); break;
       case 'T': o->start_at_us = (double)parse_long("--start-at-us", optarg, 1, usage); break;
       case 'P': o->period_us = parse_long("--period-us", optarg, 1, usage); break;
+      case 'R': o->desync_rank = (int)parse_long("--desync-rank", optarg, 0, usage); break;
+      case 'k': o->desync_step = parse_long("--desync-step", optarg, 0, usage); break;
+      case 'M':
+        if (strcmp(optarg, "op") == 0) o->desync_mode = DESYNC_OP;
+        else if (strcmp(optarg, "count") == 0) o->desync_mode = DESYNC_COUNT;
+        else if (strcmp(optarg, "skip") == 0) o->desync_mode = DESYNC_SKIP;
+        else { fprintf(stderr, "bad --desync-mode '%s'\n%s", optarg, usage); exit(2); }
+        break;
       case 'h': fputs(usage, stdout); exit(0);
       default: fputs(usage, stderr); exit(2);
     }

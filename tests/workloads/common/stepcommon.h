@@ -22,7 +22,12 @@ struct step_opts {
   long vary_us;   /* rank k % 4 computes 0..vary_us longer at step k (deterministic per step) */
   double start_at_us; /* --start-at-us: CLOCK_MONOTONIC us of step 0's collective; 0: no pacing */
   long period_us;     /* --period-us: step k's collective at start_at_us + k * period_us */
+  int desync_rank;    /* -1: none; else this rank's call at step desync_step disagrees */
+  long desync_step;
+  int desync_mode;    /* DESYNC_OP, DESYNC_COUNT or DESYNC_SKIP */
 };
+
+enum { DESYNC_OP = 1, DESYNC_COUNT = 2, DESYNC_SKIP = 3 };
 
 /* Parses argv; on a usage error prints usage and exits 2. with_rank: --rank, --nranks and
  * --id-file are accepted and required. */

@@ -12,11 +12,19 @@ ranks on two cores keep their timing), one dist.all_reduce of --bytes bytes of f
   --stop-rank R --stop-step K [--stop-mode sleep|sigstop]
                                               rank R, just before step K's all_reduce,
                                               sleeps forever (default) or SIGSTOPs itself
+  --desync-rank R --desync-step K [--desync-mode op|count|skip]
+                                              every step adds a dist.broadcast of 16 floats
+                                              from rank 0; at step K rank R's first call
+                                              disagrees: op: a broadcast (src 0) in place of
+                                              the all_reduce; count: an all_reduce of half
+                                              the tensor; skip: no all_reduce. Every rank
+                                              ends itself after 60 s (SIGALRM)
 
 Output, one line each (the same fields as mpi_steps/nccl_steps):
   init rank=R nranks=N pid=P
   step rank=R step=K compute_us=.. allreduce_us=.. step_us=.. delayed=0|1 bad=0 arrive_us=..
   stopping rank=R step=K pid=P mode=sleep|sigstop
+  desync rank=R step=K mode=op|count|skip pid=P
   summary tool=gloo_steps rank=R nranks=N steps=S bytes=B bad=E
 arrive_us is CLOCK_MONOTONIC (the clock of the agent's probes) when the rank entered the
 all_reduce.
@@ -66,6 +74,9 @@ def parse():
     p.add_argument("--stop-rank", type=int, default=-1)
     p.add_argument("--stop-step", type=int, default=-1)
     p.add_argument("--stop-mode", choices=["sleep", "sigstop"], default="sleep")
+    p.add_argument("--desync-rank", type=int, default=-1)
+    p.add_argument("--desync-step", type=int, default=-1)
+    p.add_argument("--desync-mode", choices=["op", "count", "skip"], default="op")
     return p.parse_args()
 
 
@@ -80,12 +91,31 @@ def stop_point(o, rank, k):
             time.sleep(3600)
 
 
+def collectives(o, rank, k, t, small):
+    """The step's all_reduce and, with --desync-rank, the broadcast; the desync rank's call
+    at the desync step disagrees."""
+    odd = rank == o.desync_rank and k == o.desync_step
+    if odd:
+        print(f"desync rank={rank} step={k} mode={o.desync_mode} pid={os.getpid()}", flush=True)
+    if odd and o.desync_mode == "op":
+        dist.broadcast(t, src=0)
+    elif odd and o.desync_mode == "count":
+        dist.all_reduce(t[: max(1, t.numel() // 2)])
+    elif not (odd and o.desync_mode == "skip"):
+        dist.all_reduce(t)
+    if o.desync_rank >= 0:
+        dist.broadcast(small, src=0)
+
+
 def main():
     o = parse()
     dist.init_process_group("gloo", init_method="env://")
     rank, n = dist.get_rank(), dist.get_world_size()
     print(f"init rank={rank} nranks={n} pid={os.getpid()}", flush=True)
     t = torch.empty(max(1, o.bytes // 4), dtype=torch.float32)
+    small = torch.zeros(16, dtype=torch.float32)
+    if o.desync_rank >= 0:
+        signal.alarm(60)
     markers = Markers(o.marker_socket)
     bad = 0
     for k in range(o.steps):
@@ -96,7 +126,7 @@ def main():
         time.sleep((o.compute_ms + late) / 1e3)
         stop_point(o, rank, k)
         t1 = now_us()
-        dist.all_reduce(t)
+        collectives(o, rank, k, t, small)
         t2 = now_us()
         markers.send(rank, k, "end")
         want = n * (n + 1) / 2 + n * k

@@ -180,6 +180,8 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
             sel.since_phrase()
         ));
     }
+    // Ranks disagreeing at one number, numbered as the join numbers them.
+    let desyncs = crate::timeline::desync::find(&calls, &[]);
     let Observed { colls, markers, log, nets, clocks } = observe(peers, calls, &mut notes);
     let links = Links::new(peers.iter().flat_map(|p| p.links.iter().cloned()));
     let (all_steps, how) = pipeline::find_steps(&markers, &colls);
@@ -215,6 +217,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
     let mut steps = Vec::new();
     for f in &chosen {
         let (mut a, inp) = pipeline::attribute(&pipeline::Inputs { colls: &colls, log: log.as_ref(), nets: &nets, links: &links }, f, params, false);
+        a.desyncs = crate::timeline::desync::of_step(&desyncs, &inp.collectives);
         let (cf, late) = clock_free(&inp.collectives);
         let hosts: Vec<&str> = inp.collectives.iter().flat_map(|c| c.arrivals.iter().map(|x| x.host.as_str())).collect();
         let err = clocks.error(&hosts);

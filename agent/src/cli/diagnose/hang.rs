@@ -63,6 +63,7 @@ pub fn report(source: String, answers: Vec<(String, Result<OpenWire, fetch::Peer
     }
     let views: Vec<_> = wires.iter().map(|w| w.view.clone()).collect();
     rep.hangs = crate::hang::evaluate(&views, &cfg, cluster && rep.peers.failed.is_empty());
+    rep.desyncs = desyncs(&wires, &views);
     // An agent's own suspicion (held by its hysteresis) stands even when the joined rule
     // no longer holds this instant.
     for h in &mut rep.hangs {
@@ -73,6 +74,15 @@ pub fn report(source: String, answers: Vec<(String, Result<OpenWire, fetch::Peer
         }
     }
     rep
+}
+
+/// The agents' desyncs and those of the joined open calls: per communicator the one at its
+/// first diverging number (of two at that number, the one with more ranks).
+fn desyncs(wires: &[OpenWire], views: &[crate::timeline::open::HostProgress]) -> Vec<crate::timeline::desync::Desync> {
+    let mut all: Vec<_> = wires.iter().flat_map(|w| w.desyncs.iter().cloned()).chain(crate::timeline::desync::find(&[], views)).collect();
+    all.sort_by(|a, b| a.comm.cmp(&b.comm).then(a.seq.cmp(&b.seq)).then(b.calls.len().cmp(&a.calls.len())));
+    all.dedup_by(|a, b| a.comm == b.comm);
+    all
 }
 
 /// What cannot be seen: ranks whose NCCL calls are timed at the enqueue (asynchronous, no
@@ -148,7 +158,7 @@ mod tests {
             rank: Some(rank),
             pid: rank + 1,
             host: host.into(),
-            open: Some(OpenCall { seq: 3, op: "all_reduce".into(), tid: 1, since }),
+            open: Some(OpenCall { seq: 3, op: "all_reduce".into(), bytes: None, tid: 1, since }),
             ..Default::default()
         }
     }
@@ -181,5 +191,20 @@ mod tests {
         assert!(note.starts_with("2 rank(s)") && note.contains("rank 0 (pid 40, comm 00000000000000aa)"), "{note}");
         let rep = report("agent a:1".into(), vec![("a:1".to_string(), Ok(wire("a", vec![done(0, false)], false)))], false);
         assert!(rep.notes.is_empty(), "{:?}", rep.notes);
+    }
+
+    /// Two hosts, each seeing one rank: rank 1 inside a broadcast where rank 0 is inside the
+    /// all_reduce #3. Only the joined views show the desync; the hang says it is the cause.
+    #[test]
+    fn a_desync_across_hosts_is_found_in_the_joined_views_and_named_the_cause() {
+        let mut r1 = inside(1, "b", 99.6);
+        r1.open.as_mut().expect("open").op = "broadcast".into();
+        let both = vec![("a:1".to_string(), Ok(wire("a", vec![inside(0, "a", 90.0)], false))), ("b:1".to_string(), Ok(wire("b", vec![r1], false)))];
+        let rep = report("cluster".into(), both, true);
+        assert_eq!(rep.desyncs.len(), 1, "{:?}", rep.desyncs);
+        assert_eq!((rep.desyncs[0].seq, rep.desyncs[0].odd_ranks.clone()), (3, vec![1]));
+        assert_eq!(rep.suspected(), 1, "every rank inside, but at different calls: {:?}", rep.hangs);
+        let text = crate::report::hang::text(&rep);
+        assert!(text.contains("SUSPECTED HUNG by a desync") && text.contains("rank 1 called broadcast"), "{text}");
     }
 }

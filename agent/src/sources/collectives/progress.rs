@@ -103,11 +103,11 @@ impl Progress {
         m.rank = c.rank.or(m.rank);
         m.enqueue_only = timing == Timing::HostEnqueue;
         if c.aborted {
-            m.aborted = Some(OpenCall { seq, op: c.op.to_string(), tid: c.tid, since: enter });
+            m.aborted = Some(OpenCall { seq, op: c.op.to_string(), bytes: c.bytes, tid: c.tid, since: enter });
             return;
         }
         if m.last_done.as_ref().is_none_or(|d| d.seq <= seq) {
-            m.last_done = Some(DoneCall { seq, op: c.op.to_string(), exit });
+            m.last_done = Some(DoneCall { seq, op: c.op.to_string(), bytes: c.bytes, exit });
         }
 
         if comm.durations.len() >= DURATIONS {
@@ -126,7 +126,7 @@ impl Progress {
                 let m = comm.members.entry(c.pid).or_default();
                 m.rank = c.rank.or(m.rank);
             }
-            self.open.push(Open { comm: id, pid: c.pid, call: OpenCall { seq, op: c.op.to_string(), tid: c.tid, since } });
+            self.open.push(Open { comm: id, pid: c.pid, call: OpenCall { seq, op: c.op.to_string(), bytes: c.bytes, tid: c.tid, since } });
         }
     }
 
@@ -141,7 +141,7 @@ impl Progress {
         let m = comm.members.entry(c.pid).or_default();
         m.rank = c.rank.or(m.rank);
         if m.last_done.as_ref().is_none_or(|d| d.seq < seq) && self.gpu_open.get(&(id, c.pid)).is_none_or(|o| o.seq < seq) {
-            self.gpu_open.insert((id, c.pid), OpenCall { seq, op: c.op.to_string(), tid: 0, since });
+            self.gpu_open.insert((id, c.pid), OpenCall { seq, op: c.op.to_string(), bytes: c.bytes, tid: 0, since });
         }
     }
 
