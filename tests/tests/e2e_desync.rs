@@ -93,7 +93,15 @@ fn check_found(a: &Agent, library: &str, op: &str, bytes: Option<u64>) -> f64 {
     lat
 }
 
+/// One job at a time: detection is timed against the hang threshold on a 2-core machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn mpi_desync(mode: &str, op: &str, bytes: Option<u64>) {
+    let _serial = serial();
     let s = setup(&format!("mpi-{mode}"), "");
     workloads::build().expect("workloads build");
     let bytes_arg = BYTES.to_string();
@@ -129,6 +137,7 @@ fn mpi_rank_skipping_a_collective_is_a_desync() {
 }
 
 fn gloo_desync(mode: &str, op: &str) {
+    let _serial = serial();
     let lib = torch::lib_dir().expect("PyTorch (pip install torch into ~/.cache/stepwise/torch)");
     let s = setup(&format!("gloo-{mode}"), &format!("[collectives]\nlibrary_dirs = [\"{}\"]\n", lib.display()));
     let probed = |st: &Value| {

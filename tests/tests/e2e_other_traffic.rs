@@ -133,8 +133,16 @@ fn allreduce_s(out: &JobOutput) -> BTreeMap<u64, f64> {
     m
 }
 
+/// One scenario at a time: they time jobs on a 2-core machine (cargo runs a binary's tests in parallel).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn a_bulk_flow_on_a_rail_of_a_hierarchical_job_is_congestion_not_rail_imbalance() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let s = servers(dir.path());
     let steps_n = 30;
@@ -205,6 +213,7 @@ fn a_bulk_flow_on_a_rail_of_a_hierarchical_job_is_congestion_not_rail_imbalance(
 
 #[test]
 fn a_flat_rings_own_imbalance_stays_rail_imbalance_beside_a_flow_on_a_rail_it_does_not_use() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let s = servers(dir.path());
     let steps_n = 10;

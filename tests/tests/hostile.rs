@@ -37,8 +37,16 @@ fn exit_within(p: &mut Proc, t: Duration) -> Option<i32> {
     None
 }
 
+/// One attack at a time: floods and a 500-device tree on a 2-core machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn a_second_agent_on_a_live_marker_socket_refuses_to_start_and_the_first_keeps_its_markers() {
+    let _serial = serial();
     let dir = tempdir("marker-sock");
     let first = quiet_agent(dir.path());
     let addr = format!("127.0.0.1:{}", free_port());
@@ -72,6 +80,7 @@ fn stored_steps(db: &std::path::Path) -> i64 {
 
 #[test]
 fn history_deleted_under_a_running_agent_is_reported_and_recreated() {
+    let _serial = serial();
     let dir = tempdir("store-deleted");
     let agent = quiet_agent(dir.path());
     let marks = Marks::new(&agent.sock).expect("socket");
@@ -95,6 +104,7 @@ fn history_deleted_under_a_running_agent_is_reported_and_recreated() {
 
 #[test]
 fn one_flooding_process_does_not_lock_a_jobs_ranks_out_of_markers() {
+    let _serial = serial();
     let dir = tempdir("rank-flood");
     let agent = quiet_agent(dir.path());
     let marks = Marks::new(&agent.sock).expect("socket");
@@ -130,6 +140,7 @@ fn fds(pid: u32) -> usize {
 
 #[test]
 fn five_hundred_devices_under_a_1024_descriptor_limit_keep_the_api_answering() {
+    let _serial = serial();
     let dir = tempdir("nofile");
     let sys = dir.path().join("sys");
     stepwise_tests::scenario::Scenario::new(&sys).host_dgx(500).write().expect("write fixture");
@@ -162,6 +173,7 @@ fn five_hundred_devices_under_a_1024_descriptor_limit_keep_the_api_answering() {
 
 #[test]
 fn diagnose_merges_duplicate_peers_keeps_a_probeless_peer_and_refuses_a_device_as_store() {
+    let _serial = serial();
     let dir = tempdir("diagnose");
     // Probes off: its /api/v1/collectives answers 503.
     let agent = quiet_agent(dir.path());
