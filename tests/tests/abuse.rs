@@ -89,13 +89,24 @@ const LIST_HWM_MIB: u64 = 300;
 fn ten_parallel_marker_lists_against_200k_held_markers_are_bounded_and_metrics_stays_prompt() {
     let dir = tempdir("lists");
     let agent = agent(dir.path());
-    let marks = Marks::new(&agent.sock).expect("socket");
     // 200 000 markers shaped like a job (1000 ranks, 200 steps: within admission control),
-    // begins only, so they are held but make no steps.
-    for step in 0..200u64 {
-        for rank in 0..1000u32 {
-            marks.send(rank, step, "begin");
-        }
+    // begins only, so they are held but make no steps. Four sending processes of 250 ranks
+    // each: one process may hold at most 256 ranks' slots (a real job's ranks are processes
+    // of their own), and a single sender's markers for 1000 ranks were refused past 256.
+    let senders: Vec<std::process::Child> = (0..4u32)
+        .map(|k| {
+            let code = format!(
+                "import socket\ns=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM)\nfor step in range(200):\n    for rank in range({},{}):\n        \
+                 s.sendto(('{{\"rank\":%d,\"step\":%d,\"phase\":\"begin\"}}' % (rank, step)).encode(), {:?})\n",
+                k * 250,
+                (k + 1) * 250,
+                agent.sock.display().to_string()
+            );
+            std::process::Command::new("python3").args(["-c", &code]).spawn().expect("python3")
+        })
+        .collect();
+    for mut c in senders {
+        assert!(c.wait().expect("marker sender").success(), "a marker sender failed");
     }
     wait_for(Duration::from_secs(60), "200 k markers held", || (agent.metric("stepwise_markers_total", &[]) >= 200_000.0).then_some(()))
         .unwrap_or_else(|e| panic!("{e}: {}", agent.metrics().unwrap_or_default()));
