@@ -35,7 +35,8 @@ fn rail(i: u32, own: f64, other: f64, measured: bool) -> NicWindow {
         nic: NicInfo { name: format!("rail{i}"), host: Some("a".into()), rail: Some(i), rate_bytes_per_second: Some(1e6) },
         tx_bytes: own + other,
         max_backlog_bytes: if own + other > 0.0 { 30_000.0 } else { 0.0 },
-        own_tx: measured.then(|| if own > 0.0 { vec![(i, own)] } else { vec![] }),
+        // Every rank of host a known (pids 0–3), each with its bytes on this rail.
+        own_tx: measured.then(|| (0..4).map(|p| (p, if p == i { own } else { 0.0 })).collect()),
         ..Default::default()
     }
 }
@@ -109,6 +110,7 @@ fn rdma_bytes_leave_own_bytes_unmeasured() {
     w.opaque_tx_bytes = 1e6;
     assert_eq!(w.own_tx_of(&[0]), None);
     w.opaque_tx_bytes = 0.0;
-    assert_eq!(w.own_tx_of(&[0, 5]), Some(1e6));
+    assert_eq!(w.own_tx_of(&[0, 3]), Some(1e6));
     assert_eq!(w.own_tx_of(&[3]), Some(0.0));
+    assert_eq!(w.own_tx_of(&[0, 5]), None, "pid 5 was not known at the window's start");
 }

@@ -133,11 +133,12 @@ impl NicWindow {
     }
 
     /// The bytes the processes `pids` sent through this NIC in the window, when that was
-    /// measured: the traced processes' TCP bytes were read at both ends of the window and no
-    /// byte went by a path sockets do not show (RDMA), else `None`.
+    /// measured: the traced processes' TCP bytes were read at both ends of the window, every
+    /// one of `pids` was known from its start, and no byte went by a path sockets do not show
+    /// (RDMA); else `None`.
     pub fn own_tx_of(&self, pids: &[u32]) -> Option<f64> {
         let own = self.own_tx.as_ref().filter(|_| self.opaque_tx_bytes <= 0.0)?;
-        Some(own.iter().filter(|(p, _)| pids.contains(p)).map(|(_, b)| b).sum())
+        pids.iter().map(|p| own.iter().find(|e| e.0 == *p).map(|e| e.1)).sum()
     }
 }
 
@@ -269,9 +270,10 @@ impl CounterLog {
     }
 
     /// Per pid, the delta of its own transmitted bytes over [t0, t1], interpolated like the
-    /// counters. A pid absent from a sample had sent nothing through the NIC yet, or — after a
-    /// sample that had it — is no longer traced and keeps its last total. `None` unless the
-    /// samples on both sides of the window measured them.
+    /// counters, for the pids the sample at or before t0 lists (whose sockets the agent had
+    /// read by then; a pid listed only later sent bytes before it was known, which the window
+    /// cannot tell). A pid absent from a later sample is no longer traced and keeps its last
+    /// total. `None` unless the samples on both sides of the window measured them.
     fn own_window(samples: &VecDeque<NicSample>, t0: f64, t1: f64) -> Option<Vec<(u32, f64)>> {
         let i = samples.partition_point(|s| s.time <= t0).checked_sub(1)?;
         let j = samples.partition_point(|s| s.time < t1).min(samples.len() - 1);
@@ -279,9 +281,7 @@ impl CounterLog {
             return None;
         }
         let range: Vec<&NicSample> = samples.range(i..=j).collect();
-        let mut pids: Vec<u32> = range.iter().filter_map(|s| s.own_tx.as_ref()).flat_map(|v| v.iter().map(|(p, _)| *p)).collect();
-        pids.sort_unstable();
-        pids.dedup();
+        let pids: Vec<u32> = samples[i].own_tx.iter().flatten().map(|(p, _)| *p).collect();
         let mut out = Vec::new();
         for pid in pids {
             let mut last = 0.0;
@@ -294,10 +294,7 @@ impl CounterLog {
                     (s.time, last)
                 })
                 .collect();
-            let d = (interpolate(&points, t1) - interpolate(&points, t0)).max(0.0);
-            if d > 0.0 {
-                out.push((pid, d));
-            }
+            out.push((pid, (interpolate(&points, t1) - interpolate(&points, t0)).max(0.0)));
         }
         Some(out)
     }
@@ -370,9 +367,9 @@ mod tests {
         let info = NicInfo { name: "eth0".into(), ..Default::default() };
         let own = |v: &[(u32, f64)]| Some(v.to_vec());
         log.push(info.clone(), NicSample { time: 0.0, own_tx: None, ..Default::default() });
-        log.push(info.clone(), NicSample { time: 1.0, own_tx: own(&[(7, 1000.0)]), ..Default::default() });
-        log.push(info.clone(), NicSample { time: 2.0, own_tx: own(&[(7, 3000.0), (9, 500.0)]), ..Default::default() });
-        log.push(info.clone(), NicSample { time: 3.0, own_tx: own(&[(9, 700.0)]), ..Default::default() });
+        log.push(info.clone(), NicSample { time: 1.0, own_tx: own(&[(7, 1000.0), (9, 0.0)]), ..Default::default() });
+        log.push(info.clone(), NicSample { time: 2.0, own_tx: own(&[(7, 3000.0), (9, 500.0), (11, 100.0)]), ..Default::default() });
+        log.push(info.clone(), NicSample { time: 3.0, own_tx: own(&[(9, 700.0), (11, 900.0)]), ..Default::default() });
         // [1.5, 2.5]: pid 7 from 2000 to 3000 (then no longer traced: its total stays), pid 9
         // from 250 to 600.
         let w = &log.window(1.5, 2.5)[0];
@@ -381,6 +378,9 @@ mod tests {
         assert!((o[0].1 - 1000.0).abs() < 1e-9 && o[0].0 == 7, "{o:?}");
         assert!((o[1].1 - 350.0).abs() < 1e-9 && o[1].0 == 9, "{o:?}");
         assert_eq!(w.own_tx_of(&[9]), Some(o[1].1));
+        // Pid 11 was not known at the window's start: its bytes there are not measured.
+        assert_eq!(w.own_tx_of(&[9, 11]), None);
+        assert!(log.window(2.5, 2.9)[0].own_tx_of(&[9, 11]).is_some());
         // The sample before the window did not measure them.
         assert!(log.window(0.5, 1.5)[0].own_tx.is_none());
     }

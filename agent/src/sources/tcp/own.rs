@@ -116,6 +116,8 @@ pub struct OwnTraffic {
     pub per_iface: BTreeMap<String, BTreeMap<u32, f64>>,
     /// Interfaces the last dump covered: their own bytes are measured (0 when none).
     pub measured: BTreeSet<String>,
+    /// The traced pids whose sockets were read at the last lookup (sorted).
+    resolved: Vec<u32>,
 }
 
 impl OwnTraffic {
@@ -154,13 +156,15 @@ impl OwnTraffic {
     /// Brings the inode → pid map up to date for `conns`; the traced pids.
     fn resolve(&mut self, conns: &[TcpConn]) -> Vec<u32> {
         let (generation, root, pids) = self.owners.snapshot();
-        if generation != self.generation {
+        let changed = generation != self.generation;
+        if changed {
             self.generation = generation;
             self.foreign.clear();
         }
         let unknown = conns.iter().any(|c| !self.inode_pid.contains_key(&c.inode) && !self.foreign.contains(&c.inode));
-        if unknown && !pids.is_empty() {
+        if (unknown || changed) && !pids.is_empty() {
             self.lookups += 1;
+            self.resolved = pids.clone();
             self.inode_pid = pids.iter().flat_map(|&p| crate::sources::collectives::links::socket_inodes(&root, p).into_iter().map(move |i| (i, p))).collect();
             if self.foreign.len() > MAX_KEPT {
                 self.foreign.clear();
@@ -168,6 +172,7 @@ impl OwnTraffic {
             self.foreign.extend(conns.iter().map(|c| c.inode).filter(|i| !self.inode_pid.contains_key(i)));
         } else if pids.is_empty() {
             self.inode_pid.clear();
+            self.resolved.clear();
         }
         pids
     }
@@ -183,8 +188,11 @@ impl OwnTraffic {
     }
 
     /// The interface's own bytes per pid (sorted), when the last dump covered it.
+    /// Every pid whose sockets were read (0 where it sent nothing through the interface): a
+    /// pid not listed was not known yet, and its bytes so far are not measured.
     pub fn of(&self, iface: &str) -> Option<Vec<(u32, f64)>> {
-        self.measured.contains(iface).then(|| self.per_iface.get(iface).map(|m| m.iter().map(|(p, b)| (*p, *b)).collect()).unwrap_or_default())
+        let sent = self.per_iface.get(iface);
+        self.measured.contains(iface).then(|| self.resolved.iter().map(|p| (*p, sent.and_then(|m| m.get(p)).copied().unwrap_or(0.0))).collect())
     }
 }
 
@@ -226,7 +234,8 @@ mod tests {
         owners.publish(Path::new("/proc"), [me].into_iter());
         let dump = |d: &mut SockDiag| d.dump().expect("dump").0.into_iter().filter(|c| c.local_port == port || c.remote_port == port).collect::<Vec<_>>();
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
-        assert_eq!(own.of("lo"), Some(vec![]), "measured, nothing sent yet");
+        assert_eq!(own.of("lo"), Some(vec![(me, 0.0)]), "its sockets read, nothing sent yet");
+        assert_eq!(own.lookups, 1, "read once it is traced, with no connection yet");
         assert_eq!(own.of("eth9"), None, "an interface the dump did not cover is not measured");
         // A connection born after the first dump: all its bytes count, both directions are
         // this process's (it holds both ends).
@@ -239,7 +248,7 @@ mod tests {
         let bytes = got[0].1;
         // Payload plus at most one 66-byte header per segment of ≥ 1 kB (and the ACKs).
         assert!((900_000.0..1_100_000.0).contains(&bytes), "{bytes}");
-        assert_eq!(own.lookups, 1);
+        assert_eq!(own.lookups, 2, "and again for the new connection");
         // Not traced any more: nothing is its own, and its totals are forgotten.
         owners.publish(Path::new("/proc"), std::iter::empty());
         send(&mut a, &mut b, 100_000);
@@ -264,6 +273,6 @@ mod tests {
             own.update(&[c], ["lo".to_string()].into_iter(), lo);
         }
         assert_eq!(own.lookups, 1, "a foreign inode is not looked up again");
-        assert_eq!(own.of("lo"), Some(vec![]));
+        assert_eq!(own.of("lo"), Some(vec![(42, 0.0)]), "pid 42 was looked up: it sent nothing here");
     }
 }
