@@ -448,7 +448,8 @@ fn https_collectors_are_verified_against_the_ca_file_or_refused() {
     let a = Agent::start(dir.path(), &["--config", grpc.to_str().expect("utf8")]).expect("agent starts");
     // OTLP/HTTP over TLS, configured by the standard variables only (an IP address verified
     // against the certificate's IP SAN).
-    let http = config(dir.path(), &ns, &sock, "interval = \"500ms\"\n");
+    // Each agent its own marker socket: a live agent's socket is never taken over.
+    let http = config(dir.path(), &ns, &dir.path().join("markers-b.sock"), "interval = \"500ms\"\n");
     let endpoint = format!("https://127.0.0.1:{}", rx.tls.1);
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
@@ -458,7 +459,12 @@ fn https_collectors_are_verified_against_the_ca_file_or_refused() {
     let b = Agent::start_env(dir.path(), &["--config", http.to_str().expect("utf8")], &env).expect("agent starts");
     // The same collector without the CA: the system's roots do not know it, so every export
     // fails on the certificate and is counted; nothing is sent in the clear.
-    let refused = config(dir.path(), &ns, &sock, &format!("endpoint = \"https://localhost:{}\"\ninterval = \"500ms\"\ntimeout = \"2s\"\n", rx.tls.0));
+    let refused = config(
+        dir.path(),
+        &ns,
+        &dir.path().join("markers-c.sock"),
+        &format!("endpoint = \"https://localhost:{}\"\ninterval = \"500ms\"\ntimeout = \"2s\"\n", rx.tls.0),
+    );
     let c = Agent::start(dir.path(), &["--config", refused.to_str().expect("utf8")]).expect("agent starts");
 
     for transport in ["grpc-tls", "https"] {
