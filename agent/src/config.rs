@@ -15,6 +15,7 @@ pub mod api;
 pub mod collectives;
 pub mod hang;
 pub mod otlp;
+pub mod sources;
 pub mod steps;
 pub mod store;
 
@@ -22,6 +23,7 @@ pub use api::{ApiConfig, Secret, MIN_TOKEN_CHARS};
 pub use collectives::CollectivesConfig;
 pub use hang::HangConfig;
 pub use otlp::OtlpConfig;
+pub use sources::{SourcesConfig, DEFAULT_FAST_CPU_BUDGET, DEFAULT_FAST_INTERVAL, DEFAULT_TCP_CPU_BUDGET};
 pub use steps::{Params, StepsConfig};
 pub use store::{StoreConfig, DEFAULT_DB_PATH};
 
@@ -94,54 +96,6 @@ pub const MAX_CALL_HISTORY: u64 = 1 << 22;
 pub const MAX_STEP_HISTORY: u64 = 1_000_000;
 /// Smallest `[store] max_bytes`: below it retention would delete every step it writes.
 pub const MIN_STORE_BYTES: u64 = 1 << 20;
-
-/// Source switches (`[sources]` table). Each defaults to `true`, but `qdisc_per_queue`.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct SourcesConfig {
-    /// RDMA sysfs counters (`/sys/class/infiniband`).
-    pub rdma: bool,
-    /// ethtool driver statistics (SIOCETHTOOL ioctl).
-    pub ethtool: bool,
-    /// netdev statistics (rtnetlink).
-    pub netdev: bool,
-    /// qdisc statistics (rtnetlink).
-    pub qdisc: bool,
-    /// Also every non-root qdisc (the per-TX-queue children of `mq`/`mqprio`, classful
-    /// qdiscs' leaves). Default `false`: the root qdisc of each interface only, whose
-    /// statistics already include its children's (one veth with 64 TX queues made 65 qdiscs
-    /// and 455 series; ~10 such netdevs reach the 1 024-qdisc cap).
-    pub qdisc_per_queue: bool,
-    /// TCP retransmissions per interface (`tcp:tcp_retransmit_skb` tracepoint).
-    pub tcp: bool,
-    /// PFC priorities (0–7) whose received pause time and frames count as congestion of the
-    /// jobs on a NIC (the RoCE traffic class's priority, e.g. `[3]`). Unset: the priorities
-    /// that carry traffic on that NIC (see [`crate::sources::ethtool::pfc::pfc_counted`]). Link-level
-    /// (global) pause always counts: it stops every priority.
-    pub pfc_priorities: Option<Vec<u8>>,
-    /// Fraction of one core the TCP source's `sock_diag` dump may use on average (0 < x ≤ 1,
-    /// default 0.02): an expensive dump (many connections) is run less often than every
-    /// sweep. 1 dumps every sweep whatever it costs.
-    pub tcp_cpu_budget: f64,
-}
-
-/// `[sources] tcp_cpu_budget` by default: 2 % of a core.
-pub const DEFAULT_TCP_CPU_BUDGET: f64 = 0.02;
-
-impl Default for SourcesConfig {
-    fn default() -> Self {
-        SourcesConfig {
-            rdma: true,
-            ethtool: true,
-            netdev: true,
-            qdisc: true,
-            qdisc_per_queue: false,
-            tcp: true,
-            pfc_priorities: None,
-            tcp_cpu_budget: DEFAULT_TCP_CPU_BUDGET,
-        }
-    }
-}
 
 impl Default for Config {
     fn default() -> Self {
@@ -291,17 +245,7 @@ impl Config {
                 reason: e.to_string(),
             })?;
         }
-        if let Some(bad) = self.sources.pfc_priorities.iter().flatten().find(|p| **p > 7) {
-            return Err(ConfigError::Invalid { field: "sources.pfc_priorities", value: bad.to_string(), reason: "a PFC priority is 0 to 7".into() });
-        }
-        let b = self.sources.tcp_cpu_budget;
-        if !(b > 0.0 && b <= 1.0) {
-            return Err(ConfigError::Invalid {
-                field: "sources.tcp_cpu_budget",
-                value: b.to_string(),
-                reason: "a fraction of one core, above 0 and at most 1".into(),
-            });
-        }
+        self.sources.validate()?;
         self.otlp.validate()?;
         self.api.validate()?;
         self.hang.validate()?;

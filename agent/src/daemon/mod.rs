@@ -8,6 +8,7 @@
 //! - [`logging`]: the daemon's log (text, coloured only on a terminal, or JSON lines).
 
 pub mod detail;
+pub mod fast;
 pub mod logging;
 mod markers;
 pub mod reload;
@@ -96,6 +97,8 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let _profiler_thread =
         crate::sources::collectives::profiler::start_configured(profiler_rx, coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.history()), &mut registry);
     let (engine, store_queue) = engine(&cfg, &mut registry)?;
+    let history = coll.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.history());
+    let fast = cfg.sources.fast_period(cfg.interval).map(|p| fast::FastLane::new(p, cfg.sources.fast_cpu_budget, history, &mut registry));
     let mut state = api::AppState::new(registry);
     state.watchdog = Some(watchdog.clone());
     state.set_engine(engine.clone());
@@ -138,6 +141,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
         probes_status,
         interval: cfg.interval,
         drops,
+        fast,
     };
     let sampler_stop = stop_rx.clone();
     let sampler = tokio::task::spawn_blocking(move || sampler.run(sampler_stop));

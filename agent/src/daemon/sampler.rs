@@ -1,6 +1,7 @@
 //! The sampler thread: every interval it sweeps each counter source (sysfs reads and ioctls
 //! block, so this is a blocking thread), hands the per-NIC samples to the engine and lets it
-//! attribute the steps that ended, writes the steps the store's sink queued (outside the
+//! attribute the steps that ended, reads the traced jobs' NICs again between sweeps
+//! ([`super::fast`]), writes the steps the store's sink queued (outside the
 //! engine lock: a slow disk never blocks the API), applies the store's retention and
 //! publishes `/api/v1/status`.
 
@@ -42,6 +43,8 @@ pub struct Sampler {
     pub interval: Duration,
     /// Probe events the kernel dropped so far (steps overlapping new drops are incomplete).
     pub drops: Arc<AtomicU64>,
+    /// Reads between the full sweeps while a traced job communicates (`None`: off).
+    pub fast: Option<super::fast::FastLane>,
 }
 
 /// What the loop keeps between rounds.
@@ -78,6 +81,12 @@ impl Sampler {
             let now = Instant::now();
             if next < now {
                 next = now; // fell behind: do not burst to catch up
+            }
+            if let Some(f) = self.fast.as_mut() {
+                if f.run_until(next, &mut self.srcs, &self.engine, &mut stop) {
+                    return;
+                }
+                continue;
             }
             // Sleep in short slices so shutdown is prompt.
             while Instant::now() < next {
@@ -133,6 +142,9 @@ impl Sampler {
     /// Per-NIC samples for step windows, then the steps that ended are attributed.
     fn attribute(&mut self, round_start: f64, c: &mut Clock) {
         let parts: Vec<_> = self.srcs.iter().flat_map(|s| s.nic_samples()).collect();
+        if let Some(f) = self.fast.as_mut() {
+            f.set_scope(&parts);
+        }
         if let Ok(mut e) = self.engine.lock() {
             let now = crate::engine::wall_now();
             // Counters were read during the round: stamped at its middle, so a round
@@ -191,6 +203,7 @@ impl Sampler {
             "ebpf_embedded": crate::ebpf::embedded(),
             "collectives": self.probes_status,
             "store": self.store_health.json(),
+            "fast_lane": self.fast.as_ref().map(super::fast::FastLane::status),
         });
         status["sources"] = reports.into();
         if let Ok(mut st) = self.state.status.write() {

@@ -14,7 +14,7 @@ pub mod select;
 pub mod sockpath;
 pub mod tcp;
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -137,6 +137,17 @@ pub trait Source: Send + 'static {
     /// Cumulative per-NIC counters for step windows (see [`nic`]). Default: none.
     fn nic_samples(&self) -> Vec<nic::NicPart> {
         Vec::new()
+    }
+    /// The fast lane (`daemon::fast`): re-reads, of the NICs in `nics` only, the counters
+    /// attribution uses, between full sweeps. `false` when the source has no fast read: its
+    /// last sweep's values stand (cumulative, they stay consistent; their changes land at
+    /// the next full sweep).
+    fn fast_sweep(&mut self, _nics: &BTreeSet<String>) -> bool {
+        false
+    }
+    /// [`Source::nic_samples`] of the NICs in `nics` only.
+    fn nic_samples_of(&self, nics: &BTreeSet<String>) -> Vec<nic::NicPart> {
+        self.nic_samples().into_iter().filter(|(i, _)| nics.contains(&i.name)).collect()
     }
 }
 

@@ -154,6 +154,19 @@ fn interpolate(points: &[(f64, f64)], t: f64) -> f64 {
     }
 }
 
+/// Makes room in a full series: its older half kept at half the resolution, so that
+/// samples read faster (the fast lane's, while a job communicates) shorten how far back the
+/// log reaches no more than they must, and the recent half keeps every sample.
+fn thin(q: &mut VecDeque<NicSample>) {
+    let half = q.len() / 2;
+    let mut k = 0usize;
+    q.retain(|_| {
+        let keep = k >= half || k.is_multiple_of(2);
+        k += 1;
+        keep
+    });
+}
+
 /// Bounded time series of samples per NIC.
 #[derive(Debug, Default)]
 pub struct CounterLog {
@@ -181,7 +194,7 @@ impl CounterLog {
             return; // out of order or duplicate
         }
         if e.1.len() >= self.cap {
-            e.1.pop_front();
+            thin(&mut e.1);
         }
         e.1.push_back(s);
     }
@@ -299,18 +312,27 @@ impl CounterLog {
         Some(out)
     }
 
-    /// The span of the samples that bracket [t0, t1] — from the last sample at or before t0
-    /// to the first at or after t1 — on the NIC where it is widest; `None` when no NIC has
-    /// samples on both sides. A window's deltas are interpolated over that span.
-    pub fn bracket(&self, t0: f64, t1: f64) -> Option<f64> {
+    /// How well the samples resolve a transfer over [t0, t1], on the NIC (of `nics`; every
+    /// NIC when empty) where it is worst: the span of the samples that bracket it — from the
+    /// last at or before t0 to the first at or after t1 — and the part of the transfer not
+    /// between two samples inside it (its edges, interpolated over the slices that straddle
+    /// them; all of it when fewer than two samples fall inside). `None` when no NIC has
+    /// samples on both sides.
+    pub fn bracket(&self, t0: f64, t1: f64, nics: &[&str]) -> Option<(f64, f64)> {
         self.nics
-            .values()
-            .filter_map(|(_, s)| {
+            .iter()
+            .filter(|(n, _)| nics.is_empty() || nics.contains(&n.as_str()))
+            .filter_map(|(_, (_, s))| {
                 let before = s.iter().rev().find(|x| x.time <= t0)?;
                 let after = s.iter().find(|x| x.time >= t1)?;
-                Some(after.time - before.time)
+                let inside: Vec<f64> = s.iter().map(|x| x.time).filter(|t| *t > t0 && *t < t1).collect();
+                let edges = match (inside.first(), inside.last()) {
+                    (Some(a), Some(b)) if b > a => (a - t0) + (t1 - b),
+                    _ => t1 - t0,
+                };
+                Some((after.time - before.time, edges))
             })
-            .reduce(f64::max)
+            .reduce(|a, b| (a.0.max(b.0), a.1.max(b.1)))
     }
 
     /// Every NIC's samples in [t0, t1] (for the store and peers).
@@ -329,14 +351,36 @@ mod tests {
 
     #[test]
     fn bracket_is_the_span_of_the_samples_around_a_window() {
-        let mut log = CounterLog::new(16);
+        let mut log = CounterLog::new(128);
         for k in 0..4 {
             log.push(NicInfo { name: "eth0".into(), ..Default::default() }, s(k as f64, 0.0));
         }
-        assert_eq!(log.bracket(1.2, 1.6), Some(1.0), "between the samples at 1 and 2");
-        assert_eq!(log.bracket(1.0, 2.0), Some(1.0), "samples on its edges");
-        assert_eq!(log.bracket(0.5, 2.5), Some(3.0));
-        assert_eq!(log.bracket(2.5, 3.5), None, "no sample after it yet");
+        assert_eq!(log.bracket(1.25, 1.75, &[]), Some((1.0, 0.5)), "between the samples at 1 and 2");
+        assert_eq!(log.bracket(1.0, 2.0, &[]), Some((1.0, 1.0)), "samples on its edges");
+        assert_eq!(log.bracket(0.5, 2.5, &[]), Some((3.0, 1.0)), "samples at 1 and 2 inside: only its edges are interpolated");
+        assert_eq!(log.bracket(2.5, 3.5, &[]), None, "no sample after it yet");
+        // A NIC read every 10 ms from 0.9 s on (the fast lane) beside one read each second:
+        // a 250 ms transfer after a quiet second is resolved on the first, not on the second.
+        for k in 0..70 {
+            log.push(NicInfo { name: "rail0".into(), ..Default::default() }, s(0.9 + f64::from(k) * 0.01, 0.0));
+        }
+        let (span, edges) = log.bracket(1.25, 1.5, &["rail0"]).expect("rail0 brackets it");
+        assert!((0.25..0.27).contains(&span) && edges < 0.021, "{span} {edges}");
+        assert_eq!(log.bracket(1.25, 1.5, &["eth0"]), Some((1.0, 0.25)), "eth0 alone: read once a second");
+    }
+
+    #[test]
+    fn a_full_series_keeps_its_recent_half_and_reaches_back_at_half_the_resolution() {
+        let mut log = CounterLog::new(8);
+        for k in 0..8 {
+            log.push(NicInfo { name: "rail0".into(), ..Default::default() }, s(f64::from(k), f64::from(k)));
+        }
+        log.push(NicInfo { name: "rail0".into(), ..Default::default() }, s(8.0, 8.0));
+        let times: Vec<f64> = log.nics["rail0"].1.iter().map(|x| x.time).collect();
+        assert_eq!(times, vec![0.0, 2.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        // Cumulative values between the kept samples are still interpolated right.
+        let w = log.window(1.0, 3.0);
+        assert_eq!(w[0].tx_bytes, 2.0);
     }
 
     #[test]

@@ -137,6 +137,10 @@ pub struct History {
     pub links: Vec<crate::timeline::links::ProcessLink>,
     /// Each traced process's local rank, namespace and pod (the per-rank series' labels).
     pub identities: std::collections::BTreeMap<u32, crate::labels::RankIdentity>,
+    /// Wall time of the last sign of a traced collective at work: a call entered or
+    /// returned, a transport request, a profiler record, a call still open (the fast lane
+    /// reads counters while it is recent).
+    pub active_at: f64,
 }
 
 /// Lost-event spans kept at most.
@@ -165,6 +169,7 @@ impl History {
             plugin: Default::default(),
             links: Vec::new(),
             identities: Default::default(),
+            active_at: 0.0,
         }
     }
 
@@ -219,6 +224,7 @@ impl History {
             call,
         };
         self.progress.observe(&rec.call, rec.enter, rec.exit, rec.clock.timing);
+        self.active_at = self.active_at.max(rec.exit).max(rec.enter);
         if self.calls.len() >= self.cap {
             self.calls.pop_front();
             self.evicted += 1;
@@ -229,6 +235,9 @@ impl History {
     /// The collectives open now (entered, not returned), from the decoder.
     pub fn set_open(&mut self, open: Vec<Call>) {
         let clock = self.clock;
+        if !open.is_empty() {
+            self.active_at = self.active_at.max(crate::engine::wall_now());
+        }
         self.progress.set_open(open.into_iter().map(|c| (clock.wall(c.enter_ns), c)).map(|(since, c)| (c, since)).collect());
     }
 
@@ -241,6 +250,7 @@ impl History {
 
     pub fn push_net(&mut self, req: NetRequest) {
         let rec = NetRecord { posted: self.clock.wall(req.posted_ns), completed: self.clock.wall(req.completed_ns), req };
+        self.active_at = self.active_at.max(rec.completed);
         if self.net.len() >= self.cap {
             self.net.pop_front();
         }

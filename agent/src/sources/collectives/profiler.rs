@@ -470,6 +470,9 @@ pub fn handle_datagram(h: &mut super::history::History, b: &[u8], peer: Option<P
     });
     let (host, clock, cap) = (h.host.clone(), h.clock, h.capacity());
     let (full, unsent) = h.plugin.push(&hd, &recs, &host, &clock, cap, now);
+    if !recs.is_empty() {
+        h.active_at = h.active_at.max(crate::engine::wall_now());
+    }
     m.records.inc_by(recs.len() as u64);
     for r in &recs {
         m.proxy.observe(r);

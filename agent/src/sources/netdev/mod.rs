@@ -5,6 +5,7 @@
 //! backwards, also when an interface is deleted and re-created under the same name (the new
 //! ifindex tells; its counters restart from zero and are added as a reset).
 
+mod fast;
 pub mod rtnl;
 mod sysfs;
 
@@ -162,6 +163,8 @@ pub struct NetdevSource {
     rtnl: Option<Rtnl>,
     devs: BTreeMap<String, Dev>,
     last_error: Option<String>,
+    /// The fast lane's open statistics files per netdev (`Err` where sysfs cannot serve it).
+    fast: BTreeMap<String, Result<fast::StatFiles, u32>>,
 }
 
 impl NetdevSource {
@@ -172,7 +175,7 @@ impl NetdevSource {
         }
         let up = Family::<NetdevLabels, Gauge>::default();
         registry.register("stepwise_netdev_up", "1 when the netdev's operational state is up", up.clone());
-        NetdevSource { ctx, families, up, rtnl: None, devs: BTreeMap::new(), last_error: None }
+        NetdevSource { ctx, families, up, rtnl: None, devs: BTreeMap::new(), last_error: None, fast: BTreeMap::new() }
     }
 
     /// Cumulative values of every netdev read at least once (present or gone).
@@ -275,9 +278,51 @@ impl NetdevSource {
     }
 }
 
+impl NetdevSource {
+    /// The fast-lane reading of `name` (present, 64-bit statistics), through its sysfs files
+    /// opened for the ifindex the dumps gave it; `None` where sysfs cannot serve it.
+    fn fast_reading(&mut self, name: &str) -> Option<LinkReading> {
+        let d = self.devs.get(name).filter(|d| d.present && matches!(d.prev, Some((_, Semantics::Monotonic))))?;
+        let (ifindex, up) = (d.ifindex, d.up);
+        let stale = self.fast.get(name).is_none_or(|f| match f {
+            Ok(f) => f.ifindex != ifindex,
+            Err(i) => *i != ifindex,
+        });
+        if stale {
+            let opened = fast::StatFiles::open(&self.ctx.sysfs_root, name, ifindex).map_err(|_| ifindex);
+            self.fast.insert(name.to_string(), opened);
+        }
+        let files = self.fast.get(name)?.as_ref().ok()?;
+        match files.read() {
+            Ok(v) => Some(LinkReading { ifindex, name: name.to_string(), up, values: Some((v, Semantics::Monotonic)) }),
+            Err(_) => {
+                // Gone or garbled: the next dump decides; opened again after it.
+                self.fast.remove(name);
+                self.ctx.errors.inc(SOURCE, kind::READ);
+                None
+            }
+        }
+    }
+}
+
 impl Source for NetdevSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         nic_parts(self.snapshot(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
+    }
+    fn nic_samples_of(&self, nics: &std::collections::BTreeSet<String>) -> Vec<super::nic::NicPart> {
+        nic_parts(self.snapshot().into_iter().filter(|d| nics.contains(&d.netdev)).collect(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
+    }
+    fn fast_sweep(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
+        let mut report = SweepReport::default();
+        let mut any = false;
+        for name in nics {
+            if let Some(r) = self.fast_reading(name) {
+                self.apply(r, Instant::now(), &mut report);
+                any = true;
+            }
+        }
+        self.fast.retain(|n, _| nics.contains(n));
+        any
     }
     fn name(&self) -> &'static str {
         SOURCE

@@ -36,6 +36,13 @@ const SK_MEMINFO_WMEM_ALLOC: usize = 2;
 /// One established connection as the kernel reports it. Times in seconds, sizes in bytes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TcpConn {
+    /// The socket's address family (`AF_INET`, `AF_INET6`) and its `inet_diag_sockid` as the
+    /// kernel gave it (ports, addresses, interface, cookie): what a request for this one
+    /// connection echoes ([`SockDiag::query`]).
+    pub family: u8,
+    pub sockid: [[u8; 16]; 3],
+    /// `idiag_state` (`TCP_ESTABLISHED` is 1).
+    pub state: u8,
     pub local: Option<IpAddr>,
     pub remote: Option<IpAddr>,
     pub local_port: u16,
@@ -173,12 +180,32 @@ fn tcp_info(c: &mut TcpConn, i: &[u8]) {
 }
 
 /// One `inet_diag_msg` with its attributes (the payload after the netlink header).
+/// The request for one connection (no `NLM_F_DUMP`): the kernel looks its `sockid` up in
+/// the hash tables instead of walking them, and answers with that connection alone, or with
+/// an error when it has closed.
+pub fn request_one(c: &TcpConn, seq: u32) -> Vec<u8> {
+    let mut m = request(c.family, seq);
+    m[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    m[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+    for (k, part) in c.sockid.iter().enumerate() {
+        m[24 + 16 * k..40 + 16 * k].copy_from_slice(part);
+    }
+    m
+}
+
 pub fn parse_diag_msg(p: &[u8]) -> Option<TcpConn> {
     if p.len() < DIAG_MSG_LEN {
         return None;
     }
     let family = p[0];
+    let mut sockid = [[0u8; 16]; 3];
+    for (k, part) in sockid.iter_mut().enumerate() {
+        part.copy_from_slice(&p[4 + 16 * k..20 + 16 * k]);
+    }
     let mut c = TcpConn {
+        family,
+        sockid,
+        state: p[1],
         local_port: u16::from_be_bytes([p[4], p[5]]),
         remote_port: u16::from_be_bytes([p[6], p[7]]),
         local: addr(family, &p[8..24]),
@@ -216,10 +243,17 @@ pub struct Batch {
     /// Negative errno of an `NLMSG_ERROR` answer.
     pub error: Option<i32>,
     pub undecodable: usize,
+    /// Messages that answer a request: connections and errors.
+    pub answers: usize,
 }
 
 /// Every netlink message of one datagram answering sequence `seq`.
 pub fn parse_datagram(b: &[u8], seq: u32) -> Batch {
+    parse_answers(b, |s| s == seq)
+}
+
+/// Every netlink message of one datagram whose sequence number `ours` accepts.
+fn parse_answers(b: &[u8], ours: impl Fn(u32) -> bool) -> Batch {
     let mut out = Batch::default();
     let mut o = 0;
     while o + 16 <= b.len() {
@@ -230,7 +264,8 @@ pub fn parse_datagram(b: &[u8], seq: u32) -> Batch {
             break;
         }
         let payload = &b[o + 16..o + len];
-        if s == seq {
+        if ours(s) {
+            out.answers += usize::from(kind == NLMSG_ERROR || kind == SOCK_DIAG_BY_FAMILY);
             match kind {
                 NLMSG_DONE => out.done = true,
                 NLMSG_ERROR => out.error = Some(u32ne(payload, 0).map(|e| e as i32).unwrap_or(-libc::EIO)),
@@ -268,12 +303,34 @@ impl SockDiag {
         Ok((conns, bad))
     }
 
-    fn dump_family(&mut self, family: u8) -> Result<Batch, DiagError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        self.sock.send(&request(family, seq), 0).map_err(DiagError::Io)?;
+    /// The connections in `conns` again, each by its own request (those closed since are
+    /// left out): for a few known connections this costs a lookup each where a dump walks
+    /// every socket of the host.
+    pub fn query(&mut self, conns: &[&TcpConn]) -> Result<Vec<TcpConn>, DiagError> {
+        if conns.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = self.seq.wrapping_add(1);
+        for c in conns {
+            self.seq = self.seq.wrapping_add(1);
+            self.sock.send(&request_one(c, self.seq), 0).map_err(DiagError::Io)?;
+        }
+        let n = conns.len() as u32;
+        let mut out = Vec::with_capacity(conns.len());
+        let mut answered = 0;
+        self.receive(|b| {
+            let got = parse_answers(b, |s| s.wrapping_sub(first) < n);
+            answered += got.answers;
+            out.extend(got.conns.into_iter().filter(|c| u32::from(c.state) == TCP_ESTABLISHED));
+            (answered >= conns.len(), None)
+        })?;
+        Ok(out)
+    }
+
+    /// Receives datagrams into `take` until it says done (or gives an errno), within
+    /// [`DUMP_TIMEOUT`].
+    fn receive(&mut self, mut take: impl FnMut(&[u8]) -> (bool, Option<i32>)) -> Result<(), DiagError> {
         let deadline = Instant::now() + DUMP_TIMEOUT;
-        let mut all = Batch::default();
         loop {
             let n = match self.sock.recv(&mut &mut self.buf[..], 0) {
                 Ok(n) => n,
@@ -289,16 +346,26 @@ impl SockDiag {
                 }
                 Err(e) => return Err(DiagError::Io(e)),
             };
-            let b = parse_datagram(&self.buf[..n], seq);
-            all.conns.extend(b.conns);
-            all.undecodable += b.undecodable;
-            if let Some(e) = b.error.filter(|e| *e != 0) {
-                return Err(DiagError::Kernel(io::Error::from_raw_os_error(-e)));
-            }
-            if b.done {
-                return Ok(all);
+            match take(&self.buf[..n]) {
+                (_, Some(e)) => return Err(DiagError::Kernel(io::Error::from_raw_os_error(-e))),
+                (true, None) => return Ok(()),
+                (false, None) => {}
             }
         }
+    }
+
+    fn dump_family(&mut self, family: u8) -> Result<Batch, DiagError> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        self.sock.send(&request(family, seq), 0).map_err(DiagError::Io)?;
+        let mut all = Batch::default();
+        self.receive(|b| {
+            let b = parse_datagram(b, seq);
+            all.conns.extend(b.conns);
+            all.undecodable += b.undecodable;
+            (b.done, b.error.filter(|e| *e != 0))
+        })?;
+        Ok(all)
     }
 }
 
@@ -421,5 +488,27 @@ mod tests {
         // last segment even on loopback), in at least sent / MSS segments.
         assert_eq!((me.bytes_sent - me.bytes_retrans) as usize, sent, "{me:?}");
         assert!(me.segs_out as usize >= sent / me.snd_mss as usize, "{me:?}");
+    }
+
+    #[test]
+    fn one_connection_is_asked_for_by_itself_and_a_closed_one_is_left_out() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        let mut tx = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (mut rx, _) = l.accept().expect("accept");
+        let mut d = SockDiag::open().expect("sock_diag");
+        let (conns, _) = d.dump().expect("dump");
+        let me = conns.iter().find(|c| c.remote_port == port).expect("our connection is in the dump").clone();
+        tx.write_all(&[1u8; 100_000]).expect("write");
+        let mut buf = vec![0u8; 100_000];
+        rx.read_exact(&mut buf).expect("read");
+        // Asked twice in one batch: both answered, with the bytes sent since the dump.
+        let again = d.query(&[&me, &me]).expect("query");
+        assert_eq!(again.len(), 2, "{again:?}");
+        assert!(again.iter().all(|c| c.cookie == me.cookie && c.bytes_sent >= me.bytes_sent + 100_000), "{again:?}");
+        drop((tx, rx));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Closed (TIME_WAIT or gone): not an established connection any more.
+        assert_eq!(d.query(&[&me]).expect("query"), Vec::new());
     }
 }

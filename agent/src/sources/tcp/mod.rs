@@ -24,7 +24,10 @@ pub mod own;
 pub use diag::{SockDiag, TcpConn};
 pub use ifaces::{egress_of, interface_addresses, interfaces, IfAddr};
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -60,6 +63,9 @@ pub struct TcpSource {
     own_metric: Family<NetdevLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     started: std::time::Instant,
     budget: Budget,
+    /// The traced processes' connections at the last dump, with the interface each leaves
+    /// by: the fast lane asks for these again one by one ([`SockDiag::query`]).
+    own_conns: Vec<(TcpConn, String)>,
 }
 
 /// The CPU budget of the `sock_diag` dump (see the module docs).
@@ -93,7 +99,7 @@ impl Budget {
 
 /// CPU seconds of the calling thread (user + system: the kernel builds the dump in our
 /// `recvmsg`).
-fn thread_cpu() -> f64 {
+pub(crate) fn thread_cpu() -> f64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid timespec for the call.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
@@ -150,6 +156,7 @@ impl TcpSource {
             inflight,
             started: std::time::Instant::now(),
             budget: Budget::new(crate::config::DEFAULT_TCP_CPU_BUDGET),
+            own_conns: Vec::new(),
         }
     }
 
@@ -183,6 +190,7 @@ impl TcpSource {
         // of that rail when it reaches a peer on another.
         let own: Vec<TcpConn> = conns.iter().filter(|c| self.own.is_own(c)).cloned().collect();
         self.own_inflight.update(now, &own, egress);
+        self.own_conns = own.into_iter().filter_map(|c| egress(&c).map(|e| (c, e))).collect();
         // The path's round trip without queueing is the smallest any connection through the
         // interface saw, whoever holds it: a connection first used behind a standing queue
         // (its own job's, or a bulk flow's) never saw less than that queue.
@@ -206,7 +214,38 @@ impl TcpSource {
     }
 }
 
+impl TcpSource {
+    /// The fast lane's read: the traced processes' connections known at the last dump, each
+    /// asked for by itself (a hash lookup, where a dump walks every socket of the host), into
+    /// their own bytes and in-flight figures. All of them, whatever `nics`: a connection left
+    /// out would be forgotten and counted again from zero at the next dump.
+    fn fast_own(&mut self) -> bool {
+        let Ok(d) = self.diag.as_mut() else { return false };
+        if self.own_conns.is_empty() {
+            return false;
+        }
+        let asked: Vec<&TcpConn> = self.own_conns.iter().map(|(c, _)| c).collect();
+        let conns = match d.query(&asked) {
+            Ok(c) => c,
+            Err(_) => {
+                self.ctx.errors.inc("tcp", kind::NETLINK);
+                return false;
+            }
+        };
+        let egress: HashMap<u64, &String> = self.own_conns.iter().map(|(c, e)| (c.cookie, e)).collect();
+        let iface = |c: &TcpConn| egress.get(&c.cookie).map(|e| e.to_string());
+        let now = self.started.elapsed().as_secs_f64();
+        let measured = self.own.measured.clone();
+        self.own.update(&conns, measured.into_iter(), iface);
+        self.own_inflight.update(now, &conns, iface);
+        true
+    }
+}
+
 impl Source for TcpSource {
+    fn fast_sweep(&mut self, _nics: &std::collections::BTreeSet<String>) -> bool {
+        self.fast_own()
+    }
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         let mut out: BTreeMap<&str, crate::timeline::NicSample> = BTreeMap::new();
         for (n, v) in &self.totals {
