@@ -149,6 +149,16 @@ impl Servers {
         in_netns(self.mgmt.name(), || http_get(addr, path))?
     }
 
+    /// Server `k`'s agent's fast lane (`/api/v1/status`): how often it read the job's NICs
+    /// between the 1 s sweeps. Panics unless it read at all (the accuracy scenarios run at the
+    /// shipped defaults, which resolve a transfer only through it).
+    pub fn fast_lane(&self, k: usize) -> serde_json::Value {
+        let st = self.get_json(&self.agents[k].addr, "/api/v1/status").expect("status");
+        let f = st["fast_lane"].clone();
+        assert!(f["reads"].as_u64().is_some_and(|n| n > 0), "server {k}: the fast lane never read: {f}");
+        f
+    }
+
     /// GET returning JSON.
     pub fn get_json(&self, addr: &str, path: &str) -> Result<serde_json::Value> {
         let r = self.get(addr, path)?;
@@ -235,12 +245,11 @@ pub struct NsAgent {
     pub server: usize,
 }
 
-/// Agent configuration for a server: netdev + qdisc sources every 10 ms, probes on the test
+/// Agent configuration for a server, at the shipped sampling defaults (`interval` 1 s, the
+/// fast lane at 10 ms within 1 % of a core, the TCP dump within 2 %): probes on the test
 /// workload library, processes selected by the server's namespace, markers on `sock`,
-/// `nic_rates` for the rails, the TCP dump at every 10 ms sweep whatever it costs (the
-/// scenarios measure in flight per step; the default CPU budget would space the dumps of a
-/// debug build), steps attributed 3 s after they end (room for the agent to
-/// drain its probe events on a loaded machine). `sampled`: the transport probes (`ncclIbIsend/Irecv/Test`)
+/// `nic_rates` for the rails (veths report no speed), steps attributed 3 s after they end
+/// (room for the agent to drain its probe events on a loaded machine). `sampled`: the transport probes (`ncclIbIsend/Irecv/Test`)
 /// attached 100 ms after start for a 10-minute window, i.e. for the whole test (in-flight
 /// analysis of every step; the agent waits `sample_every` *between* windows); otherwise only
 /// after an hour, which keeps the agent's event load to the collective calls.
@@ -248,7 +257,7 @@ pub fn agent_config(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, ni
     let lib = workspace_root().join("tests/workloads/build");
     let (every, window) = if sampled { ("100ms", "10m") } else { ("1h", "200ms") };
     let mut s = format!(
-        "interval = \"10ms\"\n[sources]\nrdma = false\nethtool = false\nnetdev = true\nqdisc = true\ntcp_cpu_budget = 1.0\n\
+        "\
          [collectives]\nsample_every = \"{every}\"\nsample_window = \"{window}\"\nlibrary_dirs = [\"{}\"]\nhost = \"server{server}\"\n\
          [collectives.select]\nnetns = \"/run/netns/{ns}\"\n\
          [store]\npath = \"{}\"\n\

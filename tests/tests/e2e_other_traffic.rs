@@ -237,11 +237,12 @@ fn a_flat_rings_own_imbalance_stays_rail_imbalance_beside_a_flow_on_a_rail_it_do
     assert!(after[2] - before[2] > 2.0 * rail0, "the flow ran on rail 2: {before:?} → {after:?}");
     let measured: Vec<&Value> = steps.iter().filter(|(id, _)| **id > 1).map(|(_, v)| v).collect();
     eprintln!("flat ring beside a flow on rail 2 (excess {:.1} ms):\n{}", excess * 1e3, summarize(&measured.iter().map(|v| (*v).clone()).collect::<Vec<_>>()));
+    eprintln!("fast lane: {} / {}", s.fast_lane(0), s.fast_lane(1));
     for st in &measured {
         let id = st["step"].as_u64().expect("id");
         let secs = st["seconds"].as_f64().expect("seconds");
         let got = cause_seconds(st, "rail_imbalance");
-        assert!(within(got, excess, 0.15), "step {id}: rail imbalance {:.1} ms vs the job's own {:.1} ms", got * 1e3, excess * 1e3);
+        assert!(within(got, excess, 0.15), "step {id}: rail imbalance {:.1} ms vs the job's own {:.1} ms: {st}", got * 1e3, excess * 1e3);
         assert!(cause_seconds(st, "congestion") < 0.10 * secs, "step {id}: {}", summarize(std::slice::from_ref(st)));
         let ev = &cause(st, "rail_imbalance")["evidence"];
         assert_eq!(ev["busiest_nic"], "rail0", "step {id}: {ev}");

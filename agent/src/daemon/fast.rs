@@ -38,6 +38,8 @@ pub struct FastLane {
     /// The NICs read: those with a rail (RDMA ports; rails configured) and those the traced
     /// processes' own bytes left by, as of the last full sweep.
     scope: BTreeSet<String>,
+    /// Per source, its samples of those NICs at the last full sweep.
+    held: Vec<Vec<NicPart>>,
     started: Instant,
     reads: Counter,
     cpu: Counter<f64, std::sync::atomic::AtomicU64>,
@@ -51,6 +53,7 @@ impl FastLane {
             budget: Budget::new(share),
             history,
             scope: BTreeSet::new(),
+            held: Vec::new(),
             started: Instant::now(),
             reads: Counter::default(),
             cpu: Counter::default(),
@@ -62,9 +65,12 @@ impl FastLane {
         lane
     }
 
-    /// The NICs to read, from a full sweep's samples.
-    pub fn set_scope(&mut self, parts: &[NicPart]) {
-        self.scope = parts.iter().filter(|(i, s)| i.rail.is_some() || s.own_tx.iter().flatten().any(|(_, b)| *b > 0.0)).map(|(i, _)| i.name.clone()).collect();
+    /// After a full sweep, from each source's samples (in the sources' order): the NICs to
+    /// read, and what the sources without a fast read hold until the next.
+    pub fn set_full(&mut self, per_source: &[Vec<NicPart>]) {
+        let all = per_source.iter().flatten();
+        self.scope = all.filter(|(i, s)| i.rail.is_some() || s.own_tx.iter().flatten().any(|(_, b)| *b > 0.0)).map(|(i, _)| i.name.clone()).collect();
+        self.held = per_source.iter().map(|parts| parts.iter().filter(|(i, _)| self.scope.contains(&i.name)).cloned().collect()).collect();
     }
 
     /// Whether a traced collective was at work in the last [`HOLD`] seconds.
@@ -112,13 +118,20 @@ impl FastLane {
     fn read(&self, srcs: &mut [Box<dyn Source>], engine: &Arc<Mutex<Engine>>) {
         let t0 = crate::engine::wall_now();
         let mut any = false;
-        for s in srcs.iter_mut() {
-            any |= s.fast_sweep(&self.scope);
+        let mut parts: Vec<NicPart> = Vec::new();
+        for (k, s) in srcs.iter_mut().enumerate() {
+            // Every source's fields of a NIC add up to its sample: one without a fast read
+            // gives its last values (a sample missing them would read as a drop).
+            if s.fast_sweep(&self.scope) {
+                any = true;
+                parts.extend(s.nic_samples_of(&self.scope));
+            } else {
+                parts.extend(self.held.get(k).into_iter().flatten().cloned());
+            }
         }
         if !any {
             return;
         }
-        let parts: Vec<NicPart> = srcs.iter().flat_map(|s| s.nic_samples_of(&self.scope)).collect();
         let t1 = crate::engine::wall_now();
         if let Ok(mut e) = engine.lock() {
             e.push_samples(t0 + (t1 - t0) / 2.0, parts);

@@ -141,10 +141,11 @@ impl Sampler {
 
     /// Per-NIC samples for step windows, then the steps that ended are attributed.
     fn attribute(&mut self, round_start: f64, c: &mut Clock) {
-        let parts: Vec<_> = self.srcs.iter().flat_map(|s| s.nic_samples()).collect();
+        let per_source: Vec<_> = self.srcs.iter().map(|s| s.nic_samples()).collect();
         if let Some(f) = self.fast.as_mut() {
-            f.set_scope(&parts);
+            f.set_full(&per_source);
         }
+        let parts: Vec<_> = per_source.into_iter().flatten().collect();
         if let Ok(mut e) = self.engine.lock() {
             let now = crate::engine::wall_now();
             // Counters were read during the round: stamped at its middle, so a round

@@ -8,6 +8,9 @@ use std::{fs::File, io, os::unix::fs::FileExt, path::Path};
 
 /// sysfs names of the counters, in the order of [`super::COUNTERS`].
 const FILES: [&str; 8] = ["rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors"];
+/// The ones attribution uses (bytes and drops), read by the fast lane; the others keep
+/// their values from the last dump.
+const READ: [usize; 4] = [0, 1, 4, 5];
 
 /// One netdev's statistics files, opened for the ifindex the dump gave it.
 pub struct StatFiles {
@@ -23,15 +26,16 @@ impl StatFiles {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("{dev}: sysfs shows ifindex {there:?}, the dump {ifindex}")));
         }
         let dir = sysfs_root.join("class/net").join(dev).join("statistics");
-        let files = FILES.iter().map(|f| crate::sources::fsread::open_regular(&dir.join(f))).collect::<io::Result<Vec<File>>>()?;
+        let files = READ.iter().map(|&i| crate::sources::fsread::open_regular(&dir.join(FILES[i]))).collect::<io::Result<Vec<File>>>()?;
         Ok(StatFiles { ifindex, files })
     }
 
-    /// The eight counters now.
-    pub fn read(&self) -> io::Result<[u64; 8]> {
-        let mut out = [0u64; 8];
+    /// The eight counters now: bytes and drops read, the others as in `prev`.
+    pub fn read(&self, prev: &[u64; 8]) -> io::Result<[u64; 8]> {
+        let mut out = *prev;
         let mut buf = [0u8; 32];
-        for (v, f) in out.iter_mut().zip(&self.files) {
+        for (&i, f) in READ.iter().zip(&self.files) {
+            let v = &mut out[i];
             let n = f.read_at(&mut buf, 0)?;
             let text = std::str::from_utf8(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             *v = text.trim().parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{text:?}: {e}")))?;
@@ -58,11 +62,12 @@ mod tests {
         let t = tempfile::tempdir().expect("tempdir");
         dev(t.path(), "rail0", 7, "1000\n");
         let f = StatFiles::open(t.path(), "rail0", 7).expect("opens");
-        assert_eq!(f.read().expect("reads")[1], 1000);
+        let prev = [5, 6, 7, 8, 9, 10, 11, 12];
+        assert_eq!(f.read(&prev).expect("reads"), [0, 1000, 7, 8, 0, 0, 11, 12], "bytes and drops read, packets and errors kept");
         std::fs::write(t.path().join("class/net/rail0/statistics/tx_bytes"), "123456789012\n").expect("write");
-        assert_eq!(f.read().expect("reads")[1], 123_456_789_012, "the same open file, read from 0 again");
+        assert_eq!(f.read(&prev).expect("reads")[1], 123_456_789_012, "the same open file, read from 0 again");
         assert!(StatFiles::open(t.path(), "rail0", 8).is_err(), "sysfs of another namespace");
         std::fs::write(t.path().join("class/net/rail0/statistics/tx_bytes"), "N/A\n").expect("write");
-        assert_eq!(f.read().expect_err("garbage").kind(), io::ErrorKind::InvalidData);
+        assert_eq!(f.read(&prev).expect_err("garbage").kind(), io::ErrorKind::InvalidData);
     }
 }

@@ -165,6 +165,8 @@ pub struct NetdevSource {
     last_error: Option<String>,
     /// The fast lane's open statistics files per netdev (`Err` where sysfs cannot serve it).
     fast: BTreeMap<String, Result<fast::StatFiles, u32>>,
+    /// Each netdev's link rate (sysfs `speed`), read at the full sweeps.
+    rates: BTreeMap<String, Option<f64>>,
 }
 
 impl NetdevSource {
@@ -175,7 +177,7 @@ impl NetdevSource {
         }
         let up = Family::<NetdevLabels, Gauge>::default();
         registry.register("stepwise_netdev_up", "1 when the netdev's operational state is up", up.clone());
-        NetdevSource { ctx, families, up, rtnl: None, devs: BTreeMap::new(), last_error: None, fast: BTreeMap::new() }
+        NetdevSource { ctx, families, up, rtnl: None, devs: BTreeMap::new(), last_error: None, fast: BTreeMap::new(), rates: BTreeMap::new() }
     }
 
     /// Cumulative values of every netdev read at least once (present or gone).
@@ -282,7 +284,8 @@ impl NetdevSource {
     /// The fast-lane reading of `name` (present, 64-bit statistics), through its sysfs files
     /// opened for the ifindex the dumps gave it; `None` where sysfs cannot serve it.
     fn fast_reading(&mut self, name: &str) -> Option<LinkReading> {
-        let d = self.devs.get(name).filter(|d| d.present && matches!(d.prev, Some((_, Semantics::Monotonic))))?;
+        let d = self.devs.get(name).filter(|d| d.present)?;
+        let Some((prev, Semantics::Monotonic)) = d.prev else { return None };
         let (ifindex, up) = (d.ifindex, d.up);
         let stale = self.fast.get(name).is_none_or(|f| match f {
             Ok(f) => f.ifindex != ifindex,
@@ -293,7 +296,7 @@ impl NetdevSource {
             self.fast.insert(name.to_string(), opened);
         }
         let files = self.fast.get(name)?.as_ref().ok()?;
-        match files.read() {
+        match files.read(&prev) {
             Ok(v) => Some(LinkReading { ifindex, name: name.to_string(), up, values: Some((v, Semantics::Monotonic)) }),
             Err(_) => {
                 // Gone or garbled: the next dump decides; opened again after it.
@@ -307,10 +310,10 @@ impl NetdevSource {
 
 impl Source for NetdevSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
-        nic_parts(self.snapshot(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
+        nic_parts(self.snapshot(), |n| self.rates.get(n).copied().flatten())
     }
     fn nic_samples_of(&self, nics: &std::collections::BTreeSet<String>) -> Vec<super::nic::NicPart> {
-        nic_parts(self.snapshot().into_iter().filter(|d| nics.contains(&d.netdev)).collect(), |n| super::nic_rate(&self.ctx.sysfs_root, n))
+        nic_parts(self.snapshot().into_iter().filter(|d| nics.contains(&d.netdev)).collect(), |n| self.rates.get(n).copied().flatten())
     }
     fn fast_sweep(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
         let mut report = SweepReport::default();
@@ -369,6 +372,8 @@ impl Source for NetdevSource {
             }
             self.apply(r, at, &mut report);
         }
+        let root = &self.ctx.sysfs_root;
+        self.rates = self.devs.iter().filter(|(_, d)| d.present).map(|(n, _)| (n.clone(), super::nic_rate(root, n))).collect();
         // Interrupted dumps may miss links that still exist: do not call those gone.
         if !dump.interrupted {
             for (name, d) in self.devs.iter_mut() {

@@ -13,6 +13,7 @@
 //! is one syscall per counter and no label hashing.
 
 mod files;
+mod gather;
 mod metrics;
 pub(crate) mod parse;
 mod port;
@@ -401,6 +402,28 @@ impl RdmaSource {
 impl Source for RdmaSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         nic_parts(self.ports())
+    }
+    fn fast_sweep(&mut self, nics: &BTreeSet<String>) -> bool {
+        let mut io = Io {
+            metrics: &self.metrics,
+            errors: &self.ctx.errors,
+            names: &mut self.counter_names,
+            budget: &self.budget,
+            interval: self.ctx.interval,
+            relist_every: self.relist_every,
+            metrics_every: self.metrics_every,
+            scratch: &mut self.scratch,
+        };
+        let mut any = false;
+        for (dev, d) in self.devices.iter_mut().filter(|(_, d)| d.present) {
+            for (port, p) in d.ports.iter_mut() {
+                let name = p.netdev.clone().unwrap_or_else(|| format!("{dev}/{port}"));
+                if nics.contains(&name) {
+                    any |= p.fast(&mut io, dev, *port);
+                }
+            }
+        }
+        any
     }
     fn name(&self) -> &'static str {
         SOURCE

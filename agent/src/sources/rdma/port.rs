@@ -13,7 +13,8 @@ use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 use super::{
-    files::{Budget, PortFiles, ReadError, Tag},
+    files::{Budget, PortFiles, Tag},
+    gather::{read_files, Due},
     hw_every,
     metrics::{set_counter, CounterLabels, FloatGauge, Metrics, PortLabels},
     now_ns,
@@ -28,7 +29,7 @@ use crate::sources::{
 
 /// The counter groups, in the order of [`files::GROUP_DIRS`](super::files::GROUP_DIRS).
 const GROUPS: [Group; 3] = [Group::Pma, Group::PmaLegacyExt, Group::Hw];
-const HW: usize = 2;
+pub(super) const HW: usize = 2;
 
 /// One counter file's accumulated state (kept when its file vanishes or is reopened).
 #[derive(Debug)]
@@ -139,18 +140,18 @@ impl Io<'_> {
 /// Buffers reused by every port of every sweep.
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
-    buf: Vec<u8>,
-    text: [Vec<u8>; 3],
-    values: [Vec<Result<u64, ReadFailure>>; 3],
+    pub(super) buf: Vec<u8>,
+    pub(super) text: [Vec<u8>; 3],
+    pub(super) values: [Vec<Result<u64, ReadFailure>>; 3],
 }
 
 /// What the read pass got: which text files and which counter groups were read.
 #[derive(Debug, Default)]
-struct Gathered {
-    text: [bool; 3],
+pub(super) struct Gathered {
+    pub(super) text: [bool; 3],
     /// Text files left unread this sweep (`rate`, `link_layer` between their paced reads).
-    text_not_due: [bool; 3],
-    groups: [bool; 3],
+    pub(super) text_not_due: [bool; 3],
+    pub(super) groups: [bool; 3],
 }
 
 #[derive(Debug)]
@@ -372,6 +373,24 @@ impl PortState {
         Some((read, skipped))
     }
 
+    /// The fast lane's read (`daemon::fast`): the attribution counters only (the PMA and
+    /// legacy-ext groups' typed files, not hw_counters, paced files or text) through the files
+    /// the last sweep opened, into the port's totals. `false` when nothing could be read (the
+    /// next full sweep reopens what went stale).
+    pub fn fast(&mut self, io: &mut Io, dev: &str, port: u32) -> bool {
+        let Some(files) = self.files.as_mut().filter(|_| self.present) else { return false };
+        let Ok(got) = read_files(files, io, Due { hw: false, paced: [false; 3], text: false, state: false }, true) else {
+            return false;
+        };
+        let mut read = 0;
+        for g in (0..HW).filter(|g| got.groups[*g]) {
+            read += self.apply_group(io, dev, port, g).0;
+        }
+        (self.read_monotonic_ns, self.read_unix_ns) = now_ns();
+        self.export(io.metrics);
+        read > 0
+    }
+
     /// The read pass: through the open files, rebuilt from paths once if they went stale.
     fn gather(&mut self, io: &mut Io, hw_due: bool) -> Option<Gathered> {
         for last in [false, true] {
@@ -390,7 +409,7 @@ impl PortState {
                 }
             }
             let Some(files) = self.files.as_mut() else { continue };
-            match read_files(files, io, Due { hw: hw_due, paced: self.paced_due, text: self.text_due }, !last) {
+            match read_files(files, io, Due { hw: hw_due, paced: self.paced_due, text: self.text_due, state: true }, !last) {
                 Ok(g) => return Some(g),
                 Err(_) => self.files = None,
             }
@@ -562,65 +581,4 @@ impl PortState {
         }
         self.totals = totals;
     }
-}
-
-/// What a sweep reads of a port besides `state` and the counters attribution uses.
-#[derive(Clone, Copy, Debug)]
-struct Due {
-    /// hw_counters (see [`hw_every`]).
-    hw: bool,
-    /// Per group: its paced (metric-only) files.
-    paced: [bool; 3],
-    /// `rate` and `link_layer`.
-    text: bool,
-}
-
-/// Reads the port's text files and the counter groups due into the scratch buffers; a
-/// group's paced files only where `due.paced` says so ([`ReadFailure::NotDue`] otherwise).
-/// With `abort_stale`, a descriptor whose file is gone stops the pass (`Err`); otherwise it
-/// is one more failed read.
-fn read_files(files: &mut PortFiles, io: &mut Io, due: Due, abort_stale: bool) -> Result<Gathered, ReadError> {
-    let mut got = Gathered::default();
-    let mut failed = false;
-    let s = &mut *io.scratch;
-    for (i, f) in files.text.iter_mut().enumerate() {
-        if i > 0 && !due.text {
-            got.text_not_due[i] = true;
-            continue;
-        }
-        match f.read(&files.dir, &mut s.text[i], io.budget) {
-            Ok(()) => got.text[i] = true,
-            Err(ReadError::Stale) if abort_stale => return Err(ReadError::Stale),
-            Err(_) => failed = true,
-        }
-    }
-    for (g, dir) in files.groups.iter_mut().enumerate() {
-        let Some(dir) = dir else { continue };
-        if g == HW && !due.hw {
-            continue;
-        }
-        let vals = &mut s.values[g];
-        vals.clear();
-        for f in &mut dir.files {
-            if f.paced && !due.paced[g] {
-                vals.push(Err(ReadFailure::NotDue));
-                continue;
-            }
-            let v = match f.read(&dir.dir, &mut s.buf, io.budget) {
-                Ok(()) => parse::parse_counter_bytes(&s.buf).map_err(ReadFailure::Value),
-                Err(ReadError::Stale) if abort_stale => return Err(ReadError::Stale),
-                Err(_) => {
-                    failed = true;
-                    Err(ReadFailure::Io)
-                }
-            };
-            vals.push(v);
-        }
-        got.groups[g] = true;
-    }
-    // On sysfs a failed read may be a file the driver re-created: look again next sweep.
-    if failed && files.dir.sysfs {
-        files.relist_soon();
-    }
-    Ok(got)
 }

@@ -533,3 +533,28 @@ fn metric_only_counters_and_the_rate_are_read_once_a_period_attribution_counters
     assert_eq!(errors.get("rdma", "read"), 0, "an unread file is not a failed read");
     assert_eq!(errors.get("rdma", "counter_reset"), 0);
 }
+
+#[test]
+fn the_fast_lane_reads_the_attribution_counters_of_the_named_ports_only() {
+    let h = Host::new();
+    h.add_nic("mlx5_0", "eth0");
+    h.add_nic("mlx5_1", "eth1");
+    let (mut src, _e, _r) = h.source();
+    src.sweep().expect("sweep");
+    for dev in ["mlx5_0", "mlx5_1"] {
+        h.put(dev, "counters/port_xmit_data", "350\n");
+        h.put(dev, "counters/port_xmit_wait", "9\n");
+        h.put(dev, "hw_counters/np_cnp_sent", "5\n");
+    }
+    let nics: std::collections::BTreeSet<String> = ["eth0".to_string()].into();
+    assert!(src.fast_sweep(&nics), "eth0 read");
+    let p = src.ports();
+    let (a, b) = (port(&p, "mlx5_0"), port(&p, "mlx5_1"));
+    assert_eq!((a.transmit_bytes, a.transmit_wait_ticks), (1400, 9), "eth0's data and transmit wait, read by the fast lane");
+    assert_eq!(a.cnp_sent, 0, "hw_counters wait for the full sweep (their cache lifetime)");
+    assert_eq!((b.transmit_bytes, b.transmit_wait_ticks), (400, 0), "eth1 is not the job's: not read");
+    assert!(!src.fast_sweep(&["eth9".to_string()].into()), "no such port: nothing read");
+    src.sweep().expect("sweep");
+    let p = src.ports();
+    assert_eq!((port(&p, "mlx5_0").cnp_sent, port(&p, "mlx5_1").transmit_bytes), (5, 1400));
+}

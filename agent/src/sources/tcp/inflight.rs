@@ -36,6 +36,8 @@ pub struct IfaceTcp {
     pub little_bytes: f64,
     /// Gauges at the last sweep.
     pub in_flight_bytes: f64,
+    /// Σ in-flight / srtt at the last sweep (bytes/s).
+    pub little_rate: f64,
     pub in_flight_segments: f64,
     /// Mean smoothed RTT of the connections that carried data since the previous sweep (of
     /// every connection that ever carried data when none did); 0 when unknown.
@@ -225,7 +227,20 @@ impl InFlightTracker {
     /// One dump at `now` (seconds, any monotonic clock); `iface_of` maps a local address to
     /// its interface, `None` for connections to leave out.
     pub fn update(&mut self, now: f64, conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
-        self.sweeps += 1;
+        self.update_with(now, conns, iface_of, false);
+    }
+
+    /// [`InFlightTracker::update`] with some connections only (the fast lane's): a connection
+    /// left out is not forgotten, an interface none of them uses keeps its figures (its
+    /// in-flight bytes held over the time since), and the metrics wait for the next dump.
+    pub fn update_some(&mut self, now: f64, conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
+        self.update_with(now, conns, iface_of, true);
+    }
+
+    fn update_with(&mut self, now: f64, conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>, partial: bool) {
+        if !partial {
+            self.sweeps += 1;
+        }
         let dt = self.last_time.map(|t| (now - t).max(0.0)).unwrap_or(0.0);
         self.last_time = Some(now);
         let mut acc: BTreeMap<String, Acc> = BTreeMap::new();
@@ -255,9 +270,15 @@ impl InFlightTracker {
             }
         }
         let sweeps = self.sweeps;
-        self.last.retain(|_, l| sweeps - l.seen <= FORGET_AFTER);
+        if !partial {
+            self.last.retain(|_, l| sweeps - l.seen <= FORGET_AFTER);
+        }
         for (dev, e) in self.ifaces.iter_mut() {
-            let a = acc.remove(dev).unwrap_or_default();
+            let Some(a) = acc.remove(dev).or_else(|| (!partial).then(Acc::default)) else {
+                e.in_flight_byte_seconds += e.in_flight_bytes * dt;
+                e.little_bytes += e.little_rate * dt;
+                continue;
+            };
             e.connections = a.conns;
             e.in_flight_bytes = a.inflight;
             e.in_flight_byte_seconds += a.inflight * dt;
@@ -271,8 +292,11 @@ impl InFlightTracker {
             if a.mss.1 > 0 {
                 e.mss_bytes = mean(a.mss);
             }
+            e.little_rate = a.little;
         }
-        self.export();
+        if !partial {
+            self.export();
+        }
     }
 
     fn export(&self) {

@@ -215,16 +215,15 @@ impl TcpSource {
 }
 
 impl TcpSource {
-    /// The fast lane's read: the traced processes' connections known at the last dump, each
-    /// asked for by itself (a hash lookup, where a dump walks every socket of the host), into
-    /// their own bytes and in-flight figures. All of them, whatever `nics`: a connection left
-    /// out would be forgotten and counted again from zero at the next dump.
-    fn fast_own(&mut self) -> bool {
+    /// The fast lane's read: the traced processes' connections known at the last dump that
+    /// leave by one of `nics`, each asked for by itself (a hash lookup, where a dump walks
+    /// every socket of the host), into their own bytes and in-flight figures.
+    fn fast_own(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
         let Ok(d) = self.diag.as_mut() else { return false };
-        if self.own_conns.is_empty() {
+        let asked: Vec<&TcpConn> = self.own_conns.iter().filter(|(_, e)| nics.contains(e)).map(|(c, _)| c).collect();
+        if asked.is_empty() {
             return false;
         }
-        let asked: Vec<&TcpConn> = self.own_conns.iter().map(|(c, _)| c).collect();
         let conns = match d.query(&asked) {
             Ok(c) => c,
             Err(_) => {
@@ -235,16 +234,16 @@ impl TcpSource {
         let egress: HashMap<u64, &String> = self.own_conns.iter().map(|(c, e)| (c.cookie, e)).collect();
         let iface = |c: &TcpConn| egress.get(&c.cookie).map(|e| e.to_string());
         let now = self.started.elapsed().as_secs_f64();
-        let measured = self.own.measured.clone();
-        self.own.update(&conns, measured.into_iter(), iface);
-        self.own_inflight.update(now, &conns, iface);
+        let cookies: Vec<u64> = asked.iter().map(|c| c.cookie).collect();
+        self.own.update_some(&cookies, &conns, iface);
+        self.own_inflight.update_some(now, &conns, iface);
         true
     }
 }
 
 impl Source for TcpSource {
-    fn fast_sweep(&mut self, _nics: &std::collections::BTreeSet<String>) -> bool {
-        self.fast_own()
+    fn fast_sweep(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
+        self.fast_own(nics)
     }
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         let mut out: BTreeMap<&str, crate::timeline::NicSample> = BTreeMap::new();

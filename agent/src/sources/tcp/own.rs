@@ -118,6 +118,11 @@ pub struct OwnTraffic {
     pub measured: BTreeSet<String>,
     /// The traced pids whose sockets were read at the last lookup (sorted).
     resolved: Vec<u32>,
+    /// The traced connections at the last read, by cookie, with their interface.
+    live: HashMap<u64, String>,
+    /// Interfaces where a traced connection closed since the read before: what it sent
+    /// after that read is not known, so their own bytes are not measured at this one.
+    closed: BTreeSet<String>,
 }
 
 impl OwnTraffic {
@@ -129,19 +134,9 @@ impl OwnTraffic {
     pub fn update(&mut self, conns: &[TcpConn], ifaces: impl Iterator<Item = String>, iface_of: impl Fn(&TcpConn) -> Option<String>) {
         self.dumps += 1;
         let traced = self.resolve(conns);
-        for c in conns {
-            let now = Counts::of(c, self.dumps);
-            let prev = self.last.insert(c.cookie, now);
-            let Some(&pid) = self.inode_pid.get(&c.inode) else { continue };
-            let Some(dev) = iface_of(c) else { continue };
-            let prev = match prev {
-                Some(p) => p,
-                None if self.dumps > 1 => Counts::default(),
-                None => continue,
-            };
-            let total = self.per_iface.entry(dev).or_default().entry(pid).or_default();
-            *total = (*total + prev.wire_bytes_to(&now, header_bytes(c))).max(0.0);
-        }
+        let before = std::mem::take(&mut self.live);
+        self.add(conns, iface_of);
+        self.closed = before.into_iter().filter(|(k, _)| !self.live.contains_key(k)).map(|(_, dev)| dev).collect();
         let d = self.dumps;
         self.last.retain(|_, l| d - l.dump <= 2);
         if self.last.len() > MAX_KEPT {
@@ -151,6 +146,31 @@ impl OwnTraffic {
             m.retain(|p, _| traced.binary_search(p).is_ok());
         }
         self.measured = ifaces.collect();
+    }
+
+    /// Some of the traced connections read again between dumps (the fast lane's): their bytes
+    /// since, nothing forgotten, owners as the last dump resolved them.
+    pub fn update_some(&mut self, asked: &[u64], conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
+        self.add(conns, iface_of);
+        let answered: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
+        self.closed = asked.iter().filter(|k| !answered.contains(k)).filter_map(|k| self.live.remove(k)).collect();
+    }
+
+    fn add(&mut self, conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
+        for c in conns {
+            let now = Counts::of(c, self.dumps);
+            let prev = self.last.insert(c.cookie, now);
+            let Some(&pid) = self.inode_pid.get(&c.inode) else { continue };
+            let Some(dev) = iface_of(c) else { continue };
+            self.live.insert(c.cookie, dev.clone());
+            let prev = match prev {
+                Some(p) => p,
+                None if self.dumps > 1 => Counts::default(),
+                None => continue,
+            };
+            let total = self.per_iface.entry(dev).or_default().entry(pid).or_default();
+            *total = (*total + prev.wire_bytes_to(&now, header_bytes(c))).max(0.0);
+        }
     }
 
     /// Brings the inode → pid map up to date for `conns`; the traced pids.
@@ -192,7 +212,8 @@ impl OwnTraffic {
     /// pid not listed was not known yet, and its bytes so far are not measured.
     pub fn of(&self, iface: &str) -> Option<Vec<(u32, f64)>> {
         let sent = self.per_iface.get(iface);
-        self.measured.contains(iface).then(|| self.resolved.iter().map(|p| (*p, sent.and_then(|m| m.get(p)).copied().unwrap_or(0.0))).collect())
+        (self.measured.contains(iface) && !self.closed.contains(iface))
+            .then(|| self.resolved.iter().map(|p| (*p, sent.and_then(|m| m.get(p)).copied().unwrap_or(0.0))).collect())
     }
 }
 
