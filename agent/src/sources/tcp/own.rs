@@ -136,7 +136,8 @@ impl OwnTraffic {
         let traced = self.resolve(conns);
         let before = std::mem::take(&mut self.live);
         self.add(conns, iface_of);
-        self.closed = before.into_iter().filter(|(k, _)| !self.live.contains_key(k)).map(|(_, dev)| dev).collect();
+        let dumped: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
+        self.closed = before.into_iter().filter(|(k, _)| !dumped.contains(k)).map(|(_, dev)| dev).collect();
         let d = self.dumps;
         self.last.retain(|_, l| d - l.dump <= 2);
         if self.last.len() > MAX_KEPT {
@@ -281,6 +282,34 @@ mod tests {
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
         let again = own.of("lo").expect("measured")[0].1;
         assert!((180_000.0..320_000.0).contains(&again), "{again}");
+    }
+
+    #[test]
+    fn a_traced_connection_that_closed_leaves_its_interface_unmeasured_at_that_read() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        let mut diag = SockDiag::open().expect("sock_diag");
+        let owners = Owners::default();
+        let mut own = OwnTraffic::new(owners.clone());
+        owners.publish(Path::new("/proc"), [std::process::id()].into_iter());
+        let dump = |d: &mut SockDiag| d.dump().expect("dump").0.into_iter().filter(|c| c.local_port == port || c.remote_port == port).collect::<Vec<_>>();
+        let mut a = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (mut b, _) = l.accept().expect("accept");
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        send(&mut a, &mut b, 100_000);
+        let conns = dump(&mut diag);
+        let cookies: Vec<u64> = conns.iter().map(|c| c.cookie).collect();
+        // The fast lane's partial read: both connections answered, measured.
+        own.update_some(&cookies, &diag.query(&conns.iter().collect::<Vec<_>>()).expect("query"), lo);
+        assert!(own.of("lo").is_some_and(|v| v[0].1 >= 100_000.0), "{:?}", own.of("lo"));
+        drop((a, b));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Asked again after they closed: what they sent since the last read is unknown.
+        own.update_some(&cookies, &diag.query(&conns.iter().collect::<Vec<_>>()).expect("query"), lo);
+        assert_eq!(own.of("lo"), None, "closed since the last read");
+        // The next dump finds nothing closed since: measured again.
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        assert!(own.of("lo").is_some());
     }
 
     #[test]
