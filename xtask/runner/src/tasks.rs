@@ -202,6 +202,7 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("models") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_models"])),
         Some("attribution") => bench_attribution(),
         Some("tcp") => sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_tcp"])),
+        Some("fast") => bench_fast(),
         Some("cluster") => bench_cluster(),
         // The NCCL profiler plugin: ns per collective on NCCL's calling and proxy threads
         // against an empty plugin, and records/s reaching a receiver (docs/profiler-plugin.md).
@@ -213,7 +214,7 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }
-        _ => bail!("usage: cargo xtask bench <counters|models|attribution|probes|tcp|cluster|plugin>"),
+        _ => bail!("usage: cargo xtask bench <counters|fast|models|attribution|probes|tcp|cluster|plugin>"),
     }
 }
 
@@ -299,23 +300,37 @@ fn pread_floor(sys: &Path) -> Result<(usize, f64, f64)> {
     Ok((files.len(), hot as f64 / 2000e9, paced as f64 / 200e9))
 }
 
+/// The 16-NIC mlx5 fixture `dgx16` under `dir` (on tmpfs when available: sysfs is
+/// memory-backed, so an ext4 tree would add journal/atime work that no real sweep pays).
+fn dgx16(name: &str) -> Result<(PathBuf, PathBuf)> {
+    let dir = if Path::new("/dev/shm").is_dir() {
+        let d = Path::new("/dev/shm").join(format!("stepwise-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d)?;
+        d
+    } else {
+        tempdir(&format!("bench-{name}"))?
+    };
+    let sys = dir.join("sys");
+    stepwise_tests::scenario::run_cli(&["dgx16".into(), "--root".into(), sys.display().to_string(), "--duration".into(), "0s".into()])?;
+    Ok((dir, sys))
+}
+
+/// The fast lane's CPU against the full sweep's on the 16-NIC mlx5 fixture (see
+/// `agent/examples/bench_fast.rs`).
+fn bench_fast() -> Result<()> {
+    let (dir, sys) = dgx16("fast")?;
+    let r = sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_fast", "--"]).arg(&sys));
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
 /// CPU per sweep of a 16-NIC mlx5 fixture: the agent versus node_exporter's infiniband
 /// collector, measured in the same run on the same tree.
 fn bench_counters() -> Result<()> {
     let bin = build_agent(true)?;
     std::env::set_var("STEPWISE_AGENT_BIN", &bin);
-    // The fixture lives on tmpfs when available: sysfs (kernfs) is memory-backed, so an ext4
-    // tree would add journal/atime work that no real sweep pays — to both sides alike.
-    let dir = if Path::new("/dev/shm").is_dir() {
-        let d = Path::new("/dev/shm").join(format!("stepwise-bench-counters-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d)?;
-        d
-    } else {
-        tempdir("bench-counters")?
-    };
-    let sys = dir.join("sys");
-    stepwise_tests::scenario::run_cli(&["dgx16".into(), "--root".into(), sys.display().to_string(), "--duration".into(), "0s".into()])?;
+    let (dir, sys) = dgx16("counters")?;
     let ports = std::fs::read_dir(sys.join("class/infiniband"))?.count();
 
     // Agent: sampling only (no scrapes) at a 20 ms interval for 10 s.

@@ -369,6 +369,41 @@ impl SockDiag {
     }
 }
 
+/// `SKNLGRP_INET_TCP_DESTROY` and `SKNLGRP_INET6_TCP_DESTROY` (`linux/sock_diag.h`), as
+/// the bit mask a netlink bind takes.
+const DESTROY_GROUPS: u32 = (1 << (1 - 1)) | (1 << (3 - 1));
+
+/// The kernel's message for every TCP socket it frees in the agent's network namespace
+/// (`sock_diag` multicast, Linux ≥ 4.9): the socket's last `tcp_info`, with its cookie, sent
+/// when it is destroyed. A connection that closed between two reads would otherwise take the
+/// bytes it sent since the first with it.
+pub struct DestroyEvents {
+    sock: Socket,
+    buf: Vec<u8>,
+}
+
+impl DestroyEvents {
+    pub fn open() -> Result<Self, DiagError> {
+        let mut sock = Socket::new(NETLINK_SOCK_DIAG).map_err(DiagError::Open)?;
+        sock.bind(&SocketAddr::new(0, DESTROY_GROUPS)).map_err(DiagError::Open)?;
+        sock.set_non_blocking(true).map_err(DiagError::Open)?;
+        Ok(DestroyEvents { sock, buf: vec![0; RECV_BUF] })
+    }
+
+    /// Every socket freed since the last call (never blocks). `Err` when messages were lost
+    /// (the receive buffer overflowed): those sockets' ends are not known.
+    pub fn drain(&mut self) -> Result<Vec<TcpConn>, DiagError> {
+        let mut out = Vec::new();
+        loop {
+            match self.sock.recv(&mut &mut self.buf[..], 0) {
+                Ok(n) => out.extend(parse_answers(&self.buf[..n], |_| true).conns),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(out),
+                Err(e) => return Err(DiagError::Io(e)),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::{
@@ -510,5 +545,30 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         // Closed (TIME_WAIT or gone): not an established connection any more.
         assert_eq!(d.query(&[&me]).expect("query"), Vec::new());
+    }
+
+    #[test]
+    fn a_closed_connection_reports_its_last_bytes_when_the_kernel_frees_it() {
+        let mut events = DestroyEvents::open().expect("destroy events (root)");
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        let mut tx = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (mut rx, _) = l.accept().expect("accept");
+        let mut d = SockDiag::open().expect("sock_diag");
+        let me = d.dump().expect("dump").0.into_iter().find(|c| c.remote_port == port).expect("ours");
+        tx.write_all(&[3u8; 200_000]).expect("write");
+        let mut buf = vec![0u8; 200_000];
+        rx.read_exact(&mut buf).expect("read");
+        drop((tx, rx));
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            got.extend(events.drain().expect("drain"));
+            if got.iter().any(|c| c.cookie == me.cookie) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let last = got.iter().find(|c| c.cookie == me.cookie).expect("its destroy event");
+        assert!(last.bytes_sent >= 200_000 && last.bytes_acked >= 200_000, "{last:?}");
     }
 }

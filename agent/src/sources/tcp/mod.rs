@@ -66,6 +66,8 @@ pub struct TcpSource {
     /// The traced processes' connections at the last dump, with the interface each leaves
     /// by: the fast lane asks for these again one by one ([`SockDiag::query`]).
     own_conns: Vec<(TcpConn, String)>,
+    /// Sockets the kernel freed, with their last `tcp_info` (`Err`: not available here).
+    destroys: Result<diag::DestroyEvents, String>,
 }
 
 /// The CPU budget of the `sock_diag` dump (see the module docs).
@@ -157,12 +159,16 @@ impl TcpSource {
             started: std::time::Instant::now(),
             budget: Budget::new(crate::config::DEFAULT_TCP_CPU_BUDGET),
             own_conns: Vec::new(),
+            destroys: diag::DestroyEvents::open().map_err(|e| e.to_string()),
         }
     }
 
     /// One `sock_diag` dump into the per-interface in-flight view when the budget allows; the
     /// number of connections (0 when skipped).
     fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
+        // Before the dump: a connection freed after it is missing from the dump and counted
+        // as closed unmeasured, never twice.
+        self.take_destroyed();
         let d = self.diag.as_mut().map_err(|e| e.clone())?;
         let start = self.started.elapsed().as_secs_f64();
         if !self.budget.due(start) {
@@ -218,7 +224,20 @@ impl TcpSource {
     /// The fast lane's read: the traced processes' connections known at the last dump that
     /// leave by one of `nics`, each asked for by itself (a hash lookup, where a dump walks
     /// every socket of the host), into their own bytes and in-flight figures.
+    /// The traced connections the kernel freed since the last read: their bytes up to their
+    /// end (see [`diag::DestroyEvents`]).
+    fn take_destroyed(&mut self) {
+        let Ok(ev) = self.destroys.as_mut() else { return };
+        match ev.drain() {
+            Ok(gone) => {
+                self.own.destroyed(&gone);
+            }
+            Err(_) => self.ctx.errors.inc("tcp", kind::NETLINK),
+        }
+    }
+
     fn fast_own(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
+        self.take_destroyed();
         let Ok(d) = self.diag.as_mut() else { return false };
         let asked: Vec<&TcpConn> = self.own_conns.iter().filter(|(_, e)| nics.contains(e)).map(|(c, _)| c).collect();
         if asked.is_empty() {
@@ -322,7 +341,7 @@ impl Source for TcpSource {
             })
             .collect();
         serde_json::json!({"attached": self.probe.is_some(), "error": self.load_error, "retransmits": self.totals,
-            "sock_diag": self.diag.as_ref().err(), "in_flight": inflight,
+            "sock_diag": self.diag.as_ref().err(), "destroy_events": self.destroys.as_ref().err(), "in_flight": inflight,
             "cpu_budget": self.budget.share, "dumps_skipped_for_budget": self.budget.skipped})
     }
 }

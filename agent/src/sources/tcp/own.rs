@@ -118,8 +118,8 @@ pub struct OwnTraffic {
     pub measured: BTreeSet<String>,
     /// The traced pids whose sockets were read at the last lookup (sorted).
     resolved: Vec<u32>,
-    /// The traced connections at the last read, by cookie, with their interface.
-    live: HashMap<u64, String>,
+    /// The traced connections at the last read, by cookie, with their interface and pid.
+    live: HashMap<u64, (String, u32)>,
     /// Interfaces where a traced connection closed since the read before: what it sent
     /// after that read is not known, so their own bytes are not measured at this one.
     closed: BTreeSet<String>,
@@ -137,7 +137,7 @@ impl OwnTraffic {
         let before = std::mem::take(&mut self.live);
         self.add(conns, iface_of);
         let dumped: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
-        self.closed = before.into_iter().filter(|(k, _)| !dumped.contains(k)).map(|(_, dev)| dev).collect();
+        self.closed = before.into_iter().filter(|(k, _)| !dumped.contains(k)).map(|(_, (dev, _))| dev).collect();
         let d = self.dumps;
         self.last.retain(|_, l| d - l.dump <= 2);
         if self.last.len() > MAX_KEPT {
@@ -154,7 +154,23 @@ impl OwnTraffic {
     pub fn update_some(&mut self, asked: &[u64], conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
         self.add(conns, iface_of);
         let answered: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
-        self.closed = asked.iter().filter(|k| !answered.contains(k)).filter_map(|k| self.live.remove(k)).collect();
+        self.closed = asked.iter().filter(|k| !answered.contains(k)).filter_map(|k| self.live.remove(k)).map(|(dev, _)| dev).collect();
+    }
+
+    /// The kernel's last `tcp_info` of sockets it freed (`sock_diag` destroy events,
+    /// [`super::diag::DestroyEvents`]): a traced connection's bytes up to its end, so that
+    /// its closing is not a gap. Returns how many were traced connections.
+    pub fn destroyed(&mut self, conns: &[TcpConn]) -> usize {
+        let mut n = 0;
+        for c in conns {
+            let Some((dev, pid)) = self.live.remove(&c.cookie) else { continue };
+            n += 1;
+            let Some(prev) = self.last.remove(&c.cookie) else { continue };
+            let now = Counts::of(c, self.dumps);
+            let total = self.per_iface.entry(dev).or_default().entry(pid).or_default();
+            *total = (*total + prev.wire_bytes_to(&now, header_bytes(c))).max(0.0);
+        }
+        n
     }
 
     fn add(&mut self, conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
@@ -163,7 +179,7 @@ impl OwnTraffic {
             let prev = self.last.insert(c.cookie, now);
             let Some(&pid) = self.inode_pid.get(&c.inode) else { continue };
             let Some(dev) = iface_of(c) else { continue };
-            self.live.insert(c.cookie, dev.clone());
+            self.live.insert(c.cookie, (dev.clone(), pid));
             let prev = match prev {
                 Some(p) => p,
                 None if self.dumps > 1 => Counts::default(),
@@ -310,6 +326,37 @@ mod tests {
         // The next dump finds nothing closed since: measured again.
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
         assert!(own.of("lo").is_some());
+    }
+
+    #[test]
+    fn a_traced_connections_last_bytes_come_from_its_destroy_event() {
+        let mut events = crate::sources::tcp::diag::DestroyEvents::open().expect("destroy events");
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        let mut diag = SockDiag::open().expect("sock_diag");
+        let owners = Owners::default();
+        let mut own = OwnTraffic::new(owners.clone());
+        let me = std::process::id();
+        owners.publish(Path::new("/proc"), [me].into_iter());
+        let dump = |d: &mut SockDiag| d.dump().expect("dump").0.into_iter().filter(|c| c.local_port == port || c.remote_port == port).collect::<Vec<_>>();
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        let mut a = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (mut b, _) = l.accept().expect("accept");
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        // 300 kB sent after the last read, then both ends closed.
+        send(&mut a, &mut b, 300_000);
+        drop((a, b));
+        let mut ended = 0;
+        for _ in 0..100 {
+            ended += own.destroyed(&events.drain().expect("drain"));
+            if ended == 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+        let sent = own.of("lo").expect("measured: nothing closed unseen")[0].1;
+        assert!((300_000.0..400_000.0).contains(&sent), "{sent}");
     }
 
     #[test]
