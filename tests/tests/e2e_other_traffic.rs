@@ -12,8 +12,8 @@
 //!   not use: rail imbalance is the job's own (rail 0 at the TBF rate against the same bytes
 //!   over 4 rails, from `ip -s link`), congestion stays under 10 % of the step.
 //!
-//! Counters are sampled every 10 ms as in every accuracy scenario (see docs/architecture.md:
-//! at the 1 s default a sub-second transfer's window is the span's even share).
+//! The agents run at the shipped sampling defaults: full sweeps every second, the fast lane
+//! reading the job's NICs and connections while it communicates (docs/architecture.md).
 
 use std::{
     collections::BTreeMap,

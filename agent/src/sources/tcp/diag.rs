@@ -1,4 +1,4 @@
-//! One `sock_diag` dump of the established TCP sockets of the agent's network namespace
+//! One `sock_diag` dump of the connected TCP sockets (established or closing) of the agent's network namespace
 //! (`NETLINK_SOCK_DIAG`, `inet_diag_req_v2` with `INET_DIAG_INFO` and `INET_DIAG_SKMEMINFO`):
 //! per connection the kernel's `struct tcp_info` and the socket's send buffer. The messages
 //! are small fixed layouts (`linux/inet_diag.h`, `linux/tcp.h`), encoded and decoded here by
@@ -25,6 +25,10 @@ const NLM_F_DUMP: u16 = 0x300;
 const INET_DIAG_INFO: u16 = 2;
 const INET_DIAG_SKMEMINFO: u16 = 7;
 const TCP_ESTABLISHED: u32 = 1;
+/// The states of a connection that still carries `tcp_info`: established, and closing on
+/// either side until the kernel frees it (`FIN_WAIT1`, `FIN_WAIT2`, `CLOSE_WAIT`, `LAST_ACK`,
+/// `CLOSING`) — a closing connection still sends what it had queued.
+const CONNECTED: u32 = (1 << TCP_ESTABLISHED) | (1 << 4) | (1 << 5) | (1 << 8) | (1 << 9) | (1 << 11);
 /// `inet_diag_msg`: family, state, timer, retrans, `inet_diag_sockid` (48), expires, rqueue,
 /// wqueue, uid, inode.
 const DIAG_MSG_LEN: usize = 72;
@@ -117,8 +121,8 @@ pub struct SockDiag {
     buf: Vec<u8>,
 }
 
-/// The dump request for one address family: established TCP sockets with `tcp_info` and
-/// memory info.
+/// The dump request for one address family: connected TCP sockets ([`CONNECTED`]) with
+/// `tcp_info` and memory info.
 pub fn request(family: u8, seq: u32) -> Vec<u8> {
     let mut m = Vec::with_capacity(16 + 56);
     let len = 16u32 + 56;
@@ -130,7 +134,7 @@ pub fn request(family: u8, seq: u32) -> Vec<u8> {
     // inet_diag_req_v2: family, protocol, ext bits, pad, states, then a zero sockid (48).
     let ext = (1u8 << (INET_DIAG_INFO - 1)) | (1u8 << (INET_DIAG_SKMEMINFO - 1));
     m.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, ext, 0]);
-    m.extend_from_slice(&(1u32 << TCP_ESTABLISHED).to_ne_bytes());
+    m.extend_from_slice(&CONNECTED.to_ne_bytes());
     m.extend_from_slice(&[0u8; 48]);
     m
 }
@@ -290,7 +294,7 @@ impl SockDiag {
         Ok(SockDiag { sock, seq: 0, buf: vec![0; RECV_BUF] })
     }
 
-    /// Every established TCP connection (IPv4 and IPv6), and how many answers could not be
+    /// Every connected TCP connection (IPv4 and IPv6), and how many answers could not be
     /// decoded.
     pub fn dump(&mut self) -> Result<(Vec<TcpConn>, usize), DiagError> {
         let mut conns = Vec::new();
@@ -321,7 +325,7 @@ impl SockDiag {
         self.receive(|b| {
             let got = parse_answers(b, |s| s.wrapping_sub(first) < n);
             answered += got.answers;
-            out.extend(got.conns.into_iter().filter(|c| u32::from(c.state) == TCP_ESTABLISHED));
+            out.extend(got.conns.into_iter().filter(|c| CONNECTED & (1 << u32::from(c.state).min(31)) != 0));
             (answered >= conns.len(), None)
         })?;
         Ok(out)
@@ -388,6 +392,15 @@ impl DestroyEvents {
         sock.bind(&SocketAddr::new(0, DESTROY_GROUPS)).map_err(DiagError::Open)?;
         sock.set_non_blocking(true).map_err(DiagError::Open)?;
         Ok(DestroyEvents { sock, buf: vec![0; RECV_BUF] })
+    }
+
+    /// Waits up to `timeout` for a message (the kernel sends them from a work queue, a
+    /// moment after the socket left the tables), then [`DestroyEvents::drain`]s.
+    pub fn wait(&mut self, timeout: Duration) -> Result<Vec<TcpConn>, DiagError> {
+        let mut pfd = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        self.drain()
     }
 
     /// Every socket freed since the last call (never blocks). `Err` when messages were lost
@@ -543,7 +556,7 @@ mod tests {
         assert!(again.iter().all(|c| c.cookie == me.cookie && c.bytes_sent >= me.bytes_sent + 100_000), "{again:?}");
         drop((tx, rx));
         std::thread::sleep(std::time::Duration::from_millis(50));
-        // Closed (TIME_WAIT or gone): not an established connection any more.
+        // Closed (TIME_WAIT or gone): no connection any more.
         assert_eq!(d.query(&[&me]).expect("query"), Vec::new());
     }
 

@@ -70,6 +70,9 @@ pub struct TcpSource {
     destroys: Result<diag::DestroyEvents, String>,
 }
 
+/// How long a read waits for the destroy event of a traced connection it no longer finds.
+pub const DESTROY_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The CPU budget of the `sock_diag` dump (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Budget {
@@ -166,9 +169,7 @@ impl TcpSource {
     /// One `sock_diag` dump into the per-interface in-flight view when the budget allows; the
     /// number of connections (0 when skipped).
     fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
-        // Before the dump: a connection freed after it is missing from the dump and counted
-        // as closed unmeasured, never twice.
-        self.take_destroyed();
+        self.take_destroyed(false);
         let d = self.diag.as_mut().map_err(|e| e.clone())?;
         let start = self.started.elapsed().as_secs_f64();
         if !self.budget.due(start) {
@@ -178,6 +179,9 @@ impl TcpSource {
         let dumped = d.dump().map_err(|e| e.to_string());
         self.budget.spent(start, thread_cpu() - cpu0);
         let (conns, bad) = dumped?;
+        if self.own.missing(&conns, None) {
+            self.take_destroyed(true);
+        }
         for _ in 0..bad {
             self.ctx.errors.inc("tcp", kind::PARSE);
         }
@@ -225,10 +229,12 @@ impl TcpSource {
     /// leave by one of `nics`, each asked for by itself (a hash lookup, where a dump walks
     /// every socket of the host), into their own bytes and in-flight figures.
     /// The traced connections the kernel freed since the last read: their bytes up to their
-    /// end (see [`diag::DestroyEvents`]).
-    fn take_destroyed(&mut self) {
+    /// end (see [`diag::DestroyEvents`]). With `wait`, a traced connection is missing from the
+    /// read just taken: its event is waited for (up to [`DESTROY_WAIT`]).
+    fn take_destroyed(&mut self, wait: bool) {
         let Ok(ev) = self.destroys.as_mut() else { return };
-        match ev.drain() {
+        let got = if wait { ev.wait(DESTROY_WAIT) } else { ev.drain() };
+        match got {
             Ok(gone) => {
                 self.own.destroyed(&gone);
             }
@@ -237,7 +243,7 @@ impl TcpSource {
     }
 
     fn fast_own(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
-        self.take_destroyed();
+        self.take_destroyed(false);
         let Ok(d) = self.diag.as_mut() else { return false };
         let asked: Vec<&TcpConn> = self.own_conns.iter().filter(|(_, e)| nics.contains(e)).map(|(c, _)| c).collect();
         if asked.is_empty() {
@@ -250,10 +256,13 @@ impl TcpSource {
                 return false;
             }
         };
+        let cookies: Vec<u64> = asked.iter().map(|c| c.cookie).collect();
+        if self.own.missing(&conns, Some(&cookies)) {
+            self.take_destroyed(true);
+        }
         let egress: HashMap<u64, &String> = self.own_conns.iter().map(|(c, e)| (c.cookie, e)).collect();
         let iface = |c: &TcpConn| egress.get(&c.cookie).map(|e| e.to_string());
         let now = self.started.elapsed().as_secs_f64();
-        let cookies: Vec<u64> = asked.iter().map(|c| c.cookie).collect();
         self.own.update_some(&cookies, &conns, iface);
         self.own_inflight.update_some(now, &conns, iface);
         true

@@ -123,6 +123,9 @@ pub struct OwnTraffic {
     /// Interfaces where a traced connection closed since the read before: what it sent
     /// after that read is not known, so their own bytes are not measured at this one.
     closed: BTreeSet<String>,
+    /// Connections whose end was counted from their destroy event: a read taken before it
+    /// that still lists them is not counted again.
+    ended: HashSet<u64>,
 }
 
 impl OwnTraffic {
@@ -137,7 +140,8 @@ impl OwnTraffic {
         let before = std::mem::take(&mut self.live);
         self.add(conns, iface_of);
         let dumped: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
-        self.closed = before.into_iter().filter(|(k, _)| !dumped.contains(k)).map(|(_, (dev, _))| dev).collect();
+        self.closed = before.into_iter().filter(|(k, _)| !dumped.contains(k) && !self.ended.contains(k)).map(|(_, (dev, _))| dev).collect();
+        self.ended.clear();
         let d = self.dumps;
         self.last.retain(|_, l| d - l.dump <= 2);
         if self.last.len() > MAX_KEPT {
@@ -153,6 +157,7 @@ impl OwnTraffic {
     /// since, nothing forgotten, owners as the last dump resolved them.
     pub fn update_some(&mut self, asked: &[u64], conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
         self.add(conns, iface_of);
+        self.ended.clear();
         let answered: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
         self.closed = asked.iter().filter(|k| !answered.contains(k)).filter_map(|k| self.live.remove(k)).map(|(dev, _)| dev).collect();
     }
@@ -164,6 +169,7 @@ impl OwnTraffic {
         let mut n = 0;
         for c in conns {
             let Some((dev, pid)) = self.live.remove(&c.cookie) else { continue };
+            self.ended.insert(c.cookie);
             n += 1;
             let Some(prev) = self.last.remove(&c.cookie) else { continue };
             let now = Counts::of(c, self.dumps);
@@ -174,7 +180,7 @@ impl OwnTraffic {
     }
 
     fn add(&mut self, conns: &[TcpConn], iface_of: impl Fn(&TcpConn) -> Option<String>) {
-        for c in conns {
+        for c in conns.iter().filter(|c| !self.ended.contains(&c.cookie)) {
             let now = Counts::of(c, self.dumps);
             let prev = self.last.insert(c.cookie, now);
             let Some(&pid) = self.inode_pid.get(&c.inode) else { continue };
@@ -212,6 +218,16 @@ impl OwnTraffic {
             self.resolved.clear();
         }
         pids
+    }
+
+    /// Whether a traced connection of the last read is missing from `conns` (closed since, or
+    /// not asked for: only `asked` counts when given).
+    pub fn missing(&self, conns: &[TcpConn], asked: Option<&[u64]>) -> bool {
+        let have: HashSet<u64> = conns.iter().map(|c| c.cookie).collect();
+        match asked {
+            Some(a) => a.iter().any(|k| !have.contains(k) && self.live.contains_key(k)),
+            None => self.live.keys().any(|k| !have.contains(k)),
+        }
     }
 
     /// Whether a traced process holds `c` (as of the last dump).
