@@ -10,7 +10,7 @@ use super::{
     decode::ProbeInfo,
     elf::SymbolTable,
     procs::FileKey,
-    targets::{Family, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    targets::{Family, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
     Attachment, Collectives,
 };
 use crate::ebpf::AttachedLink;
@@ -21,7 +21,7 @@ impl Collectives {
         let mut wanted: Vec<&str> = target.probes.iter().flat_map(|p| p.symbols.iter().map(String::as_str)).collect();
         if target.family == Family::Mpi {
             wanted.extend(OMPI_DATATYPES.iter().map(|(n, _)| *n));
-            wanted.push(OMPI_COMM_WORLD);
+            wanted.extend([OMPI_COMM_WORLD, OMPI_COMM_NULL]);
         }
         let symbols = match SymbolTable::read(path, &wanted) {
             Ok(s) => s,

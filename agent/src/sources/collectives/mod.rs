@@ -8,6 +8,7 @@
 
 pub mod admission;
 mod attach;
+pub mod comm_id;
 pub mod decode;
 mod drain;
 pub mod elf;
@@ -41,7 +42,7 @@ use self::{
     history::{ClockMap, History},
     metrics::CollectiveMetrics,
     procs::FileKey,
-    targets::{Family, Target, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    targets::{Family, Target, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
 };
 use crate::{
     config::collectives::{CollectivesConfig, UserProbe},
@@ -469,7 +470,8 @@ impl Collectives {
         let dir = self.cfg.proc_root.join(pid.to_string());
         let raw = super::fsread::read(&dir.join("environ")).unwrap_or_default();
         let pod = k8s::pod_of(&self.cfg.proc_root, pid, &self.cfg.pod_logs);
-        let mut info = ProcInfo { env: procs::parse_environ(&raw), pod, ..Default::default() };
+        let host = self.history.lock().map(|h| h.host.to_string()).unwrap_or_default();
+        let mut info = ProcInfo { env: procs::parse_environ(&raw), pod, host, ..Default::default() };
         for (ti, base, syms) in libs {
             if self.targets[*ti].family != Family::Mpi {
                 continue;
@@ -481,6 +483,7 @@ impl Collectives {
                 }
             }
             info.ompi_world = syms.vaddr(OMPI_COMM_WORLD).map(|v| bias.wrapping_add(v));
+            info.ompi_null = syms.vaddr(OMPI_COMM_NULL).map(|v| bias.wrapping_add(v));
             // A PIE executable that names MPI_COMM_WORLD or MPI_DOUBLE gets *copy
             // relocations*: the objects live in the executable and the library uses those
             // copies, so the executable's definitions win.
@@ -493,6 +496,9 @@ impl Collectives {
                 }
                 if let Some(v) = exe_syms.vaddr(OMPI_COMM_WORLD) {
                     info.ompi_world = Some(bias.wrapping_add(v));
+                }
+                if let Some(v) = exe_syms.vaddr(OMPI_COMM_NULL) {
+                    info.ompi_null = Some(bias.wrapping_add(v));
                 }
             }
         }
@@ -512,7 +518,7 @@ impl Collectives {
         let base = procs::parse_maps(&maps).into_iter().find(|m| m.inode == key.inode && m.offset == 0)?.start;
         if !self.exe_cache.contains_key(&key) {
             let mut wanted: Vec<&str> = OMPI_DATATYPES.iter().map(|(n, _)| *n).collect();
-            wanted.push(OMPI_COMM_WORLD);
+            wanted.extend([OMPI_COMM_WORLD, OMPI_COMM_NULL]);
             let t = SymbolTable::read(&exe, &wanted).unwrap_or_default();
             if self.exe_cache.len() > 256 {
                 self.exe_cache.clear();

@@ -227,3 +227,119 @@ fn an_entry_alone_whose_datatype_does_not_decode_is_kept_and_the_error_counted()
         other => panic!("{other:?}"),
     }
 }
+
+/// A decoder with the MPI table registered under ids 1.. in table order, and one rank's
+/// process facts (OpenMPI: world and null communicators at their runtime addresses).
+fn mpi_rank(host: &str, world: u64, rank: u32) -> (CallDecoder, ProcInfo, impl Fn(&str) -> u32) {
+    let mut d = CallDecoder::default();
+    let t = targets::mpi();
+    for (i, p) in t.probes.iter().enumerate() {
+        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
+    }
+    let mut proc = ProcInfo { host: host.into(), ompi_world: Some(world), ompi_null: Some(world + 0x200), ..ProcInfo::default() };
+    proc.env.insert("PMIX_NAMESPACE".into(), "prterun-a-77@1".into());
+    proc.env.insert("OMPI_COMM_WORLD_RANK".into(), rank.to_string());
+    proc.env.insert("OMPI_COMM_WORLD_SIZE".into(), "4".into());
+    let id = move |sym: &str| t.probes.iter().position(|p| p.symbols[0] == sym).map(|i| i as u32 + 1).expect("symbol in table");
+    (d, proc, id)
+}
+
+/// One call entered and returned on thread 1; `out` is what its out-pointer held at return.
+fn mpi_call(d: &mut CallDecoder, p: &ProcInfo, probe: u32, args: [u64; 6], out: Option<u64>) -> Option<super::decode::Call> {
+    d.feed(&ev(KIND_ENTER, probe, 1, 10, args), p).expect("enter");
+    let mut x = ev(KIND_EXIT, probe, 1, 20, [0, out.unwrap_or(0), 0, 0, 0, 0]);
+    x.has_deref = out.is_some() as u32;
+    match d.feed(&x, p) {
+        Ok(Decoded::Call(c)) => Some(c),
+        Ok(Decoded::Nothing) => None,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn mpi_sub_communicators_get_one_id_on_every_host_from_parent_order_and_color() {
+    // Two ranks of one job on two hosts: every address differs, the calls are the same.
+    let mut ids = Vec::new();
+    for (host, world, rank, color) in [("a", 0x5000u64, 0u32, 0u64), ("b", 0x9000, 2, 0), ("b", 0x9000, 3, 1)] {
+        let (mut d, p, id) = mpi_rank(host, world, rank);
+        let base = world + 0x10_000;
+        // MPI_Comm_split(world, color, key, &sub), then MPI_Comm_dup(sub, &dup).
+        let split = mpi_call(&mut d, &p, id("PMPI_Comm_split"), [world, color, rank as u64, 0x7ff0, 0, 0], Some(base)).expect("split call");
+        assert_eq!(&*split.op, "comm_split");
+        let sub = split.comm.expect("the new communicator's id");
+        assert!(split.comm_global, "derived from the job-wide world");
+        let dup = mpi_call(&mut d, &p, id("PMPI_Comm_dup"), [base, 0x7ff8, 0, 0, 0, 0], Some(base + 0x100)).expect("dup").comm.expect("dup id");
+        assert_ne!(dup, sub);
+        // MPI_Comm_rank(sub, &r) → rank within the sub-communicator; its collectives count from 0.
+        mpi_call(&mut d, &p, id("PMPI_Comm_rank"), [base, 0x7ffc, 0, 0, 0, 0], Some(rank as u64 % 2));
+        for want in 0..2u64 {
+            mpi_call(&mut d, &p, id("PMPI_Barrier"), [world, 0, 0, 0, 0, 0], None);
+            let c = mpi_call(&mut d, &p, id("PMPI_Barrier"), [base, 0, 0, 0, 0, 0], None).expect("barrier");
+            assert_eq!((c.comm, c.seq, c.rank), (Some(sub), Some(want), Some(rank % 2)), "the world's barriers do not count on the sub-communicator");
+        }
+        ids.push((color, sub, dup));
+    }
+    assert_eq!(ids[0], (0, ids[1].1, ids[1].2), "same color, same parent order: one communicator across hosts");
+    assert_ne!(ids[1].1, ids[2].1, "another color is another communicator");
+    assert_ne!(ids[1].2, ids[2].2, "and so is its duplicate");
+}
+
+#[test]
+fn mpi_constructors_that_give_no_communicator_carry_no_id_and_keep_the_count() {
+    let (mut d, p, id) = mpi_rank("a", 0x5000, 1);
+    // MPI_UNDEFINED color: OpenMPI writes &ompi_mpi_comm_null.
+    let undefined = (super::comm_id::MPI_UNDEFINED as u32) as u64;
+    let c = mpi_call(&mut d, &p, id("PMPI_Comm_split"), [0x5000, undefined, 0, 0x7ff0, 0, 0], Some(0x5200)).expect("call");
+    assert_eq!((c.comm, c.comm_global), (None, false));
+    // MPI_Comm_create for a group this rank is not in: MPI_COMM_NULL.
+    let c = mpi_call(&mut d, &p, id("PMPI_Comm_create"), [0x5000, 0x8000, 0x7ff0, 0, 0, 0], Some(0x5200)).expect("call");
+    assert_eq!(c.comm, None);
+    // The third constructor over the world is the third on every rank, with or without a
+    // communicator from the first two.
+    let (mut e, q, _) = mpi_rank("b", 0x9000, 2);
+    mpi_call(&mut e, &q, id("PMPI_Comm_split"), [0x9000, 4, 0, 0x7ff0, 0, 0], Some(0x9100));
+    mpi_call(&mut e, &q, id("PMPI_Comm_create"), [0x9000, 0x8000, 0x7ff0, 0, 0, 0], Some(0x9200));
+    let mine = mpi_call(&mut d, &p, id("PMPI_Comm_dup"), [0x5000, 0x7ff0, 0, 0, 0, 0], Some(0x5300)).and_then(|c| c.comm);
+    let theirs = mpi_call(&mut e, &q, id("PMPI_Comm_dup"), [0x9000, 0x7ff0, 0, 0, 0, 0], Some(0x9300)).and_then(|c| c.comm);
+    assert!(mine.is_some());
+    assert_eq!(mine, theirs);
+}
+
+#[test]
+fn per_node_splits_differ_across_hosts_and_group_creates_are_counted_apart() {
+    // MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED=0, key, info, &node): one per node.
+    let split_type = |host: &str, world: u64| {
+        let (mut d, p, id) = mpi_rank(host, world, 0);
+        mpi_call(&mut d, &p, id("PMPI_Comm_split_type"), [world, 0, 0, 0, world + 0x50, 0], Some(world + 0x60)).and_then(|c| c.comm).expect("node comm")
+    };
+    assert_eq!(split_type("a", 0x5000), split_type("a", 0x7000), "one node, one communicator");
+    assert_ne!(split_type("a", 0x5000), split_type("b", 0x5000), "another node, another communicator");
+    // A rank that made a group communicator (MPI_Comm_create_group, tag 7) and one outside
+    // that group agree on the world's next split.
+    let (mut d, p, id) = mpi_rank("a", 0x5000, 0);
+    let g = mpi_call(&mut d, &p, id("PMPI_Comm_create_group"), [0x5000, 0x8000, 7, 0x7ff0, 0, 0], Some(0x5100)).and_then(|c| c.comm);
+    assert!(g.is_some());
+    let (mut e, q, _) = mpi_rank("b", 0x9000, 3);
+    let mine = mpi_call(&mut d, &p, id("PMPI_Comm_split"), [0x5000, 1, 0, 0x7ff0, 0, 0], Some(0x5400)).and_then(|c| c.comm);
+    let theirs = mpi_call(&mut e, &q, id("PMPI_Comm_split"), [0x9000, 1, 0, 0x7ff0, 0, 0], Some(0x9400)).and_then(|c| c.comm);
+    assert_eq!(mine, theirs);
+    assert_ne!(g, mine);
+}
+
+#[test]
+fn every_mpi_constructor_reads_its_new_handle_through_its_out_pointer() {
+    let t = targets::mpi();
+    let out = |sym: &str| t.probes.iter().find(|p| p.symbols[0] == sym).and_then(|p| p.deref);
+    use targets::Arg::Reg;
+    for (sym, want) in [
+        ("PMPI_Comm_split", Reg(3)),
+        ("PMPI_Comm_split_type", Reg(4)),
+        ("PMPI_Comm_dup", Reg(1)),
+        ("PMPI_Comm_dup_with_info", Reg(2)),
+        ("PMPI_Comm_idup", Reg(1)),
+        ("PMPI_Comm_create", Reg(2)),
+        ("PMPI_Comm_create_group", Reg(3)),
+    ] {
+        assert_eq!(out(sym), Some(want), "{sym}");
+    }
+}
