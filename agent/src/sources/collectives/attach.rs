@@ -52,6 +52,9 @@ impl Collectives {
             probe_ids.push(id);
             self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
             let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+            if let Some(a) = spec.blob_from {
+                cookie = agent_common::blob_from_arg(cookie, a);
+            }
             if spec.sampled {
                 cookie |= agent_common::COOKIE_LAZY_WAKE;
             }

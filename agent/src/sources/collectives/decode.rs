@@ -9,6 +9,9 @@ use agent_common::{ProbeEvent, BLOB_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EX
 use serde::Serialize;
 
 use super::comm_id;
+
+#[path = "gloo_groups.rs"]
+pub mod gloo_groups;
 use super::targets::{mpich_type_size, nccl_type_size, Arg, Decoder, Derive, Family, Op, MPICH_COMM_WORLD};
 
 /// A communicator's identity, shared by all its ranks (hex in JSON).
@@ -226,6 +229,7 @@ pub struct CallDecoder {
     net_inflight: HashMap<(u32, u64), (bool, Option<u64>, u64)>,
     /// tid → (send, bytes, enter_ns) of an Isend/Irecv whose request is not known yet.
     net_posting: HashMap<u32, (bool, Option<u64>, u64)>,
+    gloo: gloo_groups::GlooGroups,
 }
 
 pub(super) fn arg(ev: &ProbeEvent, a: Arg) -> u64 {
@@ -277,6 +281,7 @@ impl CallDecoder {
         }
         self.comms.retain(|(p, _), _| *p != pid);
         self.net_inflight.retain(|(p, _), _| *p != pid);
+        self.gloo_forget(pid);
         out
     }
 
@@ -305,7 +310,7 @@ impl CallDecoder {
             Family::Mpi if handle == MPICH_COMM_WORLD || Some(handle) == proc.ompi_world => {
                 (CommId(fnv1a(&[b"mpi-world", job.as_bytes()])), job != "job=unknown")
             }
-            Family::Gloo => (CommId(fnv1a(&[b"gloo-default", job.as_bytes()])), job != "job=unknown"),
+            Family::Gloo => (gloo_groups::default_id(&job), job != "job=unknown"),
             _ => (CommId(fnv1a(&[b"local", &ev.pid.to_le_bytes(), &handle.to_le_bytes()])), false),
         };
         let world = matches!(info.family, Family::Mpi | Family::Gloo) && global;
@@ -394,6 +399,7 @@ impl CallDecoder {
                 }
                 Ok(Decoded::Nothing)
             }
+            _ if matches!(info.decoder, Decoder::GlooContext | Decoder::GroupName) => Ok(Decoded::Nothing),
             Op::CommInit | Op::CommSplit | Op::CommDup | Op::CommCreate => Ok(Decoded::Call(self.created(&info, &p, ev, ret, proc))),
             Op::CommRank | Op::CommSize => {
                 if let (Some(Arg::Reg(_)), 1) = (Self::comm_arg(&info), ev.has_deref) {
@@ -478,6 +484,11 @@ impl CallDecoder {
     /// The pending call an entry opens (sequence number, communicator, bytes), and whether
     /// its arguments all decoded.
     fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> (Pending, Result<(), DecodeError>) {
+        match info.decoder {
+            Decoder::GlooContext => self.gloo_context(ev, proc),
+            Decoder::GroupName => self.gloo_group_name(ev, proc),
+            _ => {}
+        }
         let grouped = self.group_depth.get(&ev.tid).copied().unwrap_or(0) > 0;
         let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None, split_index: None };
         let mut result = Ok(());
@@ -502,10 +513,11 @@ impl CallDecoder {
                 }
             }
         } else if info.op.is_collective() && info.family == Family::Gloo {
-            let c = self.comm_for(info, ev, 0, proc);
+            let handle = self.gloo_handle(ev);
+            let c = self.comm_for(info, ev, handle, proc);
             pend.comm = Some(c);
-            pend.comm_key = Some((ev.pid, 0));
-            if let Some(st) = self.comms.get_mut(&(ev.pid, 0)) {
+            pend.comm_key = Some((ev.pid, handle));
+            if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
                 pend.seq = Some(st.next_seq);
                 st.next_seq += 1;
             }

@@ -51,6 +51,8 @@ pub enum Op {
     NetIsend,
     NetIrecv,
     NetTest,
+    /// A process group's name given (`c10d::ProcessGroup::setGroupName`).
+    GroupName,
     /// A user-defined probe's operation name is carried separately.
     User,
 }
@@ -80,6 +82,7 @@ impl Op {
             Op::NetIsend => "net_isend",
             Op::NetIrecv => "net_irecv",
             Op::NetTest => "net_test",
+            Op::GroupName => "group_name",
             Op::User => "user",
         }
     }
@@ -139,6 +142,14 @@ pub enum Decoder {
     NetPost { size: Option<Arg> },
     /// Internal network test: request handle, `int* done` read at return.
     NetTest,
+    /// A gloo collective `gloo::x(const xOptions&)`: the options object copied at entry
+    /// (its first word is the `std::shared_ptr<gloo::Context>`'s pointer: the group's context).
+    GlooOptions,
+    /// `gloo::Context::Context(this, rank, size, base)`: a group's context being made.
+    GlooContext,
+    /// `c10d::ProcessGroup::setGroupName(this, const std::string& name)`: the `std::string`
+    /// object copied at entry.
+    GroupName,
 }
 
 /// One symbol to probe.
@@ -152,6 +163,9 @@ pub struct ProbeSpec {
     pub decoder: Decoder,
     /// Copy 128 bytes of stack arguments at entry (`ncclUniqueId` by value).
     pub stack_blob: bool,
+    /// Copy 128 bytes at entry from the object this register argument (0..5) points at
+    /// instead (gloo's options, a `std::string`).
+    pub blob_from: Option<u8>,
     /// Out-pointer argument read at return.
     pub deref: Option<Arg>,
     /// Probed only in short sampled windows (hot internal functions like `ncclIbTest`).
@@ -187,7 +201,7 @@ impl Decoder {
             Decoder::MpiCommNew { parent, .. } => st(parent),
             Decoder::NcclInit { nranks, rank } => st(nranks) || st(rank),
             Decoder::NetPost { size } => size.as_ref().is_some_and(st),
-            Decoder::Nothing | Decoder::NetTest => false,
+            Decoder::Nothing | Decoder::NetTest | Decoder::GlooOptions | Decoder::GlooContext | Decoder::GroupName => false,
         }
     }
 }
@@ -206,6 +220,7 @@ fn spec(family: Family, names: &[&str], op: Op, decoder: Decoder) -> ProbeSpec {
         op,
         decoder,
         stack_blob: false,
+        blob_from: None,
         deref: None,
         sampled: false,
         optional: false,
@@ -342,7 +357,10 @@ fn mpi_comm_constructors() -> Vec<ProbeSpec> {
 }
 
 /// gloo inside PyTorch's `libtorch_cpu.so` (mangled names from docs/platform-facts.md §4).
-/// Byte counts live inside C++ option structs; they are reported as unknown.
+/// Byte counts live inside C++ option structs; they are reported as unknown. Each process
+/// group is its own communicator (`docs/models.md` "Communicators"): its contexts are seen
+/// made (`gloo::Context`'s constructor), named by the group's name (`setGroupName`, right
+/// after, on the same thread), and found again in each collective's options.
 pub fn gloo() -> Target {
     let f = Family::Gloo;
     let mut probes = Vec::new();
@@ -354,10 +372,17 @@ pub fn gloo() -> Target {
         ("_ZN4gloo7barrierERNS_14BarrierOptionsE", Op::Barrier),
         ("_ZN4gloo8alltoallERNS_15AlltoallOptionsE", Op::AllToAll),
     ] {
-        let mut s = spec(f, &[name], op, Decoder::Nothing);
+        let mut s = spec(f, &[name], op, Decoder::GlooOptions);
+        s.blob_from = Some(0);
         s.optional = true;
         probes.push(s);
     }
+    let mut ctx = spec(f, &["_ZN4gloo7ContextC2Eiii", "_ZN4gloo7ContextC1Eiii"], Op::CommInit, Decoder::GlooContext);
+    ctx.optional = true;
+    let mut name = spec(f, &["_ZN4c10d12ProcessGroup12setGroupNameERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"], Op::GroupName, Decoder::GroupName);
+    name.blob_from = Some(1);
+    name.optional = true;
+    probes.extend([ctx, name]);
     Target { family: f, library: "libtorch_cpu.so*".into(), probes }
 }
 

@@ -343,3 +343,115 @@ fn every_mpi_constructor_reads_its_new_handle_through_its_out_pointer() {
         assert_eq!(out(sym), Some(want), "{sym}");
     }
 }
+
+/// A decoder with the gloo table registered under ids 1.., and a rank's facts.
+fn gloo_rank(rank: u32) -> (CallDecoder, ProcInfo, impl Fn(Op) -> u32) {
+    let mut d = CallDecoder::default();
+    let t = targets::gloo();
+    for (i, p) in t.probes.iter().enumerate() {
+        d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
+    }
+    let mut proc = ProcInfo::default();
+    proc.env.insert("MASTER_ADDR".into(), "10.0.0.1".into());
+    proc.env.insert("MASTER_PORT".into(), "29500".into());
+    proc.env.insert("RANK".into(), rank.to_string());
+    proc.env.insert("WORLD_SIZE".into(), "4".into());
+    let ids: Vec<(Op, u32)> = t.probes.iter().enumerate().map(|(i, p)| (p.op, i as u32 + 1)).collect();
+    (d, proc, move |op| ids.iter().find(|(o, _)| *o == op).map(|(_, i)| *i).expect("op in table"))
+}
+
+/// `gloo::Context::Context(ctx, rank, size, 2)` on thread 1, returned.
+fn gloo_context(d: &mut CallDecoder, p: &ProcInfo, probe: u32, ctx: u64, rank: u64, size: u64) {
+    assert_eq!(d.feed(&ev(KIND_ENTER, probe, 1, 5, [ctx, rank, size, 2, 0, 0]), p), Ok(Decoded::Nothing));
+    assert_eq!(d.feed(&ev(KIND_EXIT, probe, 1, 6, [0; 6]), p), Ok(Decoded::Nothing));
+}
+
+/// `setGroupName(pg, name)` on thread 1: the `std::string` at 0x7ff0_0000 copied into the
+/// blob as libstdc++ lays it out (data pointer, length, inline buffer).
+fn gloo_name(d: &mut CallDecoder, p: &ProcInfo, probe: u32, name: &str) {
+    let at = 0x7ff0_0000u64;
+    let mut e = ev(KIND_ENTER, probe, 1, 7, [0x5000, at, 0, 0, 0, 0]);
+    let inline = name.len() <= 15;
+    let ptr = if inline { at + 16 } else { 0x6000_0000 };
+    e.blob[..8].copy_from_slice(&ptr.to_le_bytes());
+    e.blob[8..16].copy_from_slice(&(name.len() as u64).to_le_bytes());
+    if inline {
+        e.blob[16..16 + name.len()].copy_from_slice(name.as_bytes());
+    }
+    e.has_blob = 1;
+    assert_eq!(d.feed(&e, p), Ok(Decoded::Nothing));
+    assert_eq!(d.feed(&ev(KIND_EXIT, probe, 1, 8, [0; 6]), p), Ok(Decoded::Nothing));
+}
+
+/// A gloo collective on thread 2 whose options name context `ctx`.
+fn gloo_collective(d: &mut CallDecoder, p: &ProcInfo, probe: u32, ctx: u64) -> super::decode::Call {
+    let mut e = ev(KIND_ENTER, probe, 2, 10, [0x7ff1_0000, 0, 0, 0, 0, 0]);
+    e.blob[..8].copy_from_slice(&ctx.to_le_bytes());
+    e.has_blob = 1;
+    d.feed(&e, p).expect("enter");
+    match d.feed(&ev(KIND_EXIT, probe, 2, 20, [0; 6]), p) {
+        Ok(Decoded::Call(c)) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn each_gloo_process_group_is_its_own_communicator_named_alike_on_every_host() {
+    // Ranks 0 (host a) and 2 (host b) of 4: world, local groups "1" {0,1} and "2" {2,3}, rail
+    // group "3" {0,2}. Every rank names every group it is in; addresses differ per process.
+    let mut seen = Vec::new();
+    for (rank, base, local) in [(0u32, 0x1000u64, "1"), (2, 0x9000, "2")] {
+        let (mut d, p, id) = gloo_rank(rank);
+        let (ctx, name) = (id(Op::CommInit), id(Op::GroupName));
+        gloo_context(&mut d, &p, ctx, base, rank as u64, 4);
+        gloo_name(&mut d, &p, name, "0");
+        gloo_context(&mut d, &p, ctx, base + 0x100, rank as u64 / 2, 2);
+        gloo_name(&mut d, &p, name, local);
+        gloo_context(&mut d, &p, ctx, base + 0x200, rank as u64 / 2, 2);
+        gloo_name(&mut d, &p, name, "3");
+        let mut comms = Vec::new();
+        for step in 0..2u64 {
+            let l = gloo_collective(&mut d, &p, id(Op::AllReduce), base + 0x100);
+            let r = gloo_collective(&mut d, &p, id(Op::AllReduce), base + 0x200);
+            let w = gloo_collective(&mut d, &p, id(Op::Barrier), base);
+            assert_eq!((l.seq, r.seq, w.seq), (Some(step), Some(step), Some(step)), "each group counts its own collectives");
+            assert_eq!((l.rank, l.nranks, r.rank, r.nranks, w.rank, w.nranks), (Some(rank / 2), Some(2), Some(rank / 2), Some(2), Some(rank), Some(4)));
+            assert!(l.comm_global && r.comm_global && w.comm_global);
+            comms = vec![l.comm.expect("local"), r.comm.expect("rail"), w.comm.expect("world")];
+        }
+        seen.push(comms);
+    }
+    assert_ne!(seen[0][0], seen[1][0], "the two hosts' local groups are two communicators");
+    assert_eq!(seen[0][1], seen[1][1], "the rail group is one communicator across hosts");
+    assert_eq!(seen[0][2], seen[1][2], "and so is the world");
+    assert_eq!(seen[0].iter().collect::<std::collections::BTreeSet<_>>().len(), 3);
+    // An agent that came in after the groups were made takes the context it never saw made
+    // for the default group: the same identity its peer's agent gave the world.
+    let (mut late, p, id) = gloo_rank(3);
+    let w = gloo_collective(&mut late, &p, id(Op::Barrier), 0x4242);
+    assert_eq!((w.comm, w.rank, w.nranks), (Some(seen[0][2]), Some(3), Some(4)));
+}
+
+#[test]
+fn a_gloo_group_of_several_contexts_counts_once_and_an_unreadable_name_stays_local() {
+    let (mut d, p, id) = gloo_rank(1);
+    let (ctx, name) = (id(Op::CommInit), id(Op::GroupName));
+    gloo_context(&mut d, &p, ctx, 0x1000, 1, 4);
+    gloo_name(&mut d, &p, name, "0");
+    // A group over two devices: two contexts, used in turn.
+    gloo_context(&mut d, &p, ctx, 0x2000, 0, 2);
+    gloo_context(&mut d, &p, ctx, 0x3000, 0, 2);
+    gloo_name(&mut d, &p, name, "1");
+    let a = gloo_collective(&mut d, &p, id(Op::AllReduce), 0x2000);
+    let b = gloo_collective(&mut d, &p, id(Op::AllReduce), 0x3000);
+    assert_eq!((a.comm, a.seq), (b.comm, Some(0)));
+    assert_eq!(b.seq, Some(1));
+    // A hashed name (40 hex digits) lies outside the std::string: not read, so the group is
+    // local to this process rather than joined by a guess.
+    gloo_context(&mut d, &p, ctx, 0x4000, 0, 2);
+    gloo_name(&mut d, &p, name, "a94a8fe5ccb19ba61c4c0873d391e987982fbbd3");
+    let c = gloo_collective(&mut d, &p, id(Op::AllReduce), 0x4000);
+    assert!(!c.comm_global);
+    assert_ne!(c.comm, a.comm);
+    assert!(targets::gloo().probes.iter().filter(|p| p.op.is_collective()).all(|p| p.blob_from == Some(0)), "collectives copy their options");
+}
