@@ -79,15 +79,17 @@ fn calls(s: &Servers, library: &str) -> Vec<CallView> {
     all
 }
 
+/// Per sequence number of a communicator: world rank → its (rank, nranks) in the communicator.
+type Seqs = BTreeMap<u64, BTreeMap<u32, (Option<u32>, Option<u32>)>>;
+/// Per communicator: its members (world ranks) and [`Seqs`].
+type Comms = BTreeMap<String, (BTreeSet<u32>, Seqs)>;
+
 /// Per communicator: its members (world ranks) and, per sequence number, the world ranks
 /// whose call carries it with their (rank, nranks) in the communicator. Asserts that every
 /// sequence number of a communicator is one collective of one operation, joined by exactly
 /// the communicator's members.
-fn communicators(
-    calls: &[CallView],
-    world: &BTreeMap<u32, u32>,
-) -> BTreeMap<String, (BTreeSet<u32>, BTreeMap<u64, BTreeMap<u32, (Option<u32>, Option<u32>)>>)> {
-    let mut by: BTreeMap<String, (BTreeSet<u32>, BTreeMap<u64, BTreeMap<u32, (Option<u32>, Option<u32>)>>)> = BTreeMap::new();
+fn communicators(calls: &[CallView], world: &BTreeMap<u32, u32>) -> Comms {
+    let mut by: Comms = BTreeMap::new();
     let mut ops: BTreeMap<(String, u64), BTreeSet<String>> = BTreeMap::new();
     for c in calls {
         let (Some(comm), Some(seq)) = (c.comm.clone(), c.seq) else { continue };
