@@ -1,4 +1,4 @@
-//! Identities of communicators made from another one (`docs/models.md` "Communicators"):
+//! Identities of communicators made from another one (`docs/architecture.md`, `CommId`):
 //! derived from the parent's identity, the parent's count of constructors before this one,
 //! and the call's arguments — the same on every member rank, whatever its host, because
 //! every member issues a parent's constructors in the same order (MPI 3.1 §6.4.2; NCCL's

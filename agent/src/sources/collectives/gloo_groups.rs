@@ -1,4 +1,4 @@
-//! gloo process groups, one communicator each (`docs/models.md` "Communicators").
+//! gloo process groups, one communicator each (`docs/architecture.md`, `CommId`).
 //!
 //! PyTorch makes a group's gloo contexts inside `ProcessGroupGloo`'s constructor
 //! (`gloo::Context::Context(rank, size, base)`: the context's address, the rank in the group

@@ -358,7 +358,7 @@ fn mpi_comm_constructors() -> Vec<ProbeSpec> {
 
 /// gloo inside PyTorch's `libtorch_cpu.so` (mangled names from docs/platform-facts.md §4).
 /// Byte counts live inside C++ option structs; they are reported as unknown. Each process
-/// group is its own communicator (`docs/models.md` "Communicators"): its contexts are seen
+/// group is its own communicator (`docs/architecture.md`, `CommId`): its contexts are seen
 /// made (`gloo::Context`'s constructor), named by the group's name (`setGroupName`, right
 /// after, on the same thread), and found again in each collective's options.
 pub fn gloo() -> Target {
