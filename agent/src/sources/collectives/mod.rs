@@ -476,30 +476,12 @@ impl Collectives {
             if self.targets[*ti].family != Family::Mpi {
                 continue;
             }
-            let bias = base.wrapping_sub(syms.first_load_vaddr);
-            for (name, size) in OMPI_DATATYPES {
-                if let Some(v) = syms.vaddr(name) {
-                    info.ompi_types.insert(bias.wrapping_add(v), *size);
-                }
-            }
-            info.ompi_world = syms.vaddr(OMPI_COMM_WORLD).map(|v| bias.wrapping_add(v));
-            info.ompi_null = syms.vaddr(OMPI_COMM_NULL).map(|v| bias.wrapping_add(v));
+            ompi_objects(&mut info, syms, base.wrapping_sub(syms.first_load_vaddr));
             // A PIE executable that names MPI_COMM_WORLD or MPI_DOUBLE gets *copy
             // relocations*: the objects live in the executable and the library uses those
             // copies, so the executable's definitions win.
             if let Some((exe_base, exe_syms)) = self.exe_symbols(pid) {
-                let bias = exe_base.wrapping_sub(exe_syms.first_load_vaddr);
-                for (name, size) in OMPI_DATATYPES {
-                    if let Some(v) = exe_syms.vaddr(name) {
-                        info.ompi_types.insert(bias.wrapping_add(v), *size);
-                    }
-                }
-                if let Some(v) = exe_syms.vaddr(OMPI_COMM_WORLD) {
-                    info.ompi_world = Some(bias.wrapping_add(v));
-                }
-                if let Some(v) = exe_syms.vaddr(OMPI_COMM_NULL) {
-                    info.ompi_null = Some(bias.wrapping_add(v));
-                }
+                ompi_objects(&mut info, &exe_syms, exe_base.wrapping_sub(exe_syms.first_load_vaddr));
             }
         }
         debug!(pid, ompi_world = ?info.ompi_world, types = info.ompi_types.len(), env = info.env.len(), pod = ?info.pod, "process facts");
@@ -662,6 +644,23 @@ pub fn mono_ns() -> u64 {
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// OpenMPI's predefined objects that `syms` defines (datatypes, `MPI_COMM_WORLD`,
+/// `MPI_COMM_NULL`), at their runtime addresses (`bias` + link-time address); each found
+/// replaces what an earlier table gave.
+fn ompi_objects(info: &mut ProcInfo, syms: &SymbolTable, bias: u64) {
+    for (name, size) in OMPI_DATATYPES {
+        if let Some(v) = syms.vaddr(name) {
+            info.ompi_types.insert(bias.wrapping_add(v), *size);
+        }
+    }
+    if let Some(v) = syms.vaddr(OMPI_COMM_WORLD) {
+        info.ompi_world = Some(bias.wrapping_add(v));
+    }
+    if let Some(v) = syms.vaddr(OMPI_COMM_NULL) {
+        info.ompi_null = Some(bias.wrapping_add(v));
+    }
 }
 
 #[cfg(test)]

@@ -455,3 +455,16 @@ fn a_gloo_group_of_several_contexts_counts_once_and_an_unreadable_name_stays_loc
     assert_ne!(c.comm, a.comm);
     assert!(targets::gloo().probes.iter().filter(|p| p.op.is_collective()).all(|p| p.blob_from == Some(0)), "collectives copy their options");
 }
+
+#[test]
+fn a_blob_from_an_argument_is_flagged_in_the_cookie_beside_the_other_flags() {
+    use agent_common::{blob_from_arg, cookie, COOKIE_BLOB_ARG_SHIFT, COOKIE_DEREF_SHIFT, COOKIE_STACK_BLOB};
+    let c = blob_from_arg(cookie(42, false, Some(3)), 1);
+    assert_eq!(c as u32, 42, "probe id kept");
+    assert_ne!(c & COOKIE_STACK_BLOB, 0, "the blob is copied");
+    assert_eq!((c >> COOKIE_BLOB_ARG_SHIFT) & 0xff, 2, "from register argument 1 (1 + index)");
+    assert_eq!((c >> COOKIE_DEREF_SHIFT) & 0xff, 4, "the out-pointer flag untouched");
+    // Set twice: the last argument wins, nothing else moves.
+    assert_eq!(blob_from_arg(c, 0), blob_from_arg(cookie(42, false, Some(3)), 0));
+    assert_eq!(cookie(42, true, None) >> COOKIE_BLOB_ARG_SHIFT, 0, "the stack blob stays the default source");
+}
