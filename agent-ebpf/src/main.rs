@@ -9,9 +9,9 @@
 #[cfg(target_arch = "bpf")]
 mod programs {
     use agent_common::{
-        CpuState, EnterRecord, EnterStackRecord, ExitRecord, ProbeEvent, BLOB_BYTES, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS, COOKIE_STACK_BLOB,
-        ENTRY_ALONE_ENTRIES, EVENTS_RING_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT, KNOWN_ENTRIES, SESSION_IS_RETURN_PLACEHOLDER, TCP_TP_FAMILY_OFFSET,
-        TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET, WAKE_EVERY_RECORDS,
+        CpuState, EnterRecord, EnterStackRecord, ExitRecord, ProbeEvent, BLOB_BYTES, COOKIE_BLOB_ARG_SHIFT, COOKIE_DEREF_SHIFT, COOKIE_STACK_ARGS,
+        COOKIE_STACK_BLOB, ENTRY_ALONE_ENTRIES, EVENTS_RING_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT, KNOWN_ENTRIES, SESSION_IS_RETURN_PLACEHOLDER,
+        TCP_TP_FAMILY_OFFSET, TCP_TP_SADDR_OFFSET, TCP_TP_SADDR_V6_OFFSET, WAKE_EVERY_RECORDS,
     };
     use aya_ebpf::{
         helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
@@ -165,8 +165,18 @@ mod programs {
             fill_enter!(ev, ctx, cookie);
             ev.kind = kind;
             ev.stack = stack_words(rsp);
+            // The stack arguments, or the object a register argument points at.
+            let src = match (cookie >> COOKIE_BLOB_ARG_SHIFT) & 0xff {
+                1 => ev.args[0],
+                2 => ev.args[1],
+                3 => ev.args[2],
+                4 => ev.args[3],
+                5 => ev.args[4],
+                6 => ev.args[5],
+                _ => rsp + 8,
+            };
             // SAFETY: user memory read into the record's own buffer; a fault is an error.
-            let ok = unsafe { bpf_probe_read_user_buf((rsp + 8) as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();
+            let ok = unsafe { bpf_probe_read_user_buf(src as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();
             ev.has_blob = ok as u32;
             save_outptr(cookie, ev.tid, &ev.args, ev.stack);
             let flags = enter_flags(cookie, ev.pid);

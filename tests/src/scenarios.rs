@@ -176,6 +176,11 @@ impl Servers {
 
     /// [`Servers::start_agent`] with extra environment variables for the agent.
     pub fn start_agent_env(&mut self, s: usize, dir: &Path, config: &str, env: &[(&str, &str)]) -> Result<usize> {
+        self.start_agent_for(s, dir, config, env, "nccl")
+    }
+
+    /// [`Servers::start_agent_env`], ready once `library` (`nccl`, `mpi`, `gloo`) is probed.
+    pub fn start_agent_for(&mut self, s: usize, dir: &Path, config: &str, env: &[(&str, &str)], library: &str) -> Result<usize> {
         let port = 9477 + s as u16;
         let addr = format!("{}:{port}", mgmt_addr(s));
         let cfg = dir.join(format!("agent-{s}.toml"));
@@ -202,12 +207,12 @@ impl Servers {
                 bail!("agent of server {s} exited early:\n{}", a.proc.log_text());
             }
             let attached =
-                self.get(&addr, "/metrics").ok().filter(|r| r.status == 200).and_then(|r| sample(&r.body, "stepwise_probe_attached", &[("library", "nccl")]));
+                self.get(&addr, "/metrics").ok().filter(|r| r.status == 200).and_then(|r| sample(&r.body, "stepwise_probe_attached", &[("library", library)]));
             if attached.is_some_and(|n| n > 0.0) {
                 break;
             }
             if Instant::now() > end {
-                bail!("agent of server {s}: NCCL probes not attached after 60 s:\n{}", a.proc.log_text());
+                bail!("agent of server {s}: {library} probes not attached after 60 s:\n{}", a.proc.log_text());
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -45,6 +45,11 @@ pub fn steps_script() -> PathBuf {
     workspace_root().join("tests/workloads/gloo/steps.py")
 }
 
+/// The multi-group gloo workload (`tests/workloads/gloo/groups.py`).
+pub fn groups_script() -> PathBuf {
+    workspace_root().join("tests/workloads/gloo/groups.py")
+}
+
 /// `torch/lib` of the environment (holds `libtorch_cpu.so`, gloo's library): give it to the
 /// agent as `[collectives] library_dirs` and it is probed before the job starts, so even the
 /// first all_reduce is seen.
@@ -74,6 +79,11 @@ impl GlooJob {
     /// at `master` (rank 0's address): a job across namespace "servers", each rank's gloo
     /// pinned to its server's interface by `GLOO_SOCKET_IFNAME` in its environment.
     pub fn start_across(dir: &Path, name: &str, master: &str, ranks: &[(String, u32, Vec<String>)], args: &[&str]) -> Result<GlooJob> {
+        GlooJob::start_script(&steps_script(), dir, name, master, ranks, args)
+    }
+
+    /// [`GlooJob::start_across`] of another workload script (e.g. [`groups_script`]).
+    pub fn start_script(script: &Path, dir: &Path, name: &str, master: &str, ranks: &[(String, u32, Vec<String>)], args: &[&str]) -> Result<GlooJob> {
         let py = python()?;
         let port = free_port().to_string();
         let n = ranks.len();
@@ -90,7 +100,7 @@ impl GlooJob {
                 .args(env)
                 .arg(&py)
                 .args(["-W", "ignore::UserWarning"])
-                .arg(steps_script())
+                .arg(script)
                 .args(args);
             out.push((*r, Proc::spawn(&format!("{name} rank {r}"), &mut c, dir.join(format!("{name}-{r}.log")))?));
         }

@@ -97,6 +97,34 @@ pub fn mpi_steps_with(ns: &str, np: u32, mpirun: &[&str], args: &[&str]) -> Comm
     c
 }
 
+/// `mpirun` of `mpi_groups` across network-namespace servers, `per_node` ranks on each of
+/// `servers` (namespace, its address on the link between them), launched from the first:
+/// OpenMPI's ssh launcher with an agent script (written into `dir`) that runs the remote
+/// daemon in the server's namespace instead of over ssh, and OpenMPI's out-of-band and
+/// MPI traffic on `dev`, that link. The namespaces share one hostname, which OpenMPI would
+/// take for one node and pair with shared memory: TCP between every pair (`btl self,tcp`).
+pub fn mpi_groups_across(servers: &[(&str, std::net::Ipv4Addr)], dev: &str, per_node: u32, dir: &std::path::Path, args: &[&str]) -> Result<Command> {
+    let agent = dir.join("netns-rsh");
+    let mut script =
+        String::from("#!/bin/sh\n# netns-rsh HOST CMD...: CMD inside HOST's namespace (mpirun's plm_rsh_agent)\nhost=$1; shift\ncase \"$host\" in\n");
+    for (ns, addr) in servers {
+        script.push_str(&format!("{addr}) ns={ns};;\n"));
+    }
+    script.push_str("*) echo \"netns-rsh: unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n");
+    std::fs::write(&agent, script)?;
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let hosts: Vec<String> = servers.iter().map(|(_, a)| format!("{a}:{per_node}")).collect();
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", servers[0].0, "mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "plm_rsh_agent"])
+        .arg(&agent)
+        .args(["--mca", "oob_tcp_if_include", dev, "--mca", "btl_tcp_if_include", dev, "--mca", "btl", "self,tcp", "--mca", "mpi_yield_when_idle", "1"])
+        .args(["--host", &hosts.join(","), "-np", &(per_node as usize * servers.len()).to_string()])
+        .arg(workspace_root().join("tests/workloads/build/mpi_groups"))
+        .args(["--per-node", &per_node.to_string()])
+        .args(args);
+    Ok(c)
+}
+
 /// CLOCK_MONOTONIC now in µs: the clock of the workloads' `arrive_us` and `--start-at-us`
 /// (one clock for every network namespace of the host).
 pub fn monotonic_us() -> u64 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds every test workload into tests/workloads/build/ (gitignored):
-#   libnccl.so.2 (+ libnccl.so), nccl_steps, nccl_abi_test, mpi_steps.
+#   libnccl.so.2 (+ libnccl.so), nccl_steps, nccl_abi_test, mpi_steps, mpi_groups.
 # Idempotent and incremental (make). Fails loudly when a compiler is missing.
 # Usage: build.sh [clean]   (CC / MPICC select the compilers)
 set -euo pipefail

@@ -87,7 +87,11 @@ pub const KIND_ENTER_ALONE: u32 = 3;
 ///   [`ProbeEvent::blob`] at entry — NCCL's `ncclUniqueId` is passed by value there;
 /// - bits 40..48 ([`COOKIE_DEREF_SHIFT`]): 1 + index of an out-pointer argument saved at entry
 ///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`);
-///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments.
+///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments;
+/// - bits 48..56 ([`COOKIE_BLOB_ARG_SHIFT`]): with [`COOKIE_STACK_BLOB`], 1 + index of a
+///   register argument the blob is copied *from* instead of the stack: the object a pointer
+///   or reference argument names (gloo's `*Options`, whose first word is the context; a
+///   `std::string`, whose short text lies inside it).
 pub const COOKIE_STACK_BLOB: u64 = 1 << 32;
 /// Bit 33: a hot probe (called per network chunk): its events only wake the agent when they fill
 /// the ring past a sixteenth (and each further one). Other probes wake it for the *first* event of each process (so a
@@ -100,6 +104,12 @@ pub const COOKIE_LAZY_WAKE: u64 = 1 << 33;
 /// are a measurable part of the probe's cost).
 pub const COOKIE_STACK_ARGS: u64 = 1 << 34;
 pub const COOKIE_DEREF_SHIFT: u32 = 40;
+pub const COOKIE_BLOB_ARG_SHIFT: u32 = 48;
+
+/// `cookie` whose blob is copied from the object register argument `arg` (0..5) points at.
+pub const fn blob_from_arg(cookie: u64, arg: u8) -> u64 {
+    ((cookie | COOKIE_STACK_BLOB) & !(0xff << COOKIE_BLOB_ARG_SHIFT)) | (((arg as u64) + 1) << COOKIE_BLOB_ARG_SHIFT)
+}
 
 /// Builds a cookie.
 pub const fn cookie(probe_id: u32, stack_blob: bool, deref_arg: Option<u8>) -> u64 {

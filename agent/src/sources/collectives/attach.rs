@@ -10,7 +10,7 @@ use super::{
     decode::ProbeInfo,
     elf::SymbolTable,
     procs::FileKey,
-    targets::{Family, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    targets::{Family, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
     Attachment, Collectives,
 };
 use crate::ebpf::AttachedLink;
@@ -21,7 +21,7 @@ impl Collectives {
         let mut wanted: Vec<&str> = target.probes.iter().flat_map(|p| p.symbols.iter().map(String::as_str)).collect();
         if target.family == Family::Mpi {
             wanted.extend(OMPI_DATATYPES.iter().map(|(n, _)| *n));
-            wanted.push(OMPI_COMM_WORLD);
+            wanted.extend([OMPI_COMM_WORLD, OMPI_COMM_NULL]);
         }
         let symbols = match SymbolTable::read(path, &wanted) {
             Ok(s) => s,
@@ -52,6 +52,9 @@ impl Collectives {
             probe_ids.push(id);
             self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
             let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+            if let Some(a) = spec.blob_from {
+                cookie = agent_common::blob_from_arg(cookie, a);
+            }
             if spec.sampled {
                 cookie |= agent_common::COOKIE_LAZY_WAKE;
             }

@@ -8,7 +8,11 @@ use std::collections::{BTreeMap, HashMap};
 use agent_common::{ProbeEvent, BLOB_BYTES, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT};
 use serde::Serialize;
 
-use super::targets::{mpich_type_size, nccl_type_size, Arg, Decoder, Family, Op, MPICH_COMM_WORLD};
+use super::comm_id;
+
+#[path = "gloo_groups.rs"]
+pub mod gloo_groups;
+use super::targets::{mpich_type_size, nccl_type_size, Arg, Decoder, Derive, Family, Op, MPICH_COMM_WORLD};
 
 /// A communicator's identity, shared by all its ranks (hex in JSON).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,6 +74,12 @@ pub struct ProcInfo {
     /// That GPU's UUID from the NVIDIA driver (`/proc/driver/nvidia/gpus/<pci>/information`;
     /// empty when the driver does not say).
     pub gpu_uuid: String,
+    /// The node it runs on (the agent's host name): part of the identity of per-node
+    /// communicators (`MPI_Comm_split_type`).
+    pub host: String,
+    /// Runtime address of `ompi_mpi_comm_null` (what OpenMPI's constructors return to a
+    /// rank they give no communicator).
+    pub ompi_null: Option<u64>,
 }
 
 impl ProcInfo {
@@ -157,7 +167,7 @@ struct Pending {
     bytes: Option<u64>,
     /// (pid, communicator handle) of the call.
     comm_key: Option<(u32, u64)>,
-    /// ncclCommSplit: which split of the parent this is.
+    /// ncclCommSplit and MPI constructors: how many the parent had before this one.
     split_index: Option<u64>,
 }
 
@@ -168,9 +178,13 @@ struct CommState {
     rank: Option<u32>,
     nranks: Option<u32>,
     next_seq: u64,
-    /// ncclCommSplit calls issued on this communicator so far (every rank of the parent
-    /// issues them in the same order, so the n-th split is the same on every rank).
+    /// ncclCommSplit calls and MPI constructors over the whole communicator issued on it so
+    /// far (every rank of the parent issues them in the same order, so the n-th split is
+    /// the same on every rank).
     splits: u64,
+    /// `MPI_Comm_create_group` calls on it so far (collective over the group only: counted
+    /// apart, so ranks outside a group keep the same count of the others).
+    group_creates: u64,
 }
 
 /// Decode errors (counted, never fatal).
@@ -215,9 +229,10 @@ pub struct CallDecoder {
     net_inflight: HashMap<(u32, u64), (bool, Option<u64>, u64)>,
     /// tid → (send, bytes, enter_ns) of an Isend/Irecv whose request is not known yet.
     net_posting: HashMap<u32, (bool, Option<u64>, u64)>,
+    gloo: gloo_groups::GlooGroups,
 }
 
-fn arg(ev: &ProbeEvent, a: Arg) -> u64 {
+pub(super) fn arg(ev: &ProbeEvent, a: Arg) -> u64 {
     match a {
         Arg::Reg(i) => ev.args.get(i as usize).copied().unwrap_or(0),
         Arg::Stack(i) => ev.stack.get(i as usize).copied().unwrap_or(0),
@@ -266,6 +281,7 @@ impl CallDecoder {
         }
         self.comms.retain(|(p, _), _| *p != pid);
         self.net_inflight.retain(|(p, _), _| *p != pid);
+        self.gloo_forget(pid);
         out
     }
 
@@ -294,7 +310,7 @@ impl CallDecoder {
             Family::Mpi if handle == MPICH_COMM_WORLD || Some(handle) == proc.ompi_world => {
                 (CommId(fnv1a(&[b"mpi-world", job.as_bytes()])), job != "job=unknown")
             }
-            Family::Gloo => (CommId(fnv1a(&[b"gloo-default", job.as_bytes()])), job != "job=unknown"),
+            Family::Gloo => (gloo_groups::default_id(&job), job != "job=unknown"),
             _ => (CommId(fnv1a(&[b"local", &ev.pid.to_le_bytes(), &handle.to_le_bytes()])), false),
         };
         let world = matches!(info.family, Family::Mpi | Family::Gloo) && global;
@@ -305,6 +321,7 @@ impl CallDecoder {
             nranks: if world { proc.world_size() } else { None },
             next_seq: 0,
             splits: 0,
+            group_creates: 0,
         };
         let out = (st.id, st.global, st.rank, st.nranks);
         self.comms.insert(key, st);
@@ -336,7 +353,7 @@ impl CallDecoder {
         match info.decoder {
             Decoder::Data { comm, .. } | Decoder::Fixed { comm, .. } => comm,
             Decoder::CommOnly { comm } | Decoder::MpiCommQuery { comm } => Some(comm),
-            Decoder::NcclSplit { parent } => Some(parent),
+            Decoder::NcclSplit { parent } | Decoder::MpiCommNew { parent, .. } => Some(parent),
             _ => None,
         }
     }
@@ -382,50 +399,8 @@ impl CallDecoder {
                 }
                 Ok(Decoded::Nothing)
             }
-            Op::CommInit | Op::CommSplit => {
-                // A split with NCCL_SPLIT_NOCOLOR returns no communicator (NULL): nothing to track.
-                if ev.has_deref == 1 && ret == 0 && ev.args[1] != 0 {
-                    let handle = ev.args[1];
-                    let (id, global, rank, nranks) = match info.decoder {
-                        Decoder::NcclInit { nranks, rank } => {
-                            let id = if p.ev.has_blob == 1 {
-                                CommId(fnv1a(&[&p.ev.blob[..BLOB_BYTES]]))
-                            } else {
-                                CommId(fnv1a(&[b"local", &ev.pid.to_le_bytes(), &handle.to_le_bytes()]))
-                            };
-                            (id, p.ev.has_blob == 1, Some(arg(&p.ev, rank) as u32), Some(arg(&p.ev, nranks) as u32))
-                        }
-                        _ => {
-                            // ncclCommSplit: the n-th split of a parent with a given color is the
-                            // same communicator on every member rank.
-                            let parent = p.comm.map(|c| c.0 .0).unwrap_or(0);
-                            let nth = p.split_index.unwrap_or(0);
-                            let color = p.ev.args[1] as u32;
-                            (
-                                CommId(fnv1a(&[b"split", &parent.to_le_bytes(), &nth.to_le_bytes(), &color.to_le_bytes()])),
-                                p.comm.is_some_and(|c| c.1),
-                                None,
-                                None,
-                            )
-                        }
-                    };
-                    self.comms.insert((ev.pid, handle), CommState { id, global, rank, nranks, next_seq: 0, splits: 0 });
-                    let mut c = self.make_call(&info, &p, Some(ret), ev.ts_ns, false);
-                    c.comm = Some(id);
-                    c.comm_global = global;
-                    c.rank = rank;
-                    c.nranks = nranks;
-                    return Ok(Decoded::Call(c));
-                }
-                let mut c = self.make_call(&info, &p, Some(ret), ev.ts_ns, false);
-                if info.op == Op::CommSplit {
-                    // No communicator came back (NCCL_SPLIT_NOCOLOR or an error): the call
-                    // belongs to no child, and must not carry the parent's identity.
-                    c.comm = None;
-                    c.comm_global = false;
-                }
-                Ok(Decoded::Call(c))
-            }
+            _ if matches!(info.decoder, Decoder::GlooContext | Decoder::GroupName) => Ok(Decoded::Nothing),
+            Op::CommInit | Op::CommSplit | Op::CommDup | Op::CommCreate => Ok(Decoded::Call(self.created(&info, &p, ev, ret, proc))),
             Op::CommRank | Op::CommSize => {
                 if let (Some(Arg::Reg(_)), 1) = (Self::comm_arg(&info), ev.has_deref) {
                     let handle = Self::comm_arg(&info).map(|a| arg(&p.ev, a)).unwrap_or(0);
@@ -470,9 +445,50 @@ impl CallDecoder {
         }
     }
 
+    /// The return of a call that makes a communicator: the new handle (through the
+    /// out-pointer) is tracked under its identity, which the call carries. A call that
+    /// returned none (an error, `NCCL_SPLIT_NOCOLOR`, `MPI_UNDEFINED`, `MPI_COMM_NULL`)
+    /// belongs to no communicator, and must not carry the parent's identity.
+    fn created(&mut self, info: &ProbeInfo, p: &Pending, ev: &ProbeEvent, ret: i64, proc: &ProcInfo) -> Call {
+        let handle = ev.args[1];
+        let null = handle == 0 || (info.family == Family::Mpi && (handle == comm_id::MPICH_COMM_NULL || Some(handle) == proc.ompi_null));
+        let parent = p.comm.map(|c| c.0).unwrap_or(CommId(0));
+        let global = p.comm.is_some_and(|c| c.1);
+        let nth = p.split_index.unwrap_or(0);
+        let made = match info.decoder {
+            _ if ev.has_deref != 1 || ret != 0 || null => None,
+            Decoder::NcclInit { nranks, rank } => {
+                let id = if p.ev.has_blob == 1 {
+                    CommId(fnv1a(&[&p.ev.blob[..BLOB_BYTES]]))
+                } else {
+                    CommId(fnv1a(&[b"local", &ev.pid.to_le_bytes(), &handle.to_le_bytes()]))
+                };
+                Some((id, p.ev.has_blob == 1, Some(arg(&p.ev, rank) as u32), Some(arg(&p.ev, nranks) as u32)))
+            }
+            Decoder::NcclSplit { .. } => Some((comm_id::nccl_split(parent, nth, p.ev.args[1] as u32), global, None, None)),
+            Decoder::MpiCommNew { how, .. } => comm_id::mpi_child(parent, how, nth, &p.ev, &proc.host).map(|id| (id, global, None, None)),
+            _ => None,
+        };
+        let mut c = self.make_call(info, p, Some(ret), ev.ts_ns, false);
+        match made {
+            Some((id, global, rank, nranks)) => {
+                self.comms.insert((ev.pid, handle), CommState { id, global, rank, nranks, next_seq: 0, splits: 0, group_creates: 0 });
+                (c.comm, c.comm_global, c.rank, c.nranks) = (Some(id), global, rank, nranks);
+            }
+            None if info.op != Op::CommInit => (c.comm, c.comm_global, c.rank, c.nranks) = (None, false, None, None),
+            None => {}
+        }
+        c
+    }
+
     /// The pending call an entry opens (sequence number, communicator, bytes), and whether
     /// its arguments all decoded.
     fn enter(&mut self, info: &ProbeInfo, ev: &ProbeEvent, proc: &ProcInfo) -> (Pending, Result<(), DecodeError>) {
+        match info.decoder {
+            Decoder::GlooContext => self.gloo_context(ev, proc),
+            Decoder::GroupName => self.gloo_group_name(ev, proc),
+            _ => {}
+        }
         let grouped = self.group_depth.get(&ev.tid).copied().unwrap_or(0) > 0;
         let mut pend = Pending { probe_id: ev.probe_id, ev: *ev, seq: None, comm: None, grouped, bytes: None, comm_key: None, split_index: None };
         let mut result = Ok(());
@@ -481,10 +497,14 @@ impl CallDecoder {
             let c = self.comm_for(info, ev, handle, proc);
             pend.comm = Some(c);
             pend.comm_key = Some((ev.pid, handle));
-            if info.op == Op::CommSplit {
+            if info.op.derives_comm() {
                 if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
-                    pend.split_index = Some(st.splits);
-                    st.splits += 1;
+                    let n = match info.decoder {
+                        Decoder::MpiCommNew { how: Derive::CreateGroup { .. }, .. } => &mut st.group_creates,
+                        _ => &mut st.splits,
+                    };
+                    pend.split_index = Some(*n);
+                    *n += 1;
                 }
             } else if info.op.is_collective() {
                 if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
@@ -493,10 +513,11 @@ impl CallDecoder {
                 }
             }
         } else if info.op.is_collective() && info.family == Family::Gloo {
-            let c = self.comm_for(info, ev, 0, proc);
+            let handle = self.gloo_handle(ev);
+            let c = self.comm_for(info, ev, handle, proc);
             pend.comm = Some(c);
-            pend.comm_key = Some((ev.pid, 0));
-            if let Some(st) = self.comms.get_mut(&(ev.pid, 0)) {
+            pend.comm_key = Some((ev.pid, handle));
+            if let Some(st) = self.comms.get_mut(&(ev.pid, handle)) {
                 pend.seq = Some(st.next_seq);
                 st.next_seq += 1;
             }

@@ -8,6 +8,7 @@
 
 pub mod admission;
 mod attach;
+pub mod comm_id;
 pub mod decode;
 mod drain;
 pub mod elf;
@@ -41,7 +42,7 @@ use self::{
     history::{ClockMap, History},
     metrics::CollectiveMetrics,
     procs::FileKey,
-    targets::{Family, Target, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    targets::{Family, Target, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
 };
 use crate::{
     config::collectives::{CollectivesConfig, UserProbe},
@@ -469,31 +470,18 @@ impl Collectives {
         let dir = self.cfg.proc_root.join(pid.to_string());
         let raw = super::fsread::read(&dir.join("environ")).unwrap_or_default();
         let pod = k8s::pod_of(&self.cfg.proc_root, pid, &self.cfg.pod_logs);
-        let mut info = ProcInfo { env: procs::parse_environ(&raw), pod, ..Default::default() };
+        let host = self.history.lock().map(|h| h.host.to_string()).unwrap_or_default();
+        let mut info = ProcInfo { env: procs::parse_environ(&raw), pod, host, ..Default::default() };
         for (ti, base, syms) in libs {
             if self.targets[*ti].family != Family::Mpi {
                 continue;
             }
-            let bias = base.wrapping_sub(syms.first_load_vaddr);
-            for (name, size) in OMPI_DATATYPES {
-                if let Some(v) = syms.vaddr(name) {
-                    info.ompi_types.insert(bias.wrapping_add(v), *size);
-                }
-            }
-            info.ompi_world = syms.vaddr(OMPI_COMM_WORLD).map(|v| bias.wrapping_add(v));
+            ompi_objects(&mut info, syms, base.wrapping_sub(syms.first_load_vaddr));
             // A PIE executable that names MPI_COMM_WORLD or MPI_DOUBLE gets *copy
             // relocations*: the objects live in the executable and the library uses those
             // copies, so the executable's definitions win.
             if let Some((exe_base, exe_syms)) = self.exe_symbols(pid) {
-                let bias = exe_base.wrapping_sub(exe_syms.first_load_vaddr);
-                for (name, size) in OMPI_DATATYPES {
-                    if let Some(v) = exe_syms.vaddr(name) {
-                        info.ompi_types.insert(bias.wrapping_add(v), *size);
-                    }
-                }
-                if let Some(v) = exe_syms.vaddr(OMPI_COMM_WORLD) {
-                    info.ompi_world = Some(bias.wrapping_add(v));
-                }
+                ompi_objects(&mut info, &exe_syms, exe_base.wrapping_sub(exe_syms.first_load_vaddr));
             }
         }
         debug!(pid, ompi_world = ?info.ompi_world, types = info.ompi_types.len(), env = info.env.len(), pod = ?info.pod, "process facts");
@@ -512,7 +500,7 @@ impl Collectives {
         let base = procs::parse_maps(&maps).into_iter().find(|m| m.inode == key.inode && m.offset == 0)?.start;
         if !self.exe_cache.contains_key(&key) {
             let mut wanted: Vec<&str> = OMPI_DATATYPES.iter().map(|(n, _)| *n).collect();
-            wanted.push(OMPI_COMM_WORLD);
+            wanted.extend([OMPI_COMM_WORLD, OMPI_COMM_NULL]);
             let t = SymbolTable::read(&exe, &wanted).unwrap_or_default();
             if self.exe_cache.len() > 256 {
                 self.exe_cache.clear();
@@ -656,6 +644,23 @@ pub fn mono_ns() -> u64 {
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// OpenMPI's predefined objects that `syms` defines (datatypes, `MPI_COMM_WORLD`,
+/// `MPI_COMM_NULL`), at their runtime addresses (`bias` + link-time address); each found
+/// replaces what an earlier table gave.
+fn ompi_objects(info: &mut ProcInfo, syms: &SymbolTable, bias: u64) {
+    for (name, size) in OMPI_DATATYPES {
+        if let Some(v) = syms.vaddr(name) {
+            info.ompi_types.insert(bias.wrapping_add(v), *size);
+        }
+    }
+    if let Some(v) = syms.vaddr(OMPI_COMM_WORLD) {
+        info.ompi_world = Some(bias.wrapping_add(v));
+    }
+    if let Some(v) = syms.vaddr(OMPI_COMM_NULL) {
+        info.ompi_null = Some(bias.wrapping_add(v));
+    }
 }
 
 #[cfg(test)]

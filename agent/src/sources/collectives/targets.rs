@@ -42,6 +42,8 @@ pub enum Op {
     GroupEnd,
     CommInit,
     CommSplit,
+    CommDup,
+    CommCreate,
     CommDestroy,
     CommAbort,
     CommRank,
@@ -49,6 +51,8 @@ pub enum Op {
     NetIsend,
     NetIrecv,
     NetTest,
+    /// A process group's name given (`c10d::ProcessGroup::setGroupName`).
+    GroupName,
     /// A user-defined probe's operation name is carried separately.
     User,
 }
@@ -69,6 +73,8 @@ impl Op {
             Op::GroupEnd => "group_end",
             Op::CommInit => "comm_init",
             Op::CommSplit => "comm_split",
+            Op::CommDup => "comm_dup",
+            Op::CommCreate => "comm_create",
             Op::CommDestroy => "comm_destroy",
             Op::CommAbort => "comm_abort",
             Op::CommRank => "comm_rank",
@@ -76,6 +82,7 @@ impl Op {
             Op::NetIsend => "net_isend",
             Op::NetIrecv => "net_irecv",
             Op::NetTest => "net_test",
+            Op::GroupName => "group_name",
             Op::User => "user",
         }
     }
@@ -85,6 +92,30 @@ impl Op {
     pub fn is_collective(self) -> bool {
         matches!(self, Op::AllReduce | Op::ReduceScatter | Op::AllGather | Op::Broadcast | Op::Reduce | Op::AllToAll | Op::Barrier | Op::User)
     }
+
+    /// Calls that make a new communicator from a parent one (its handle read at return).
+    pub fn derives_comm(self) -> bool {
+        matches!(self, Op::CommSplit | Op::CommDup | Op::CommCreate)
+    }
+}
+
+/// How an MPI communicator constructor derives the new communicator from its parent: the
+/// arguments that, with the parent's identity and its count of constructors, name the same
+/// communicator on every member rank (`comm_id::child`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Derive {
+    /// `MPI_Comm_split(comm, color, key, newcomm*)`: one communicator per color.
+    Split { color: Arg },
+    /// `MPI_Comm_split_type(comm, split_type, key, info, newcomm*)`: one per node for
+    /// `MPI_COMM_TYPE_SHARED`, so the node is part of its identity.
+    SplitType { split_type: Arg },
+    /// `MPI_Comm_dup`, `_dup_with_info`, `_idup`: the parent's n-th duplicate.
+    Dup,
+    /// `MPI_Comm_create(comm, group, newcomm*)`: collective over the parent.
+    Create,
+    /// `MPI_Comm_create_group(comm, group, tag, newcomm*)`: collective over the group only,
+    /// counted apart from the parent's other constructors.
+    CreateGroup { tag: Arg },
 }
 
 /// How to get bytes, communicator and identity out of one call.
@@ -102,12 +133,23 @@ pub enum Decoder {
     NcclInit { nranks: Arg, rank: Arg },
     /// `ncclCommSplit(comm, color, key, newcomm*, config)`.
     NcclSplit { parent: Arg },
+    /// An MPI communicator constructor: parent, how the child derives from it (the new
+    /// handle through the probe's out-pointer).
+    MpiCommNew { parent: Arg, how: Derive },
     /// MPI_Comm_rank / MPI_Comm_size: communicator, int out-pointer.
     MpiCommQuery { comm: Arg },
     /// Internal network send/recv: size in bytes, request handle through an out-pointer.
     NetPost { size: Option<Arg> },
     /// Internal network test: request handle, `int* done` read at return.
     NetTest,
+    /// A gloo collective `gloo::x(const xOptions&)`: the options object copied at entry
+    /// (its first word is the `std::shared_ptr<gloo::Context>`'s pointer: the group's context).
+    GlooOptions,
+    /// `gloo::Context::Context(this, rank, size, base)`: a group's context being made.
+    GlooContext,
+    /// `c10d::ProcessGroup::setGroupName(this, const std::string& name)`: the `std::string`
+    /// object copied at entry.
+    GroupName,
 }
 
 /// One symbol to probe.
@@ -121,6 +163,9 @@ pub struct ProbeSpec {
     pub decoder: Decoder,
     /// Copy 128 bytes of stack arguments at entry (`ncclUniqueId` by value).
     pub stack_blob: bool,
+    /// Copy 128 bytes at entry from the object this register argument (0..5) points at
+    /// instead (gloo's options, a `std::string`).
+    pub blob_from: Option<u8>,
     /// Out-pointer argument read at return.
     pub deref: Option<Arg>,
     /// Probed only in short sampled windows (hot internal functions like `ncclIbTest`).
@@ -153,9 +198,10 @@ impl Decoder {
             Decoder::Data { count, dtype, comm } => st(count) || st(dtype) || comm.as_ref().is_some_and(st),
             Decoder::Fixed { count, comm, .. } => count.as_ref().is_some_and(st) || comm.as_ref().is_some_and(st),
             Decoder::CommOnly { comm } | Decoder::NcclSplit { parent: comm } | Decoder::MpiCommQuery { comm } => st(comm),
+            Decoder::MpiCommNew { parent, .. } => st(parent),
             Decoder::NcclInit { nranks, rank } => st(nranks) || st(rank),
             Decoder::NetPost { size } => size.as_ref().is_some_and(st),
-            Decoder::Nothing | Decoder::NetTest => false,
+            Decoder::Nothing | Decoder::NetTest | Decoder::GlooOptions | Decoder::GlooContext | Decoder::GroupName => false,
         }
     }
 }
@@ -174,6 +220,7 @@ fn spec(family: Family, names: &[&str], op: Op, decoder: Decoder) -> ProbeSpec {
         op,
         decoder,
         stack_blob: false,
+        blob_from: None,
         deref: None,
         sampled: false,
         optional: false,
@@ -273,11 +320,47 @@ pub fn mpi() -> Target {
         s.deref = Some(Reg(1));
         probes.push(s);
     }
+    probes.extend(mpi_comm_constructors());
     Target { family: f, library: "libmpi.so*".into(), probes }
 }
 
+/// MPI's communicator constructors (MPI 3.1 §6.4.2): the new handle is read at return
+/// through the out-pointer argument. Those beyond MPI-2 (`_split_type`, `_idup`,
+/// `_create_group`, `_dup_with_info`) are optional.
+fn mpi_comm_constructors() -> Vec<ProbeSpec> {
+    let f = Family::Mpi;
+    let table: [(&str, Op, Derive, u8, bool); 7] = [
+        // (comm, color, key, newcomm*)
+        ("Comm_split", Op::CommSplit, Derive::Split { color: Reg(1) }, 3, false),
+        // (comm, split_type, key, info, newcomm*)
+        ("Comm_split_type", Op::CommSplit, Derive::SplitType { split_type: Reg(1) }, 4, true),
+        // (comm, newcomm*)
+        ("Comm_dup", Op::CommDup, Derive::Dup, 1, false),
+        // (comm, info, newcomm*)
+        ("Comm_dup_with_info", Op::CommDup, Derive::Dup, 2, true),
+        // (comm, newcomm*, request*)
+        ("Comm_idup", Op::CommDup, Derive::Dup, 1, true),
+        // (comm, group, newcomm*)
+        ("Comm_create", Op::CommCreate, Derive::Create, 2, false),
+        // (comm, group, tag, newcomm*)
+        ("Comm_create_group", Op::CommCreate, Derive::CreateGroup { tag: Reg(2) }, 3, true),
+    ];
+    table
+        .iter()
+        .map(|(name, op, how, out, optional)| {
+            let mut s = spec(f, &[&format!("PMPI_{name}"), &format!("MPI_{name}")], *op, Decoder::MpiCommNew { parent: Reg(0), how: *how });
+            s.deref = Some(Reg(*out));
+            s.optional = *optional;
+            s
+        })
+        .collect()
+}
+
 /// gloo inside PyTorch's `libtorch_cpu.so` (mangled names from docs/platform-facts.md §4).
-/// Byte counts live inside C++ option structs; they are reported as unknown.
+/// Byte counts live inside C++ option structs; they are reported as unknown. Each process
+/// group is its own communicator (`docs/architecture.md`, `CommId`): its contexts are seen
+/// made (`gloo::Context`'s constructor), named by the group's name (`setGroupName`, right
+/// after, on the same thread), and found again in each collective's options.
 pub fn gloo() -> Target {
     let f = Family::Gloo;
     let mut probes = Vec::new();
@@ -289,10 +372,17 @@ pub fn gloo() -> Target {
         ("_ZN4gloo7barrierERNS_14BarrierOptionsE", Op::Barrier),
         ("_ZN4gloo8alltoallERNS_15AlltoallOptionsE", Op::AllToAll),
     ] {
-        let mut s = spec(f, &[name], op, Decoder::Nothing);
+        let mut s = spec(f, &[name], op, Decoder::GlooOptions);
+        s.blob_from = Some(0);
         s.optional = true;
         probes.push(s);
     }
+    let mut ctx = spec(f, &["_ZN4gloo7ContextC2Eiii", "_ZN4gloo7ContextC1Eiii"], Op::CommInit, Decoder::GlooContext);
+    ctx.optional = true;
+    let mut name = spec(f, &["_ZN4c10d12ProcessGroup12setGroupNameERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"], Op::GroupName, Decoder::GroupName);
+    name.blob_from = Some(1);
+    name.optional = true;
+    probes.extend([ctx, name]);
     Target { family: f, library: "libtorch_cpu.so*".into(), probes }
 }
 
@@ -368,6 +458,8 @@ pub const OMPI_DATATYPES: &[(&str, u64)] = &[
 
 /// OpenMPI's world communicator symbol (MPI_COMM_WORLD is `&ompi_mpi_comm_world`).
 pub const OMPI_COMM_WORLD: &str = "ompi_mpi_comm_world";
+/// OpenMPI's null communicator symbol (MPI_COMM_NULL is `&ompi_mpi_comm_null`).
+pub const OMPI_COMM_NULL: &str = "ompi_mpi_comm_null";
 /// MPICH's MPI_COMM_WORLD handle.
 pub const MPICH_COMM_WORLD: u64 = 0x4400_0000;
 
