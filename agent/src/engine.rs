@@ -267,7 +267,12 @@ impl Engine {
             self.markers.pop_front();
         }
         let open = self.judge_hangs(now);
-        let horizon = now - self.cfg.grace.as_secs_f64();
+        // With probes, a step also waits out the margin by which drops seen at a later tick
+        // are dated back (`gaps::DROP_MARGIN_SECONDS`): no drop span recorded after a step
+        // was attributed can reach into it, so the spans served to cluster `diagnose` mark the
+        // same steps as the daemon did.
+        let hold = if self.calls.is_some() { crate::sources::collectives::gaps::DROP_MARGIN_SECONDS } else { 0.0 };
+        let horizon = now - self.cfg.grace.as_secs_f64().max(hold);
         let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
         let CallsIn { views, net, drained_until, gaps, links, identities } = self.calls_in(now, dropped_events, lookback);
