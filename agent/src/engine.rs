@@ -36,11 +36,6 @@ const MAX_MARKERS: usize = 200_000;
 /// (attribution lookback) and `diagnose` asks for 10 by default; without an age bound the
 /// deque would grow for hours of steps up to `MAX_MARKERS`.
 const MARKER_KEEP_SECONDS: f64 = 900.0;
-/// How far before the tick that saw new probe drops they may have happened (the probe
-/// thread drains every 20 ms, later when starved of CPU).
-const DROP_MARGIN_SECONDS: f64 = 1.0;
-/// Drop intervals kept (one per tick with new drops; a tick is one counter interval).
-const MAX_DROP_SPANS: usize = 100_000;
 
 pub struct Engine {
     cfg: StepsConfig,
@@ -57,14 +52,8 @@ pub struct Engine {
     calls: Option<SharedHistory>,
     /// Wall time up to which steps were attributed.
     pub last_attributed: f64,
-    drops_seen: u64,
-    /// Wall time of the previous tick (start of the interval new drops fall into).
-    last_tick: f64,
     /// Time of the latest counter sweep pushed (None: no NIC sampled).
     counters_until: Option<f64>,
-    /// Wall-time intervals in which probe events were dropped: steps overlapping one are
-    /// incomplete. Pruned with the attribution lookback.
-    drop_spans: VecDeque<(f64, f64)>,
     /// Where each attributed step goes besides the step metrics and the history above.
     sinks: Vec<Box<dyn StepSink>>,
     /// Bounds what a marker flood can cost (`timeline::admission`).
@@ -87,12 +76,12 @@ pub fn wall_now() -> f64 {
 }
 
 /// What the probe thread has recorded since the lookback: calls, sampled network requests,
-/// its watermark and the spans of lost events.
+/// its watermark and the spans of dropped and lost events.
 struct CallsIn {
     views: Vec<CallView>,
     net: Vec<NetSample>,
     drained_until: f64,
-    lost: Vec<(f64, f64)>,
+    gaps: pipeline::Gaps,
     links: Links,
     identities: BTreeMap<u32, crate::labels::RankIdentity>,
 }
@@ -132,10 +121,7 @@ impl Engine {
             desync: crate::hang::desync::Watch::new(registry),
             calls: None,
             last_attributed: 0.0,
-            drops_seen: 0,
-            last_tick: 0.0,
             counters_until: None,
-            drop_spans: VecDeque::new(),
             sinks: Vec::new(),
             cfg,
         })
@@ -281,10 +267,15 @@ impl Engine {
             self.markers.pop_front();
         }
         let open = self.judge_hangs(now);
-        let horizon = now - self.cfg.grace.as_secs_f64();
+        // With probes, a step also waits out the margin by which drops seen at a later tick
+        // are dated back (`gaps::DROP_MARGIN_SECONDS`): no drop span recorded after a step
+        // was attributed can reach into it, so the spans served to cluster `diagnose` mark the
+        // same steps as the daemon did.
+        let hold = if self.calls.is_some() { crate::sources::collectives::gaps::DROP_MARGIN_SECONDS } else { 0.0 };
+        let horizon = now - self.cfg.grace.as_secs_f64().max(hold);
         let deadline = now - self.cfg.max_wait.as_secs_f64().max(self.cfg.grace.as_secs_f64());
         let lookback = self.last_attributed.max(now - 600.0) - 60.0;
-        let CallsIn { views, net, drained_until, lost, links, identities } = self.calls_in(lookback);
+        let CallsIn { views, net, drained_until, gaps, links, identities } = self.calls_in(now, dropped_events, lookback);
         self.metrics.set_identities(identities);
         let counters_until = self.counters_until.unwrap_or(f64::INFINITY);
         let colls = join_calls(&views);
@@ -296,27 +287,6 @@ impl Engine {
         let mut net = net;
         net.sort_by(|a, b| a.posted.total_cmp(&b.posted));
         let nets = [net];
-        // Events dropped since the last tick were lost in (last tick, now] — or up to a
-        // second earlier when the probe thread drained late (a loaded host): every step
-        // overlapping that span is incomplete, also one attributed ticks later, after its
-        // grace period (the steps attributed *now* ended before the drops). Erring early
-        // marks a neighbour incomplete; never marking an affected step complete is the point.
-        if dropped_events > self.drops_seen {
-            let from = if self.last_tick > 0.0 { self.last_tick.min(now - DROP_MARGIN_SECONDS) } else { now - DROP_MARGIN_SECONDS };
-            match self.drop_spans.back_mut() {
-                // Drops on consecutive ticks: one span.
-                Some(last) if last.1 >= from => last.1 = now,
-                _ => self.drop_spans.push_back((from, now)),
-            }
-            if self.drop_spans.len() > MAX_DROP_SPANS {
-                self.drop_spans.pop_front();
-            }
-        }
-        self.drops_seen = dropped_events;
-        self.last_tick = now;
-        while self.drop_spans.front().is_some_and(|s| s.1 < lookback - 60.0) {
-            self.drop_spans.pop_front();
-        }
         for f in &found {
             let step = &f.step;
             // Never before its events are in: the probe consumer's watermark and the last
@@ -332,13 +302,10 @@ impl Engine {
             if self.done.contains_key(&key) || step.end <= self.last_attributed - 60.0 {
                 continue;
             }
-            let dropped = self.drop_spans.iter().any(|&(a, b)| a <= step.end && b >= step.begin);
-            let inp = pipeline::Inputs { colls: &colls, log: Some(&self.log), nets: &nets, links: &links };
-            let (mut att, inputs) = pipeline::attribute(&inp, f, &self.cfg.params, dropped);
-            if lost.iter().any(|&(a, b)| a <= step.end && b >= step.begin) {
-                att.incomplete = true;
-                att.notes.push("incomplete data: probe events of processes that exited before the agent could inspect them were lost (a starved agent; see stepwise_probe_decode_errors_total{kind=\"process_gone\"})".to_string());
-            }
+            // Steps overlapping dropped or lost probe events are incomplete (`pipeline::Gaps`),
+            // also one attributed ticks later, after its grace period.
+            let inp = pipeline::Inputs { colls: &colls, log: Some(&self.log), nets: &nets, links: &links, gaps: &gaps };
+            let (mut att, inputs) = pipeline::attribute(&inp, f, &self.cfg.params);
             if let Some(what) = missing {
                 att.incomplete = true;
                 att.notes.push(format!("incomplete data: closed {:.1} s after its end (steps.max_wait) before {what}", now - step.end));
@@ -360,24 +327,26 @@ impl Engine {
         self.done.retain(|_, end| *end >= cut);
     }
 
-    /// The probe thread's calls since `since`. Without collective probes (`[collectives]
-    /// enabled = false`) markers still make steps: there are no calls to join, and none to
-    /// wait for.
-    fn calls_in(&self, since: f64) -> CallsIn {
+    /// The probe thread's calls since `since`, after recording that the probes had dropped
+    /// `dropped_events` by `now` (kept in the history, where `/api/v1/collectives` serves
+    /// them). Without collective probes (`[collectives] enabled = false`) markers still make
+    /// steps: there are no calls to join, none to wait for, and no probe to drop events.
+    fn calls_in(&self, now: f64, dropped_events: u64, since: f64) -> CallsIn {
         let Some(calls) = &self.calls else {
             return CallsIn {
                 views: Vec::new(),
                 net: Vec::new(),
                 drained_until: f64::INFINITY,
-                lost: Vec::new(),
+                gaps: Default::default(),
                 links: Links::default(),
                 identities: BTreeMap::new(),
             };
         };
-        let h = match calls.lock() {
+        let mut h = match calls.lock() {
             Ok(h) => h,
             Err(p) => p.into_inner(),
         };
+        h.drops.record(now, dropped_events);
         CallsIn {
             views: h.calls_since(since, 1_000_000).iter().map(|c| c.view()).collect(),
             net: h
@@ -386,7 +355,9 @@ impl Engine {
                 .map(|n| NetSample { bytes: n.req.bytes.unwrap_or(0) as f64, posted: n.posted, completed: n.completed, send: n.req.send })
                 .collect(),
             drained_until: h.drained_until,
-            lost: h.lost_since(since),
+            // A step can begin up to a minute before the lookback (`tick` skips only steps that
+            // ended a minute before the last attributed one).
+            gaps: pipeline::Gaps { dropped: h.drops.since(since - 60.0), lost: h.lost_since(since) },
             links: Links::new(h.links.iter().cloned()),
             identities: h.identities.clone(),
         }

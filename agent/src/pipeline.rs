@@ -172,12 +172,31 @@ fn phase(colls: &[Collective], seq: &[usize], p: usize) -> u64 {
 
 /// What the steps are attributed from: the joined collectives (as [`find_steps`] got them),
 /// the NIC counters (when any were sampled), each host's sampled requests sorted by post time,
-/// and which NICs each process uses.
+/// which NICs each process uses, and when probe events went missing.
 pub struct Inputs<'c, 'o> {
     pub colls: &'c [Collective],
     pub log: Option<&'o CounterLog>,
     pub nets: &'o [Vec<NetSample>],
     pub links: &'o Links,
+    pub gaps: &'o Gaps,
+}
+
+/// Wall-time spans, on the steps' clock, in which probe events went missing: `dropped` by
+/// the kernel (a full ring: `sources::collectives::gaps`), `lost` with processes that exited
+/// before the agent could inspect them. A step overlapping either is incomplete. The daemon
+/// passes its own host's spans, the cluster every peer's (from `/api/v1/collectives`).
+#[derive(Clone, Debug, Default)]
+pub struct Gaps {
+    pub dropped: Vec<(f64, f64)>,
+    pub lost: Vec<(f64, f64)>,
+}
+
+impl Gaps {
+    /// (dropped, lost) overlap `[begin, end]`.
+    fn during(&self, begin: f64, end: f64) -> (bool, bool) {
+        let hit = |v: &[(f64, f64)]| v.iter().any(|&(a, b)| a <= end && b >= begin);
+        (hit(&self.dropped), hit(&self.lost))
+    }
 }
 
 /// What attribution needs of one step beyond the step itself.
@@ -217,9 +236,10 @@ pub fn step_inputs<'c>(inp: &Inputs<'c, '_>, f: &Found) -> StepInputs<'c> {
 }
 
 /// Attributes step `f`: [`step_inputs`], then [`attribution::attribute`], with a note naming the
-/// NICs linked to its ranks. `dropped`: probe events were lost during it.
-pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params, dropped: bool) -> (Attribution, StepInputs<'c>) {
+/// NICs linked to its ranks; incomplete, and saying why, when it overlaps one of `inp.gaps`.
+pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params) -> (Attribution, StepInputs<'c>) {
     let si = step_inputs(inp, f);
+    let (dropped, lost) = inp.gaps.during(f.step.begin, f.step.end);
     let mut a =
         attribution::attribute(&StepData { step: &f.step, collectives: &si.collectives, windows: &si.windows, net: &si.net, dropped_events: dropped }, params);
     if let Some(n) = coarse_counters(inp, &si) {
@@ -230,6 +250,10 @@ pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params, dropped: 
         let more = si.linked.len().saturating_sub(SHOWN);
         let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
         a.notes.push(format!("NICs of this step's ranks (only these carry its collectives): {}{tail}", si.linked[..si.linked.len().min(SHOWN)].join(", ")));
+    }
+    if lost {
+        a.incomplete = true;
+        a.notes.push("incomplete data: probe events of processes that exited before the agent could inspect them were lost (a starved agent; see stepwise_probe_decode_errors_total{kind=\"process_gone\"})".to_string());
     }
     (a, si)
 }

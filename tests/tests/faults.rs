@@ -834,6 +834,26 @@ fn event_storm_overflows_the_ring_drops_are_counted_steps_marked_and_the_process
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.to_lowercase().contains("incomplete data"), "diagnose shows the step's incomplete data:\n{text}");
+    // Cluster mode attributes the steps itself from the agent's calls: it reads the spans of
+    // dropped events from /api/v1/collectives and marks the same steps, with the same note.
+    let out = Command::new(agent_bin()).args(["diagnose", "--peers", &agent.addr, "--json", "--since", "5m", "--slowest", "1000"]).output().expect("diagnose");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let rep: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("diagnose --json: {e}: {text}"));
+    let dropped =
+        |s: &serde_json::Value| s["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().is_some_and(|t| t.contains("probe events were dropped"))));
+    let (mut compared, mut marked) = (0, 0);
+    for c in rep["steps"].as_array().expect("steps") {
+        let Some(d) = steps.iter().find(|d| d["step"] == c["step"] && d["begin"].as_f64().zip(c["begin"].as_f64()).is_some_and(|(a, b)| (a - b).abs() < 1e-3))
+        else {
+            continue;
+        };
+        compared += 1;
+        marked += dropped(d) as usize;
+        assert_eq!(dropped(c), dropped(d), "step {}: cluster {c}\ndaemon {d}", d["step"]);
+        assert!(!dropped(c) || c["incomplete"] == true, "step {}: {c}", c["step"]);
+    }
+    assert!(compared >= 30 && marked >= 10, "steps compared with the daemon's {compared}, marked dropped {marked}");
     agent.assert_healthy("after the storm");
 }
 

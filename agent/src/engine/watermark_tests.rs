@@ -126,3 +126,28 @@ fn a_step_holding_lost_events_of_an_exited_process_is_incomplete() {
     assert!(!one.incomplete, "{:?}", one.notes);
     assert!(two.incomplete && two.notes.iter().any(|n| n.contains("exited before")), "{:?}", two.notes);
 }
+
+#[test]
+fn a_step_waits_until_later_drops_can_no_longer_be_dated_into_it() {
+    // A 200 ms grace: without the drop margin the step ending at 101.5 s would be attributed
+    // complete at 101.8 s, and the drops the tick at 102.2 s sees — dated back a second, to
+    // 101.2 s — would fall into it after the fact (cluster `diagnose` reads those spans).
+    let h = history();
+    let cfg = StepsConfig { grace: std::time::Duration::from_millis(200), ..StepsConfig::default() };
+    let mut e = Engine::new(cfg, "h".into(), &mut Registry::default()).expect("engine");
+    e.set_calls(h.clone());
+    record_step(&mut e, &h, 1, 100.0);
+    record_step(&mut e, &h, 2, 101.0);
+    h.lock().expect("history").drained_until = 110.0;
+    e.tick(101.8, 0);
+    let ids: Vec<u64> = e.steps().iter().map(|a| a.step).collect();
+    assert_eq!(ids, vec![1], "step 2 ended 0.3 s ago: past the grace, not past the drop margin");
+    e.tick(102.2, 5);
+    e.tick(102.6, 5);
+    let steps = e.steps();
+    let two = steps.iter().find(|a| a.step == 2).expect("step 2 once the margin passed");
+    assert!(two.incomplete && two.notes.iter().any(|n| n.contains("were dropped")), "{:?}", two.notes);
+    let one = steps.iter().find(|a| a.step == 1).expect("step 1");
+    assert!(!one.incomplete, "{:?}", one.notes);
+    assert_eq!(h.lock().expect("history").drops.since(0.0), vec![(101.2, 102.2)], "the span the page serves");
+}

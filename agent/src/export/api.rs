@@ -375,6 +375,8 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
                 clock_synchronized: h.clock.synchronized,
                 evicted: h.evicted,
                 drained_until: h.drained_until,
+                drop_spans: h.drops.since(since),
+                lost_spans: h.lost_since(since),
                 calls: h.calls_since(since, limit),
                 net_requests: h.net_since(since, limit),
                 links: h.links.clone(),
@@ -384,6 +386,8 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
         if until < f64::MAX {
             page.calls.retain(|c| c.enter <= until);
             page.net_requests.retain(|r| r.posted <= until);
+            page.drop_spans.retain(|s| s.0 <= until);
+            page.lost_spans.retain(|s| s.0 <= until);
         }
         if compact {
             return Json(super::pages::CompactCollectivesPage::from_page(page)).into_response();

@@ -34,6 +34,13 @@ pub struct CollectivesPage<C = CallRecord, N = NetRecord> {
     pub evicted: u64,
     #[serde(default)]
     pub drained_until: f64,
+    /// Wall-time spans in which the kernel dropped probe events (a full ring) and in which
+    /// events of exited processes were lost: steps overlapping one are incomplete, in
+    /// cluster `diagnose` as on the agent. Absent from older agents: none known.
+    #[serde(default)]
+    pub drop_spans: Vec<(f64, f64)>,
+    #[serde(default)]
+    pub lost_spans: Vec<(f64, f64)>,
     #[serde(default = "Vec::new")]
     pub calls: Vec<C>,
     #[serde(default = "Vec::new")]
@@ -53,6 +60,8 @@ impl<C, N> Default for CollectivesPage<C, N> {
             clock_synchronized: false,
             evicted: 0,
             drained_until: 0.0,
+            drop_spans: Vec::new(),
+            lost_spans: Vec::new(),
             calls: Vec::new(),
             net_requests: Vec::new(),
             links: Vec::new(),
@@ -150,6 +159,13 @@ pub struct CompactCollectivesPage<N = NetRecord> {
     pub evicted: u64,
     #[serde(default)]
     pub drained_until: f64,
+    /// Wall-time spans in which the kernel dropped probe events (a full ring) and in which
+    /// events of exited processes were lost: steps overlapping one are incomplete, in
+    /// cluster `diagnose` as on the agent. Absent from older agents: none known.
+    #[serde(default)]
+    pub drop_spans: Vec<(f64, f64)>,
+    #[serde(default)]
+    pub lost_spans: Vec<(f64, f64)>,
     /// Communicator ids (16 hex digits) the rows name by index.
     #[serde(default)]
     pub comms: Vec<String>,
@@ -275,6 +291,8 @@ impl CompactCollectivesPage {
             clock_synchronized: full.clock_synchronized,
             evicted: full.evicted,
             drained_until: full.drained_until,
+            drop_spans: full.drop_spans,
+            lost_spans: full.lost_spans,
             net_requests: full.net_requests,
             links: full.links,
             calls: Vec::new(),

@@ -68,6 +68,8 @@ fn page() -> CollectivesPage {
         clock_synchronized: true,
         evicted: 5,
         drained_until: 1_764_000_001.0,
+        drop_spans: vec![(1_764_000_000.25, 1_764_000_000.5)],
+        lost_spans: vec![(1_764_000_000.75, 1_764_000_000.75)],
         calls: records(),
         net_requests: vec![net(true, Some(4096)), net(false, None)],
         links: vec![link()],
@@ -93,6 +95,7 @@ fn full_collectives_page_reads_back_as_views() {
     assert_eq!(back.calls, want);
     assert_eq!(back.net_requests, net_views());
     assert_eq!(back.links, vec![link()]);
+    assert_eq!((back.drop_spans, back.lost_spans), (page().drop_spans, page().lost_spans));
     // What `diagnose` does with an agent that ignores `format=compact`: the full calls.
     let mut old: CompactCollectivesPage<NetView> = serde_json::from_str(&json).expect("parse");
     assert!(old.rows.is_empty() && old.comms.is_empty());
@@ -115,6 +118,9 @@ fn compact_rows_read_back_as_the_records_views() {
     assert_eq!(wire.net_requests, net_views());
     // Which NICs each process uses travels with the calls.
     assert_eq!(wire.links, vec![link()]);
+    // So do the spans of dropped and lost probe events (cluster `diagnose` marks the steps
+    // they overlap incomplete, as the agent does).
+    assert_eq!((wire.drop_spans, wire.lost_spans), (page().drop_spans, page().lost_spans));
     // A row naming a string that is not in its table is refused, not guessed.
     let bad = json.replacen("[0,2751,", "[9,2751,", 1);
     let mut wire: CompactCollectivesPage<NetView> = serde_json::from_str(&bad).expect("parse");
@@ -129,6 +135,7 @@ fn collectives_pages_without_the_optional_fields_read() {
     let calls = c.take_calls().expect("calls");
     assert_eq!((calls.len(), calls[0].comm_global, calls[0].aborted, calls[0].clock.timing), (1, false, false, Timing::default()));
     assert_eq!((c.clock_error_seconds, c.clock_synchronized, c.links.len()), (0.0, false, 0));
+    assert!(c.drop_spans.is_empty() && c.lost_spans.is_empty(), "an agent before the spans: none known");
     assert_eq!(c.net_requests, vec![NetView { bytes: None, posted: 1.0, completed: 1.5, send: false }]);
     let full: CollectivesPage<CallView, NetView> = serde_json::from_str(old).expect("old full page");
     assert_eq!(full.calls, calls);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use super::{Selection, MAX_STEPS};
 use crate::{
     attribution::{NetSample, Params},
-    pipeline::{self, Found},
+    pipeline::{self, Found, Gaps},
     report::duration,
     report::{nics_of, Skew, StepReport},
     timeline::{
@@ -33,6 +33,9 @@ pub struct PeerData {
     pub nics: Vec<(NicInfo, Vec<NicSample>)>,
     /// The NICs each of the peer's traced processes uses.
     pub links: Vec<ProcessLink>,
+    /// When the peer's probes dropped or lost events, on the peer's clock (the page's
+    /// `drop_spans`, `lost_spans`).
+    pub gaps: Gaps,
     /// Partial answers (an endpoint that failed after the calls arrived), truncation.
     pub notes: Vec<String>,
 }
@@ -103,12 +106,14 @@ struct Observed {
     log: Option<CounterLog>,
     /// Each peer's sampled requests, sorted by post time.
     nets: Vec<Vec<NetSample>>,
+    /// Every peer's spans of dropped and lost probe events.
+    gaps: Gaps,
     clocks: Clocks,
 }
 
 /// Joins every peer's calls, estimates the hosts' clock offsets from them
-/// (`timeline::clocks`) and moves calls, markers, counter samples and requests onto the
-/// reference host's clock.
+/// (`timeline::clocks`) and moves calls, markers, counter samples, requests and the spans of
+/// missing probe events onto the reference host's clock.
 fn observe(peers: &[PeerData], calls: Vec<&CallView>, notes: &mut Vec<String>) -> Observed {
     let mut colls = join_calls(calls);
     let mut clocks = clocks::estimate(&colls);
@@ -165,7 +170,14 @@ fn observe(peers: &[PeerData], calls: Vec<&CallView>, notes: &mut Vec<String>) -
             v
         })
         .collect();
-    Observed { colls, markers, log, nets, clocks }
+    let mut gaps = Gaps::default();
+    for p in peers {
+        let off = clocks.offset(&p.host);
+        let moved = |v: &[(f64, f64)]| v.iter().map(|&(a, b)| (a - off, b - off)).collect::<Vec<_>>();
+        gaps.dropped.extend(moved(&p.gaps.dropped));
+        gaps.lost.extend(moved(&p.gaps.lost));
+    }
+    Observed { colls, markers, log, nets, gaps, clocks }
 }
 
 /// Ranks disagreeing at one number within step `f`, numbered as the join numbers them, from
@@ -191,7 +203,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
         ));
     }
     let all_calls = calls.clone();
-    let Observed { colls, markers, log, nets, clocks } = observe(peers, calls, &mut notes);
+    let Observed { colls, markers, log, nets, gaps, clocks } = observe(peers, calls, &mut notes);
     let links = Links::new(peers.iter().flat_map(|p| p.links.iter().cloned()));
     let (all_steps, how) = pipeline::find_steps(&markers, &colls);
     if all_steps.is_empty() {
@@ -225,7 +237,7 @@ pub fn analyze(peers: &[PeerData], sel: &Selection, params: &Params) -> Result<A
     }
     let mut steps = Vec::new();
     for f in &chosen {
-        let (mut a, inp) = pipeline::attribute(&pipeline::Inputs { colls: &colls, log: log.as_ref(), nets: &nets, links: &links }, f, params, false);
+        let (mut a, inp) = pipeline::attribute(&pipeline::Inputs { colls: &colls, log: log.as_ref(), nets: &nets, links: &links, gaps: &gaps }, f, params);
         a.desyncs = step_desyncs(&all_calls, f, &inp.collectives);
         let (cf, late) = clock_free(&inp.collectives);
         let hosts: Vec<&str> = inp.collectives.iter().flat_map(|c| c.arrivals.iter().map(|x| x.host.as_str())).collect();

@@ -135,6 +135,7 @@ fn from_calls(peer: &str, mut c: CompactCollectivesPage<NetView>) -> Result<Peer
         clock_synchronized: c.clock_synchronized,
         net: c.net_requests.into_iter().map(|n| NetSample { bytes: n.bytes.unwrap_or(0.0), posted: n.posted, completed: n.completed, send: n.send }).collect(),
         links: std::mem::take(&mut c.links),
+        gaps: crate::pipeline::Gaps { dropped: std::mem::take(&mut c.drop_spans), lost: std::mem::take(&mut c.lost_spans) },
         ..Default::default()
     };
     if calls.len() >= CALLS_LIMIT {
@@ -273,5 +274,28 @@ mod tests {
         let keys: std::collections::HashSet<(u32, u64, bool)> = m.iter().map(|x| (x.rank, x.step, x.phase == Phase::Begin)).collect();
         assert_eq!(keys.len(), n);
         assert!(m.iter().all(|x| x.host.as_deref() == Some("node-9")));
+    }
+
+    /// The spans of dropped and lost probe events a peer's history holds reach the cluster's
+    /// peer data through `/api/v1/collectives` (compact), cut to the range asked for.
+    #[test]
+    fn a_peers_dropped_and_lost_event_spans_are_read_from_its_collectives_page() {
+        use std::sync::{Arc, Mutex};
+
+        use crate::{export::replay::Agents, sources::collectives::history::History};
+        let mut h = History::new("node-3".into(), 64);
+        h.drops.record(100.0, 0);
+        h.drops.record(105.0, 4);
+        h.drops.record(249.0, 4);
+        h.drops.record(250.0, 9);
+        h.push_lost(102.5);
+        let state = crate::export::api::AppState::new(prometheus_client::registry::Registry::default());
+        *state.collectives.write().expect("lock") = Some(Arc::new(Mutex::new(h)));
+        let agents = Agents::serve(vec![state], 1).expect("serve");
+        let peer = agents.addrs[0].to_string();
+        let p = fetch_peer(&client(), &peer, 50.0, 200.0, Duration::from_secs(30)).expect("peer");
+        assert_eq!(p.host, "node-3");
+        assert_eq!(p.gaps.dropped, vec![(100.0, 105.0)], "the span after 200 s is outside the range asked for");
+        assert_eq!(p.gaps.lost, vec![(102.5, 102.5)]);
     }
 }

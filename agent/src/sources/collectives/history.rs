@@ -125,6 +125,9 @@ pub struct History {
     /// Wall-time spans holding events that were lost because their process had exited before
     /// the agent could inspect it (merged when less than a second apart; bounded).
     lost: VecDeque<(f64, f64)>,
+    /// Wall-time spans in which the kernel dropped probe events (a full ring), as the
+    /// engine's ticks saw the drop count grow.
+    pub drops: super::gaps::DropSpans,
     /// Open calls, last completed call per process, exits (`/api/v1/open`).
     pub progress: super::progress::Progress,
     /// Root of procfs the traced processes' states are read from.
@@ -163,6 +166,7 @@ impl History {
             evicted: 0,
             drained_until: 0.0,
             lost: VecDeque::new(),
+            drops: Default::default(),
             progress: Default::default(),
             proc_root: "/proc".into(),
             pod_logs: "/var/log/pods".into(),

@@ -13,6 +13,7 @@ pub mod decode;
 mod drain;
 pub mod elf;
 pub mod exits;
+pub mod gaps;
 pub mod gpu_id;
 pub mod history;
 pub mod k8s;
