@@ -551,6 +551,13 @@ impl PortFiles {
     pub fn refresh(&mut self, path: &Path, relist_every: u32, budget: &Budget) -> Result<(), ReadError> {
         let due = self.relist_in == 0;
         self.relist_in = if due { relist_every.saturating_sub(1) } else { self.relist_in - 1 };
+        self.revalidate(path, due, budget)
+    }
+
+    /// [`PortFiles::refresh`] without counting towards the periodic re-listing (`due`
+    /// forces one): the fast lane's check between sweeps, free on sysfs, where directories
+    /// never change under open files.
+    pub fn revalidate(&mut self, path: &Path, due: bool, budget: &Budget) -> Result<(), ReadError> {
         let changed = match self.dir.check() {
             Check::Gone => return Err(ReadError::Stale),
             Check::Changed => true,

@@ -375,10 +375,14 @@ impl PortState {
 
     /// The fast lane's read (`daemon::fast`): the attribution counters only (the PMA and
     /// legacy-ext groups' typed files, not hw_counters, paced files or text) through the files
-    /// the last sweep opened, into the port's totals. `false` when nothing could be read (the
+    /// the last sweep opened (revalidated: a fixture's files are replaced, sysfs's never),
+    /// into the port's totals. `false` when nothing could be read (the
     /// next full sweep reopens what went stale).
     pub fn fast(&mut self, io: &mut Io, dev: &str, port: u32) -> bool {
         let Some(files) = self.files.as_mut().filter(|_| self.present) else { return false };
+        if files.revalidate(&self.path, false, io.budget).is_err() {
+            return false;
+        }
         let Ok(got) = read_files(files, io, Due { hw: false, paced: [false; 3], text: false, state: false }, true) else {
             return false;
         };
