@@ -20,9 +20,9 @@
 //!
 //! The steps inside the flow name `congestion` with rail 1's transmit wait as evidence, the
 //! median step within 15 % of its extra time over the clean steps (as e2e_other_traffic.rs);
-//! the clean steps stay under 7.5 % congestion. The agents sample at the shipped defaults
-//! (`scenarios::agent_config`): full sweeps every second, the fast lane reading the job's
-//! ports between them (docs/architecture.md).
+//! the clean steps stay under 7.5 % congestion. Server 1's agent samples at the shipped
+//! defaults (`scenarios::agent_config`); server 0's sweeps the fixture every 10 ms (see
+//! `servers`: the fixture's files are replaced, not updated in place as sysfs's are).
 
 use std::{
     collections::BTreeMap,
@@ -155,8 +155,14 @@ fn servers(dir: &Path, sys: &Path) -> Servers {
     for k in 0..2 {
         let mut cfg = agent_config(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
         if k == 0 {
-            // The fixture's RDMA ports alone; sampling as shipped (the fast lane reads them).
-            cfg = format!("sysfs_root = \"{}\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n{cfg}", sys.display());
+            // The fixture's RDMA ports alone, swept every 10 ms: the fixture's writer replaces
+            // its files (rename) every 5 ms, which the fast lane must re-list and reopen at
+            // each read — a cost real sysfs, updated in place, never has — so at the shipped
+            // defaults its budget spaces the reads ~10× wider than on a real port.
+            cfg = format!(
+                "sysfs_root = \"{}\"\ninterval = \"10ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n{cfg}",
+                sys.display()
+            );
         }
         s.start_agent(k, dir, &cfg).expect("agent starts");
     }
