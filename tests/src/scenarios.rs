@@ -259,10 +259,23 @@ pub struct NsAgent {
 /// analysis of every step; the agent waits `sample_every` *between* windows); otherwise only
 /// after an hour, which keeps the agent's event load to the collective calls.
 pub fn agent_config(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, nic_rates: &BTreeMap<String, String>, sampled: bool) -> String {
+    agent_config_with("", ns, dir, server, sock, nic_rates, sampled)
+}
+
+/// [`agent_config`] sampling every 10 ms with the TCP dump at every sweep, as every accuracy
+/// scenario did before the fast lane: the scenarios not yet checked at the shipped defaults
+/// (a known gap, issue 31: `e2e_netns` fails 7 of 8 at the defaults — qdisc backlog and a
+/// job's first step are read only at the 1 s sweeps).
+pub fn agent_config_10ms(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, nic_rates: &BTreeMap<String, String>, sampled: bool) -> String {
+    let top = "interval = \"10ms\"\n[sources]\nrdma = false\nethtool = false\ntcp_cpu_budget = 1.0\n";
+    agent_config_with(top, ns, dir, server, sock, nic_rates, sampled)
+}
+
+fn agent_config_with(top: &str, ns: &str, dir: &Path, server: usize, sock: Option<&Path>, nic_rates: &BTreeMap<String, String>, sampled: bool) -> String {
     let lib = workspace_root().join("tests/workloads/build");
     let (every, window) = if sampled { ("100ms", "10m") } else { ("1h", "200ms") };
     let mut s = format!(
-        "\
+        "{top}\
          [collectives]\nsample_every = \"{every}\"\nsample_window = \"{window}\"\nlibrary_dirs = [\"{}\"]\nhost = \"server{server}\"\n\
          [collectives.select]\nnetns = \"/run/netns/{ns}\"\n\
          [store]\npath = \"{}\"\n\

@@ -45,7 +45,8 @@ use std::{
 use serde_json::Value;
 use stepwise_tests::{
     scenarios::{
-        self, agent_config, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers, Shape,
+        self, agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers,
+        Shape,
     },
     workloads,
 };
@@ -225,7 +226,7 @@ fn start_rail_agents(s: &mut Servers, dir: &Path) {
     let rate = s.shape.as_ref().expect("shaped").agent_rate();
     let rates: BTreeMap<String, String> = (0..s.rails).map(|i| (rail_dev(i), rate.clone())).collect();
     for k in 0..2 {
-        let cfg = agent_config(s.ns(k), dir, k, Some(&marker_sock(dir, k)), &rates, false);
+        let cfg = agent_config_10ms(s.ns(k), dir, k, Some(&marker_sock(dir, k)), &rates, false);
         s.start_agent(k, dir, &cfg).expect("agent starts");
     }
 }
@@ -628,7 +629,7 @@ fn congestion_scenario(mode: Timing) {
     let rate = s.shape.as_ref().expect("shape").agent_rate();
     let rates: BTreeMap<String, String> = [(rail_dev(0), rate)].into_iter().collect();
     for k in 0..2 {
-        let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, false);
+        let cfg = agent_config_10ms(s.ns(k), dir.path(), k, None, &rates, false);
         s.start_agent(k, dir.path(), &cfg).expect("agent");
     }
     let inp = run_phase(&s, dir.path(), "in", 0, UP_PERIOD_IN_US, mode);
@@ -999,7 +1000,7 @@ fn in_flight_scenario(mode: Timing) {
     let rate = s.shape.as_ref().expect("shape").agent_rate();
     let rates: BTreeMap<String, String> = [(rail_dev(0), rate)].into_iter().collect();
     for k in 0..2 {
-        let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, true);
+        let cfg = agent_config_10ms(s.ns(k), dir.path(), k, None, &rates, true);
         s.start_agent(k, dir.path(), &cfg).expect("agent");
     }
     // The sampled transport probes are attached once, shortly after start: attaching a uprobe
@@ -1149,7 +1150,7 @@ fn in_flight_in_short_sampled_windows_is_measured_over_the_windows() {
     let mut s = Servers::new(1, 9000, Some(Shape::mbit(IF_MBIT, 64, 4096))).expect("servers");
     let rates: BTreeMap<String, String> = [(rail_dev(0), s.shape.as_ref().expect("shape").agent_rate())].into_iter().collect();
     for k in 0..2 {
-        let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, true);
+        let cfg = agent_config_10ms(s.ns(k), dir.path(), k, None, &rates, true);
         let windowed = cfg.replace("sample_every = \"100ms\"\nsample_window = \"10m\"", "sample_every = \"1s\"\nsample_window = \"200ms\"");
         assert_ne!(cfg, windowed, "agent_config's sampling settings moved");
         s.start_agent(k, dir.path(), &windowed).expect("agent");

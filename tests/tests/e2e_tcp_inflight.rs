@@ -26,7 +26,7 @@ use std::{
 use serde_json::Value;
 use stepwise_tests::{
     harness::{sample, workspace_root, Proc},
-    scenarios::{self, agent_config, cause, cause_seconds, median, start_job, summarize, within, JobOutput, RankSpec, Servers},
+    scenarios::{self, agent_config_10ms, cause, cause_seconds, median, start_job, summarize, within, JobOutput, RankSpec, Servers},
     torch, workloads,
 };
 
@@ -163,7 +163,7 @@ fn start_agents(s: &mut Servers, dir: &Path, extra_libs: &[&Path]) {
     let rate = format!("{}Mbit/s", RATE_BPS / 1e6);
     let rates: BTreeMap<String, String> = DEV.iter().map(|d| (d.to_string(), rate.clone())).collect();
     for k in 0..2 {
-        let mut cfg = agent_config(s.ns(k), dir, k, None, &rates, false);
+        let mut cfg = agent_config_10ms(s.ns(k), dir, k, None, &rates, false);
         for lib in extra_libs {
             cfg = cfg.replacen("library_dirs = [", &format!("library_dirs = [\"{}\", ", lib.display()), 1);
         }
