@@ -82,6 +82,19 @@ pub struct NicInfo {
     pub rate_bytes_per_second: Option<f64>,
 }
 
+/// The name under which the traced processes' bytes to peers on their own host are kept
+/// (`sources/tcp`: loopback connections, and connections to this host's own addresses, which
+/// the kernel routes over `lo`). Not a NIC: attribution never makes it a rail
+/// (docs/models.md §1.14).
+pub const SAME_HOST_LINK: &str = "lo";
+
+impl NicInfo {
+    /// Whether this is the same-host link ([`SAME_HOST_LINK`]), not a NIC.
+    pub fn is_same_host_link(&self) -> bool {
+        self.name == SAME_HOST_LINK
+    }
+}
+
 /// Deltas of one NIC over a window.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct NicWindow {
@@ -222,6 +235,11 @@ impl CounterLog {
         } else {
             0.0
         }
+    }
+
+    /// The times of `nic`'s samples strictly inside (t0, t1), in order.
+    pub fn sample_times(&self, nic: &str, t0: f64, t1: f64) -> Vec<f64> {
+        self.nics.get(nic).map(|(_, s)| s.iter().map(|x| x.time).filter(|t| *t > t0 && *t < t1).collect()).unwrap_or_default()
     }
 
     /// Deltas of every NIC over [t0, t1]. NICs without samples covering the window give zeros.
