@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::timeline::{windows::SAME_HOST_LINK, Collective, CounterLog, NicWindow};
+use crate::timeline::{windows::SAME_HOST_LINK, Collective, CounterLog, NicInfo, NicWindow};
 
 /// What was measured of one collective's same-host transfers over its transfer interval.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -80,7 +80,7 @@ fn busy(bytes: f64, total: f64) -> bool {
 /// were not measured (no loopback TCP of the job: shared memory, NVLink, PCIe).
 pub fn measure(c: &Collective, log: &CounterLog, nics: impl Fn(Vec<NicWindow>) -> Vec<NicWindow>) -> Option<SameHost> {
     let (t0, t1) = (c.last_arrival(), c.last_exit());
-    if c.one_host() || t1 <= t0 {
+    if c.one_host() || t1 <= t0 || !log.has(NicInfo::is_same_host_link) {
         return None;
     }
     let all = log.window(t0, t1);
@@ -91,7 +91,7 @@ pub fn measure(c: &Collective, log: &CounterLog, nics: impl Fn(Vec<NicWindow>) -
     }
     let nic_total = nic_bytes(c, &nics(all));
     let mut edges = vec![t0];
-    edges.extend(log.sample_times(SAME_HOST_LINK, t0, t1));
+    edges.extend(log.sample_times(NicInfo::is_same_host_link, t0, t1));
     edges.push(t1);
     // Per slice: its seconds, whether the same-host link carried the job's bytes, and the
     // NICs' bytes when they did.

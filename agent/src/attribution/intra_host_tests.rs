@@ -25,6 +25,11 @@ fn job(hosts: [&str; 2], t1: f64) -> Collective {
 /// 10 MB/s in [0, 0.25) and [0.75, 1.0), over rail0 (1 MB/s) in [0.25, 0.75); `lo_measured`:
 /// whether the tcp source read the same-host link.
 fn log(lo_measured: bool) -> CounterLog {
+    log_named(lo_measured, "")
+}
+
+/// [`log`] with the NICs named `{prefix}lo` and `{prefix}rail0`.
+fn log_named(lo_measured: bool, prefix: &str) -> CounterLog {
     let mut log = CounterLog::new(64);
     let lo_rate = |k: u32| if k < 25 || (75..100).contains(&k) { 10e6 } else { 0.0 };
     let nic_rate = |k: u32| if (25..75).contains(&k) { 1e6 } else { 0.0 };
@@ -33,10 +38,10 @@ fn log(lo_measured: bool) -> CounterLog {
         let t = f64::from(k) * 0.01;
         if k % 10 == 0 {
             let host = Some("a".to_string());
-            let lo_info = NicInfo { name: "lo".into(), host: host.clone(), ..Default::default() };
+            let lo_info = NicInfo { name: format!("{prefix}lo"), host: host.clone(), ..Default::default() };
             let own_lo = lo_measured.then(|| vec![(0, lo / 2.0), (1, lo / 2.0)]);
             log.push(lo_info, NicSample { time: t, own_tx: own_lo, ..Default::default() });
-            let rail = NicInfo { name: "rail0".into(), host, rail: Some(0), rate_bytes_per_second: Some(1e6) };
+            let rail = NicInfo { name: format!("{prefix}rail0"), host, rail: Some(0), rate_bytes_per_second: Some(1e6) };
             log.push(rail, NicSample { time: t, tx_bytes: nic, own_tx: Some(vec![(0, nic / 2.0), (1, nic / 2.0)]), ..Default::default() });
         }
         lo += lo_rate(k) * 0.01;
@@ -55,6 +60,8 @@ fn the_local_phases_are_the_local_only_slices_and_half_of_those_at_a_phase_edge(
     assert!((m.seconds - 0.5).abs() < 1e-6, "{m:?}");
     assert_eq!(m.slices, 10);
     assert!(m.idle_seconds.abs() < 1e-9, "{m:?}");
+    // Cluster `diagnose` names the NICs of several hosts `host/netdev`: the same.
+    assert_eq!(measure_same_host(&c, &log_named(true, "a/"), |w| w), Some(m));
     // The transfer ending 0.2 s after the job's bytes did (its ranks waited): idle, not local.
     let m = measure_same_host(&job(["a", "b"], 1.2), &log(true), |w| w).expect("measured");
     assert!((m.seconds - 0.5).abs() < 1e-6 && (m.idle_seconds - 0.2).abs() < 1e-6, "{m:?}");

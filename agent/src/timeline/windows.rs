@@ -89,9 +89,10 @@ pub struct NicInfo {
 pub const SAME_HOST_LINK: &str = "lo";
 
 impl NicInfo {
-    /// Whether this is the same-host link ([`SAME_HOST_LINK`]), not a NIC.
+    /// Whether this is the same-host link ([`SAME_HOST_LINK`], or `host/lo` where cluster
+    /// `diagnose` names the NICs of several hosts), not a NIC.
     pub fn is_same_host_link(&self) -> bool {
-        self.name == SAME_HOST_LINK
+        self.name.rsplit('/').next() == Some(SAME_HOST_LINK)
     }
 }
 
@@ -237,9 +238,18 @@ impl CounterLog {
         }
     }
 
-    /// The times of `nic`'s samples strictly inside (t0, t1), in order.
-    pub fn sample_times(&self, nic: &str, t0: f64, t1: f64) -> Vec<f64> {
-        self.nics.get(nic).map(|(_, s)| s.iter().map(|x| x.time).filter(|t| *t > t0 && *t < t1).collect()).unwrap_or_default()
+    /// Whether a NIC that `pick` selects has samples.
+    pub fn has(&self, pick: impl Fn(&NicInfo) -> bool) -> bool {
+        self.nics.values().any(|(i, s)| pick(i) && !s.is_empty())
+    }
+
+    /// The times of the samples strictly inside (t0, t1) of the NICs `pick` selects, in
+    /// order, without repeats.
+    pub fn sample_times(&self, pick: impl Fn(&NicInfo) -> bool, t0: f64, t1: f64) -> Vec<f64> {
+        let mut v: Vec<f64> = self.nics.values().filter(|(i, _)| pick(i)).flat_map(|(_, s)| s.iter().map(|x| x.time).filter(|t| *t > t0 && *t < t1)).collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
     }
 
     /// Deltas of every NIC over [t0, t1]. NICs without samples covering the window give zeros.
