@@ -326,3 +326,25 @@ mod budget_tests {
         assert_eq!(b.skipped, 0);
     }
 }
+
+#[cfg(test)]
+mod same_host_tests {
+    use std::{collections::BTreeMap, net::IpAddr};
+
+    use super::{nic_of, same_host, TcpConn};
+
+    #[test]
+    fn a_peer_at_this_hosts_own_address_is_the_same_host_link_not_a_nic() {
+        let addrs: BTreeMap<IpAddr, String> =
+            [("198.18.0.1", "rail0"), ("198.18.1.1", "rail1"), ("127.0.0.1", "lo")].into_iter().map(|(a, n)| (a.parse().expect("ip"), n.to_string())).collect();
+        let conn = |l: &str, r: &str| TcpConn { local: Some(l.parse().expect("ip")), remote: Some(r.parse().expect("ip")), ..Default::default() };
+        // Rank 0 at rail 0's address to rank 1 at rail 1's, both on this host: over lo.
+        let local = conn("198.18.0.1", "198.18.1.1");
+        assert!(same_host(&local, &addrs) && nic_of(&local, &addrs).is_none());
+        assert!(same_host(&conn("127.0.0.1", "127.0.0.1"), &addrs));
+        // A peer on the other server: its NIC, not the same-host link.
+        let remote = conn("198.18.0.1", "198.18.0.2");
+        assert!(!same_host(&remote, &addrs));
+        assert_eq!(nic_of(&remote, &addrs).map(String::as_str), Some("rail0"));
+    }
+}
