@@ -78,7 +78,7 @@ fn measure(data: &[Synth], reps: usize, params: &Params) -> (f64, f64, f64) {
         let c0 = thread_cpu();
         for (step, colls, wins) in data {
             let refs: Vec<&Collective> = colls.iter().collect();
-            let a = attribute(&StepData { step, collectives: &refs, windows: wins, net: &[], dropped_events: false }, params);
+            let a = attribute(&StepData { step, collectives: &refs, windows: wins, net: &[], same_host: &[], dropped_events: false }, params);
             checksum += a.seconds;
         }
         best = best.min(thread_cpu() - c0);
@@ -114,7 +114,7 @@ fn main() {
         for k in 0..1000u64 {
             let (step, colls, wins) = synth(k);
             let refs: Vec<&Collective> = colls.iter().collect();
-            let a = attribute(&StepData { step: &step, collectives: &refs, windows: &wins, net: &[], dropped_events: false }, &params);
+            let a = attribute(&StepData { step: &step, collectives: &refs, windows: &wins, net: &[], same_host: &[], dropped_events: false }, &params);
             store.put_step("markers", &a, &colls[..4], &wins[0]).expect("put");
         }
         println!("stored 1000 steps in {:.0} ms at {db}", t.elapsed().as_secs_f64() * 1e3);

@@ -80,7 +80,7 @@ fn step(sh: &Shape, i: u64) -> (Attribution, Vec<Collective>, Vec<NicWindow>) {
     let s = Step { id: i, begin, end: t + 0.01, source: StepSource::Markers, ranks: BTreeMap::new() };
     let refs: Vec<&Collective> = colls.iter().collect();
     let per_coll: Vec<Vec<NicWindow>> = colls.iter().map(|_| windows.clone()).collect();
-    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per_coll, net: &[], dropped_events: false }, &Params::default());
+    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per_coll, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     (att, colls, windows)
 }
 

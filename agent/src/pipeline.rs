@@ -207,6 +207,8 @@ pub struct StepInputs<'a> {
     pub windows: Vec<Vec<NicWindow>>,
     /// The step's sampled network requests, of one host.
     pub net: Vec<NetSample>,
+    /// Per collective (same order), its measured same-host transfers.
+    pub same_host: Vec<Option<attribution::SameHost>>,
     /// How the step's NICs were linked to its ranks (empty without links).
     pub linked: Vec<String>,
 }
@@ -219,6 +221,7 @@ pub struct StepInputs<'a> {
 pub fn step_inputs<'c>(inp: &Inputs<'c, '_>, f: &Found) -> StepInputs<'c> {
     let collectives: Vec<&Collective> = f.members.iter().map(|&i| &inp.colls[i]).collect();
     let windows = collectives.iter().map(|c| inp.log.map(|l| inp.links.filter(c, l.window(c.last_arrival(), c.last_exit()))).unwrap_or_default()).collect();
+    let same_host = collectives.iter().map(|c| inp.log.and_then(|l| attribution::measure_same_host(c, l, |w| inp.links.filter(c, w)))).collect();
     let (b, e) = (f.step.begin, f.step.end);
     let net = inp
         .nets
@@ -232,7 +235,7 @@ pub fn step_inputs<'c>(inp: &Inputs<'c, '_>, f: &Found) -> StepInputs<'c> {
     let mut linked: Vec<String> = collectives.iter().flat_map(|c| inp.links.describe(c)).collect();
     linked.sort();
     linked.dedup();
-    StepInputs { collectives, windows, net, linked }
+    StepInputs { collectives, windows, net, same_host, linked }
 }
 
 /// Attributes step `f`: [`step_inputs`], then [`attribution::attribute`], with a note naming the
@@ -240,8 +243,10 @@ pub fn step_inputs<'c>(inp: &Inputs<'c, '_>, f: &Found) -> StepInputs<'c> {
 pub fn attribute<'c>(inp: &Inputs<'c, '_>, f: &Found, params: &Params) -> (Attribution, StepInputs<'c>) {
     let si = step_inputs(inp, f);
     let (dropped, lost) = inp.gaps.during(f.step.begin, f.step.end);
-    let mut a =
-        attribution::attribute(&StepData { step: &f.step, collectives: &si.collectives, windows: &si.windows, net: &si.net, dropped_events: dropped }, params);
+    let mut a = attribution::attribute(
+        &StepData { step: &f.step, collectives: &si.collectives, windows: &si.windows, net: &si.net, same_host: &si.same_host, dropped_events: dropped },
+        params,
+    );
     if let Some(n) = coarse_counters(inp, &si) {
         a.notes.push(n);
     }

@@ -257,7 +257,7 @@ fn stored_step(id: u64, t: f64, late: f64) -> stepwise::attribution::Attribution
     let c = Collective { comm: COMM.into(), seq: id, op: "all_reduce".into(), library: "mpi".into(), bytes: Some(4096), nranks: Some(4), arrivals };
     let s = Step { id, begin: t, end: t + 0.1 + late + 0.002, source: StepSource::Markers, ranks: Default::default() };
     let cs = [&c];
-    attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default())
+    attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], same_host: &[], dropped_events: false }, &Params::default())
 }
 
 #[test]

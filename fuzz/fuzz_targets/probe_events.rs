@@ -188,6 +188,6 @@ fuzz_target!(|data: &[u8]| {
     let step = Step { id: 1, begin, end, source: StepSource::Period, ranks: Default::default() };
     let refs: Vec<&Collective> = joined.iter().collect();
     let windows: Vec<Vec<NicWindow>> = joined.iter().map(|_| Vec::new()).collect();
-    let a = attribute(&StepData { step: &step, collectives: &refs, windows: &windows, net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &step, collectives: &refs, windows: &windows, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!(a.seconds.is_finite() && a.causes.iter().all(|c| c.seconds.is_finite() && c.share.is_finite()), "{a:?}");
 });

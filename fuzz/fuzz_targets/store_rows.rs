@@ -135,7 +135,7 @@ fn sample(step: u64, begin: f64, ncoll: usize) -> (Attribution, Vec<Collective>,
     let s = Step { id: step, begin, end: t + 0.005, source: StepSource::Markers, ranks: BTreeMap::new() };
     let refs: Vec<&Collective> = colls.iter().collect();
     let per: Vec<Vec<NicWindow>> = colls.iter().map(|_| windows.clone()).collect();
-    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per, net: &[], dropped_events: false }, &Params::default());
+    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     (att, colls, windows)
 }
 

@@ -74,7 +74,8 @@ fn store(db: &Path) {
         let windows = vec![vec![nic("eth0", 300e6), nic("eth1", 100e6)], vec![]];
         let step = Step { id, begin: t, end: t + 0.2 + late, source: StepSource::Markers, ranks: Default::default() };
         let refs: Vec<&Collective> = colls.iter().collect();
-        let a = attribute(&StepData { step: &step, collectives: &refs, windows: &windows, net: &[], dropped_events: false }, &Params::default());
+        let a =
+            attribute(&StepData { step: &step, collectives: &refs, windows: &windows, net: &[], same_host: &[], dropped_events: false }, &Params::default());
         st.put_step("markers", &a, &colls, &windows[0]).expect("put_step");
     }
 }

@@ -193,7 +193,7 @@ fn job(ns: &Netns, sock: &Path, steps: u32) {
 }
 
 /// Checks one transport's traces: a trace for delayed step `step` whose children are its
-/// collective(s) and the seven causes, readiness_skew naming rank 2.
+/// collective(s) and the eight causes, readiness_skew naming rank 2.
 fn check_step_trace(all: &[Value], step: i64, transport: &str, agent: &Agent) {
     let root = all
         .iter()
@@ -225,8 +225,8 @@ fn check_step_trace(all: &[Value], step: i64, transport: &str, agent: &Agent) {
     let kinds: BTreeSet<&str> = causes.keys().copied().collect();
     assert_eq!(
         kinds,
-        ["compute", "congestion", "ideal_comm", "in_flight_limit", "rail_imbalance", "readiness_skew", "unexplained"].into_iter().collect(),
-        "{transport}: seven cause spans"
+        ["compute", "congestion", "ideal_comm", "in_flight_limit", "intra_host", "rail_imbalance", "readiness_skew", "unexplained"].into_iter().collect(),
+        "{transport}: eight cause spans"
     );
     let skew = &causes["readiness_skew"]["attributes"];
     assert_eq!(attr_i(skew, "stepwise.rank"), Some(2), "{transport}: readiness_skew span names rank 2: {skew}");

@@ -32,6 +32,13 @@ pub fn fix_for(k: CauseKind, e: &BTreeMap<String, serde_json::Value>, late: Opti
     match k {
         CauseKind::Compute => "time outside collectives: profile compute, data loading and the optimizer step (not the network)".into(),
         CauseKind::IdealComm => "the communication the bytes need at nominal link rate: reduce bytes (gradient compression, bucketing) or overlap them with compute".into(),
+        CauseKind::IntraHost => format!(
+            "{:.1} MB moved between ranks of one host over {} ({}) at {:.1} MB/s: the local phases of hierarchical collectives; a faster same-host transport shortens them (shared memory or NVLink/P2P rather than sockets: NCCL_P2P_LEVEL, NCCL_SHM_DISABLE=0, MPI's shared-memory btl)",
+            num(e, "same_host_bytes") / 1e6,
+            s_of(e, "link"),
+            s_of(e, "transport"),
+            num(e, "bytes_per_second") / 1e6
+        ),
         CauseKind::ReadinessSkew => match late {
             Some(r) => format!(
                 "rank {} on {} reached its collectives {} after the first rank: look upstream of the collective on that rank (input pipeline, host jitter, a slower GPU, CPU contention) — the network is not the cause",

@@ -11,7 +11,8 @@
 //!   the NICs carried, balanced over every rail at nominal rate, §1.1/§1.10) plus the
 //!   excess, split in order into `congestion` (pauses, transmit wait, queueing behind other
 //!   traffic, drops; §4), `rail_imbalance` (busiest NIC vs balanced, §1.10), `in_flight_limit`
-//!   (V/(N·m/T) − V/B, §2) and `unexplained`. Each is bounded by what is left, so the parts
+//!   (V/(N·m/T) − V/B, §2), `intra_host` (the measured seconds in which only the links
+//!   between ranks of one host carried the job's bytes, §1.14) and `unexplained`. Each is bounded by what is left, so the parts
 //!   sum to the step time; a negative remainder (the ideal was slower than reality) is
 //!   reported in `unexplained` as model error, never hidden.
 
@@ -20,6 +21,8 @@ mod congestion;
 mod evidence;
 mod ideal;
 mod in_flight;
+mod intra_host;
+pub use intra_host::{measure as measure_same_host, SameHost};
 mod rails;
 mod skew;
 pub use skew::{fall_back_to_clock_free, use_clock_free};
@@ -41,6 +44,7 @@ pub use evidence::{fix_for, NetSample};
 pub enum CauseKind {
     Compute,
     IdealComm,
+    IntraHost,
     ReadinessSkew,
     RailImbalance,
     InFlightLimit,
@@ -49,9 +53,10 @@ pub enum CauseKind {
 }
 
 impl CauseKind {
-    pub const ALL: [CauseKind; 7] = [
+    pub const ALL: [CauseKind; 8] = [
         CauseKind::Compute,
         CauseKind::IdealComm,
+        CauseKind::IntraHost,
         CauseKind::ReadinessSkew,
         CauseKind::RailImbalance,
         CauseKind::InFlightLimit,
@@ -62,6 +67,7 @@ impl CauseKind {
         match self {
             CauseKind::Compute => "compute",
             CauseKind::IdealComm => "ideal_comm",
+            CauseKind::IntraHost => "intra_host",
             CauseKind::ReadinessSkew => "readiness_skew",
             CauseKind::RailImbalance => "rail_imbalance",
             CauseKind::InFlightLimit => "in_flight_limit",
@@ -69,9 +75,10 @@ impl CauseKind {
             CauseKind::Unexplained => "unexplained",
         }
     }
-    /// Causes a user can act on (everything but compute and ideal communication).
+    /// Causes a user can act on (everything but compute, ideal communication and the
+    /// transfers between ranks of one host, which a hierarchical collective needs).
     pub fn is_problem(self) -> bool {
-        !matches!(self, CauseKind::Compute | CauseKind::IdealComm)
+        !matches!(self, CauseKind::Compute | CauseKind::IdealComm | CauseKind::IntraHost)
     }
 }
 
@@ -110,7 +117,7 @@ pub struct Attribution {
     pub begin: f64,
     pub end: f64,
     pub seconds: f64,
-    /// All seven causes, largest first; `seconds` sum to the step time.
+    /// All eight causes, largest first; `seconds` sum to the step time.
     pub causes: Vec<Cause>,
     pub ranks: Vec<RankTime>,
     pub collectives: usize,
@@ -147,6 +154,9 @@ pub struct StepData<'a> {
     pub windows: &'a [Vec<NicWindow>],
     /// Completed network requests sampled during the step (in-flight analysis).
     pub net: &'a [NetSample],
+    /// Per collective (same order), its measured same-host transfers ([`measure_same_host`]);
+    /// empty, or `None` for a collective, when not measured.
+    pub same_host: &'a [Option<SameHost>],
     /// Probe events were dropped during the step.
     pub dropped_events: bool,
 }
@@ -168,6 +178,7 @@ struct Acc<'a> {
     latency: Option<(f64, bool)>,
     payload: f64,
     intra_host: usize,
+    same_host: intra_host::Tally,
     /// NICs whose job's own bytes were not measured (other traffic inferred there).
     own_unmeasured: std::collections::BTreeSet<String>,
 }
@@ -247,7 +258,27 @@ impl<'a> Acc<'a> {
         let extra = self.in_flight.add(&t, left);
         left -= extra;
         self.s[CauseKind::InFlightLimit as usize] += extra;
+        // The local phases last: the NICs' causes come from their bytes and take precedence
+        // (a flat ring's local hops run beside its NIC hop, not before or after it).
+        left = self.same_host(d, i, frac, left);
         self.s[CauseKind::Unexplained as usize] += left;
+    }
+}
+
+impl Acc<'_> {
+    /// Charges collective `i`'s measured local phases (§1.14) out of `left`; what is left.
+    fn same_host(&mut self, d: &StepData<'_>, i: usize, frac: f64, left: f64) -> f64 {
+        let Some(m) = d.same_host.get(i).and_then(Option::as_ref) else {
+            // Looked for (the pipeline measures every collective) and not seen.
+            if !d.same_host.is_empty() {
+                self.same_host.unmeasured += intra_host::shares_a_host(d.collectives[i]) as usize;
+            }
+            return left;
+        };
+        self.same_host.add(m, frac);
+        let local = (frac * m.seconds).min(left.max(0.0));
+        self.s[CauseKind::IntraHost as usize] += local;
+        left - local
     }
 }
 
@@ -270,6 +301,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         latency: None,
         payload: 0.0,
         intra_host: 0,
+        same_host: Default::default(),
         own_unmeasured: Default::default(),
     };
     if d.dropped_events {
@@ -289,6 +321,12 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         acc.notes.push(format!(
             "the job's own bytes were not measured on {} (RDMA, or no TCP dump of its connections): other traffic there is inferred from the bytes the collectives should have sent",
             nics.join(", ")
+        ));
+    }
+    if acc.same_host.unmeasured > 0 {
+        acc.notes.push(format!(
+            "{} collective(s) with ranks sharing a host moved no bytes the agent sees between them (no loopback TCP of the job: shared memory, NVLink and PCIe are invisible to it), so their local phases stay unexplained",
+            acc.same_host.unmeasured
         ));
     }
     let ranks = std::mem::take(&mut acc.ranks).into_vec();
@@ -314,7 +352,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     }
 }
 
-/// The seven causes with their evidence and fixes, largest first.
+/// The eight causes with their evidence and fixes, largest first.
 fn causes(acc: &Acc<'_>, ranks: &[RankTime], n_colls: usize, total: f64) -> Vec<Cause> {
     let (late, skew_ev) = skew::late_rank(ranks);
     let nic_tx = acc.rails.per_nic();
@@ -333,6 +371,7 @@ fn causes(acc: &Acc<'_>, ranks: &[RankTime], n_colls: usize, total: f64) -> Vec<
                     }
                     e
                 }
+                CauseKind::IntraHost => acc.same_host.evidence(),
                 CauseKind::ReadinessSkew => skew_ev.clone(),
                 CauseKind::RailImbalance => rail_ev.clone(),
                 CauseKind::Congestion => acc.cong.to_evidence(),
@@ -354,6 +393,8 @@ fn causes(acc: &Acc<'_>, ranks: &[RankTime], n_colls: usize, total: f64) -> Vec<
     causes
 }
 
+#[cfg(test)]
+mod intra_host_tests;
 #[cfg(test)]
 mod own_tests;
 #[cfg(test)]
@@ -408,7 +449,7 @@ mod per_host_view_tests {
         let s = step(0.0, 1.75);
         let wins = vec![vec![nic("rail0", 1.75e6, 1e6), nic("rail1", 0.0, 1e6), nic("rail2", 100.0, 1e6), nic("rail3", 0.0, 1e6), nic("mgmt0", 2000.0, 10e9)]];
         let cs = [&c];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], same_host: &[], dropped_events: false }, &Params::default());
         // Balanced over the 4 rails: 1.75e6/4 B at 1 MB/s = 0.4375 s; the rest is imbalance.
         assert!((a.cause(CauseKind::IdealComm) - 0.4375).abs() < 1e-3, "{:?}", a.causes);
         assert!((a.cause(CauseKind::RailImbalance) - 1.3125).abs() < 1e-3, "{:?}", a.causes);
@@ -429,7 +470,10 @@ mod per_host_view_tests {
         let mut w = nic("uplink", 2e6, 1e6);
         w.max_backlog_bytes = 50_000.0;
         let cs = [&c];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], dropped_events: false }, &Params::default());
+        let a = attribute(
+            &StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], same_host: &[], dropped_events: false },
+            &Params::default(),
+        );
         assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 1e-3, "{:?}", a.causes);
         assert!((a.cause(CauseKind::Congestion) - 1.0).abs() < 1e-3, "{:?}", a.causes);
         assert_eq!(a.top_problem(1e-3).map(|c| c.kind), Some(CauseKind::Congestion));
@@ -439,7 +483,7 @@ mod per_host_view_tests {
         let s = step(0.0, 1.0);
         w.tx_bytes = 1e6;
         let cs = [&c];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
         assert!(a.cause(CauseKind::Congestion) < 1e-9, "{:?}", a.causes);
         assert!((a.cause(CauseKind::IdealComm) - 1.0).abs() < 1e-3);
     }
@@ -457,7 +501,7 @@ mod per_host_view_tests {
         w.max_backlog_bytes = 50_000.0;
         let cs = [&c1, &c2];
         let wins = vec![vec![w.clone()], vec![w]];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], same_host: &[], dropped_events: false }, &Params::default());
         assert!((sum(&a) - 2.01).abs() < 1e-12);
         assert!(a.cause(CauseKind::Unexplained).abs() < 0.02, "{:?}", a.causes);
         assert!((a.cause(CauseKind::Congestion) - 1.0).abs() < 0.02, "{:?}", a.causes);
@@ -478,7 +522,10 @@ mod per_host_view_tests {
         w.pause_seconds = 0.5;
         w.max_backlog_bytes = 50_000.0;
         let cs = [&c];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], dropped_events: false }, &Params::default());
+        let a = attribute(
+            &StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], same_host: &[], dropped_events: false },
+            &Params::default(),
+        );
         for k in [CauseKind::Congestion, CauseKind::RailImbalance, CauseKind::InFlightLimit, CauseKind::Unexplained] {
             assert_eq!(a.cause(k), 0.0, "{k:?}: {:?}", a.causes);
         }
@@ -488,7 +535,7 @@ mod per_host_view_tests {
         // NIC carried part of it and its pause is congestion.
         let c = partial(8, &[0, 1, 2, 3], 1_000_000, 0.0, 1.0);
         let cs = [&c];
-        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+        let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
         assert!(a.cause(CauseKind::Congestion) > 0.1, "{:?}", a.causes);
     }
 

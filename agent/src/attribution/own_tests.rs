@@ -45,7 +45,7 @@ fn run(t1: f64, rails: Vec<NicWindow>) -> Attribution {
     let c = job(t1);
     let s = Step { id: 1, begin: 0.0, end: t1, source: StepSource::Markers, ranks: BTreeMap::new() };
     let cs = [&c];
-    attribute(&StepData { step: &s, collectives: &cs, windows: &[rails], net: &[], dropped_events: false }, &Params::default())
+    attribute(&StepData { step: &s, collectives: &cs, windows: &[rails], net: &[], same_host: &[], dropped_events: false }, &Params::default())
 }
 
 fn evidence(a: &Attribution, k: CauseKind) -> &BTreeMap<String, serde_json::Value> {

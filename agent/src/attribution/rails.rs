@@ -50,7 +50,8 @@ pub(super) enum NoRails {
 /// The rails of collective `c` from its windows (`all`: every NIC of the hosts seen).
 pub(super) fn select<'a>(c: &Collective, all: Option<&'a Vec<NicWindow>>, p: &Params) -> Result<Rails<'a>, NoRails> {
     let Some(all) = all.filter(|_| !c.one_host()) else { return Err(NoRails::NoNic) };
-    let mut wins: Vec<&NicWindow> = all.iter().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes).collect();
+    let nics = || all.iter().filter(|w| !w.nic.is_same_host_link());
+    let mut wins: Vec<&NicWindow> = nics().filter(|w| w.tx_bytes + w.rx_bytes >= p.min_nic_bytes).collect();
     if wins.is_empty() {
         return Err(NoRails::NoNic);
     }
@@ -61,7 +62,7 @@ pub(super) fn select<'a>(c: &Collective, all: Option<&'a Vec<NicWindow>>, p: &Pa
     let rate = sum / n as f64;
     let carrying = wins.len();
     let railed = wins.iter().any(|w| w.nic.rail.is_some());
-    for w in all.iter().filter(|w| w.tx_bytes + w.rx_bytes < p.min_nic_bytes) {
+    for w in nics().filter(|w| w.tx_bytes + w.rx_bytes < p.min_nic_bytes) {
         let same_host = wins[..carrying].iter().any(|x| x.nic.host == w.nic.host);
         let same_rate = w.nic.rate_bytes_per_second.is_some_and(|r| (r - rate).abs() <= 0.01 * rate);
         if same_host && same_rate && (!railed || w.nic.rail.is_some()) {

@@ -38,7 +38,7 @@ fn straggler_is_readiness_skew_with_the_late_rank_named() {
     let c = coll(0, &[(0, "a", 0.020, 0.051), (1, "a", 0.020, 0.051), (2, "a", 0.020, 0.051), (3, "a", 0.050, 0.051)], 4096);
     let s = step(0.0, 0.052);
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!((a.cause(CauseKind::ReadinessSkew) - 0.030).abs() < 1e-9);
     assert!((a.cause(CauseKind::Compute) - 0.021).abs() < 1e-9, "{:?}", a.causes);
     assert!((a.cause(CauseKind::IdealComm) - 0.001).abs() < 1e-9);
@@ -59,7 +59,7 @@ fn the_clock_free_estimate_replaces_wall_clock_skew_and_the_parts_still_sum() {
     let c = coll(0, &[(0, "a", 0.020, 0.051), (1, "a", 0.020, 0.051), (2, "a", 0.020, 0.051), (3, "b", 0.050, 0.051)], 4096);
     let s = step(0.0, 0.052);
     let cs = [&c];
-    let a0 = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    let a0 = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     // Clock-free: 10 ms. The 20 ms the wall clocks charged beyond it are unexplained.
     let mut a = a0.clone();
     use_clock_free(&mut a, 0.010, Some(2), 0.040);
@@ -86,7 +86,7 @@ fn only_causes_with_seconds_carry_a_fix() {
     let c = coll(0, &[(0, "a", 0.020, 0.051), (1, "a", 0.020, 0.051), (2, "a", 0.020, 0.051), (3, "a", 0.050, 0.051)], 4096);
     let s = step(0.0, 0.052);
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     let zero: Vec<&Cause> = a.causes.iter().filter(|c| c.seconds == 0.0).collect();
     assert!(zero.iter().any(|c| c.kind == CauseKind::RailImbalance) && zero.iter().any(|c| c.kind == CauseKind::InFlightLimit), "{:?}", a.causes);
     for c in &zero {
@@ -110,7 +110,7 @@ fn one_busy_nic_of_four_is_rail_imbalance() {
         w.tx_bytes = 70_000.0;
     }
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     let rail = a.cause(CauseKind::RailImbalance);
     assert!((rail - 0.075).abs() < 0.002, "rail {rail}: {:?}", a.causes);
     assert!((sum(&a) - 0.1).abs() < 1e-12);
@@ -128,12 +128,13 @@ fn pause_time_is_congestion_and_bounded_by_the_transfer() {
     w.pause_seconds = 0.030;
     w.pause_frames = 500.0;
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], dropped_events: false }, &Params::default());
+    let a =
+        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w.clone()]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!((a.cause(CauseKind::Congestion) - 0.030).abs() < 1e-6, "{:?}", a.causes);
     assert!((sum(&a) - 0.05).abs() < 1e-12);
     // A pause longer than the transfer cannot claim more than the transfer's excess.
     w.pause_seconds = 10.0;
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!(a.cause(CauseKind::Congestion) <= 0.05);
     assert!((sum(&a) - 0.05).abs() < 1e-12);
 }
@@ -146,7 +147,7 @@ fn one_at_a_time(net: impl Fn(&[NetSample]) -> Vec<NetSample>) -> Attribution {
     let all: Vec<NetSample> = (0..100).map(|i| NetSample { bytes: 65536.0, posted: i as f64 * 0.001, completed: (i + 1) as f64 * 0.001, send: true }).collect();
     let wins = vec![vec![nic("eth0", "a", 6_553_600.0, 1e9)]];
     let cs = [&c];
-    attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &net(&all), dropped_events: false }, &Params::default())
+    attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &net(&all), same_host: &[], dropped_events: false }, &Params::default())
 }
 
 #[test]
@@ -193,7 +194,7 @@ fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_
     let s = step(0.0, 0.1);
     let wins = vec![vec![nic("eth0", "a", 6_553_600.0, 1e9)]];
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!(a.cause(CauseKind::InFlightLimit) > 0.08, "{:?}", a.causes);
     assert!((sum(&a) - 0.1).abs() < 1e-12);
     let top = a.top_problem(1e-3).expect("top");
@@ -210,7 +211,7 @@ fn the_profiler_plugins_proxy_steps_measure_the_in_flight_limit_without_sampled_
             Some(Box::new(crate::timeline::join::ProxyWait { send_wait: 0.1, send_requests: 1.0, send_bytes: 6_553_600.0, ..Default::default() }));
     }
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &wins, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert_eq!(a.cause(CauseKind::InFlightLimit), 0.0, "{:?}", a.causes);
 }
 
@@ -226,7 +227,7 @@ fn one_at_a_time_paused(pause: f64) -> Attribution {
     let mut w = nic("eth0", "a", 6_553_600.0, 1e9);
     w.pause_seconds = pause;
     let cs = [&c];
-    attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default())
+    attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], same_host: &[], dropped_events: false }, &Params::default())
 }
 
 #[test]
@@ -278,7 +279,7 @@ fn requests_that_only_queued_are_not_an_in_flight_limit() {
     let mut w = nic("eth0", "a", 6_553_600.0, 1e9);
     w.pause_seconds = 0.034;
     let cs = [&c];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!(a.cause(CauseKind::Congestion) > 0.03, "{:?}", a.causes);
     assert!(a.cause(CauseKind::InFlightLimit) < 1e-3, "{:?}", a.causes);
     assert!((sum(&a) - 0.04).abs() < 1e-12);
@@ -290,15 +291,19 @@ fn healthy_step_has_no_problem_causes_and_negative_remainders_stay_visible() {
     let s = step(0.0, 0.012);
     // The NIC moved 1 MB at 1 GB/s = 1 ms: exactly ideal.
     let cs = [&c];
-    let a =
-        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(
+        &StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], same_host: &[], dropped_events: false },
+        &Params::default(),
+    );
     assert!(a.top_problem(2e-5).is_none(), "{:?}", a.causes);
     assert!((sum(&a) - 0.012).abs() < 1e-12);
     // Faster than the nominal rate allows: the model error shows as negative unexplained.
     let c = coll(0, &[(0, "a", 0.010, 0.0105), (1, "b", 0.010, 0.0105)], 1_000_000);
     let cs = [&c];
-    let a =
-        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], dropped_events: false }, &Params::default());
+    let a = attribute(
+        &StepData { step: &s, collectives: &cs, windows: &[vec![nic("eth0", "a", 1e6, 1e9)]], net: &[], same_host: &[], dropped_events: false },
+        &Params::default(),
+    );
     assert!(a.cause(CauseKind::Unexplained) < 0.0);
     assert!((sum(&a) - 0.012).abs() < 1e-12);
 }
@@ -309,7 +314,8 @@ fn overlapping_collectives_are_not_counted_twice() {
     let c2 = coll(1, &[(0, "a", 0.005, 0.012), (1, "a", 0.005, 0.012)], 8);
     let s = step(0.0, 0.020);
     let cs = [&c1, &c2];
-    let a = attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![], vec![]], net: &[], dropped_events: false }, &Params::default());
+    let a =
+        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![], vec![]], net: &[], same_host: &[], dropped_events: false }, &Params::default());
     assert!((a.cause(CauseKind::IdealComm) - 0.012).abs() < 1e-9, "{:?}", a.causes);
     assert!((a.cause(CauseKind::Compute) - 0.008).abs() < 1e-9);
     assert!((sum(&a) - 0.020).abs() < 1e-12);
@@ -318,7 +324,7 @@ fn overlapping_collectives_are_not_counted_twice() {
 #[test]
 fn kinds_serialize_with_the_documented_names() {
     let names: Vec<String> = CauseKind::ALL.iter().map(|k| serde_json::to_value(k).expect("json").as_str().expect("str").to_string()).collect();
-    assert_eq!(names, ["compute", "ideal_comm", "readiness_skew", "rail_imbalance", "in_flight_limit", "congestion", "unexplained"]);
+    assert_eq!(names, ["compute", "ideal_comm", "intra_host", "readiness_skew", "rail_imbalance", "in_flight_limit", "congestion", "unexplained"]);
     for k in CauseKind::ALL {
         assert_eq!(serde_json::to_value(k).expect("json"), k.as_str());
     }

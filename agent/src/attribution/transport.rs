@@ -281,7 +281,7 @@ mod tests {
         };
         let s = Step { id: 1, begin: 0.0, end: t, source: StepSource::Markers, ranks: BTreeMap::new() };
         let cs = [&c];
-        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], dropped_events: false }, &Params::default())
+        attribute(&StepData { step: &s, collectives: &cs, windows: &[vec![w]], net: &[], same_host: &[], dropped_events: false }, &Params::default())
     }
 
     #[test]

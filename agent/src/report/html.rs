@@ -40,6 +40,7 @@ pub fn colour(k: CauseKind) -> &'static str {
     match k {
         CauseKind::Compute => "#9db4c0",
         CauseKind::IdealComm => "#5c6b73",
+        CauseKind::IntraHost => "#7d8fa3",
         CauseKind::ReadinessSkew => "#e07a5f",
         CauseKind::RailImbalance => "#f2cc8f",
         CauseKind::InFlightLimit => "#81b29a",

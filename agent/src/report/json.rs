@@ -8,7 +8,7 @@
 //!                          "calls", "odd_ranks", "diverging", "shift", "since"}],
 //!             "timing": "gpu" | "host_completion" | "host_enqueue" | "unknown" | "mixed (…)" | "",
 //!             "top_cause": kind | null,
-//!             "causes": [{"kind", "seconds", "share", "evidence", "fix", "rank"?}],  // all seven
+//!             "causes": [{"kind", "seconds", "share", "evidence", "fix", "rank"?}],  // all eight
 //!             "ranks": [{"rank", "host", "late_seconds", "wait_seconds", "inside_seconds"}],
 //!             "nics": [{"nic", "tx_bytes", "share", "rate_bytes_per_second"}],
 //!             "skew": {"wall_seconds", "clock_free_seconds", "clock_free_late_rank"}}],
@@ -18,7 +18,7 @@
 //!             "interval": [lo, hi], "collectives", "applied"}], "inconsistent": [str]} | null,
 //!  "threshold_seconds": number, "notes": [str]}
 //! ```
-//! `kind` is one of `compute`, `ideal_comm`, `readiness_skew`, `rail_imbalance`,
+//! `kind` is one of `compute`, `ideal_comm`, `intra_host`, `readiness_skew`, `rail_imbalance`,
 //! `in_flight_limit`, `congestion`, `unexplained`; `late_seconds` is the rank's arrival
 //! offset after the first rank, summed over the step's collectives.
 

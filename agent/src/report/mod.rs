@@ -241,6 +241,7 @@ pub(crate) mod fixtures {
             (CauseKind::Unexplained, 0.002),
             (CauseKind::Congestion, 0.0),
             (CauseKind::InFlightLimit, 0.0),
+            (CauseKind::IntraHost, 0.0),
         ];
         let late = RankTime { rank: 5, host: "node-b".into(), late_seconds: 0.030, wait_seconds: 0.0, inside_seconds: 0.020 };
         let nics = serde_json::json!([

@@ -56,7 +56,7 @@ pub(super) fn sample(step: u64, begin: f64, late: f64, nranks: u32, ncoll: usize
     let s = Step { id: step, begin, end, source: StepSource::Markers, ranks: BTreeMap::new() };
     let refs: Vec<&Collective> = colls.iter().collect();
     let per_coll: Vec<Vec<NicWindow>> = colls.iter().map(|_| windows.clone()).collect();
-    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per_coll, net: &[], dropped_events: false }, &Params::default());
+    let att = attribute(&StepData { step: &s, collectives: &refs, windows: &per_coll, net: &[], same_host: &[], dropped_events: false }, &Params::default());
     (att, colls, windows)
 }
 

@@ -82,6 +82,20 @@ pub struct NicInfo {
     pub rate_bytes_per_second: Option<f64>,
 }
 
+/// The name under which the traced processes' bytes to peers on their own host are kept
+/// (`sources/tcp`: loopback connections, and connections to this host's own addresses, which
+/// the kernel routes over `lo`). Not a NIC: attribution never makes it a rail
+/// (docs/models.md §1.14).
+pub const SAME_HOST_LINK: &str = "lo";
+
+impl NicInfo {
+    /// Whether this is the same-host link ([`SAME_HOST_LINK`], or `host/lo` where cluster
+    /// `diagnose` names the NICs of several hosts), not a NIC.
+    pub fn is_same_host_link(&self) -> bool {
+        self.name.rsplit('/').next() == Some(SAME_HOST_LINK)
+    }
+}
+
 /// Deltas of one NIC over a window.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct NicWindow {
@@ -235,6 +249,20 @@ impl CounterLog {
         } else {
             0.0
         }
+    }
+
+    /// Whether a NIC that `pick` selects has samples.
+    pub fn has(&self, pick: impl Fn(&NicInfo) -> bool) -> bool {
+        self.nics.values().any(|(i, s)| pick(i) && !s.is_empty())
+    }
+
+    /// The times of the samples strictly inside (t0, t1) of the NICs `pick` selects, in
+    /// order, without repeats.
+    pub fn sample_times(&self, pick: impl Fn(&NicInfo) -> bool, t0: f64, t1: f64) -> Vec<f64> {
+        let mut v: Vec<f64> = self.nics.values().filter(|(i, _)| pick(i)).flat_map(|(_, s)| s.iter().map(|x| x.time).filter(|t| *t > t0 && *t < t1)).collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
     }
 
     /// Deltas of every NIC over [t0, t1]. NICs without samples covering the window give zeros.

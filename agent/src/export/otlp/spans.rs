@@ -246,7 +246,7 @@ mod tests {
         };
         let s = FinishedStep { job: "markers".into(), attribution: a.clone(), collectives: vec![c] };
         let spans = step_spans(&s, &mut Ids::default());
-        assert_eq!(spans.len(), 1 + 1 + 7, "root, one collective, seven causes");
+        assert_eq!(spans.len(), 1 + 1 + 8, "root, one collective, eight causes");
         let root = &spans[0];
         assert_eq!(root.name, "step");
         assert_eq!(root.trace_id.len(), 16);

@@ -80,7 +80,11 @@ fn breakdown_ranked_causes_and_nics() {
     assert!(h.contains(r##"width="600.00" height="28" fill="#9db4c0""##), "{h}");
     assert!(h.contains(r##"width="120.00" height="28" fill="#e07a5f""##), "{h}");
     let order: Vec<&str> = h.split("data-cause=\"").skip(1).filter_map(|s| s.split('"').next()).collect();
-    assert_eq!(order, ["compute", "readiness_skew", "ideal_comm", "rail_imbalance", "unexplained", "congestion", "in_flight_limit"], "largest first");
+    assert_eq!(
+        order,
+        ["compute", "readiness_skew", "ideal_comm", "rail_imbalance", "unexplained", "congestion", "in_flight_limit", "intra_host"],
+        "largest first"
+    );
     assert!(h.contains("<td class=\"n\">30.0 ms</td><td class=\"n\">15.0 %</td>"));
     assert!(h.contains("Top cause: readiness_skew 30.0 ms (15.0 %)"));
     assert!(h.contains("<tr class=\"problem\" data-cause=\"readiness_skew\" data-phases=\"wait\">"));

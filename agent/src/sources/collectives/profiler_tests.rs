@@ -218,7 +218,9 @@ fn attribution_charges_skew_from_gpu_times_never_from_enqueue_times() {
             .collect(),
     };
     let step = Step { id: 1, begin: 0.0, end: 0.052, source: StepSource::Markers, ranks: Default::default() };
-    let run = |c: &Collective| attribute(&StepData { step: &step, collectives: &[c], windows: &[vec![]], net: &[], dropped_events: false }, &Params::default());
+    let run = |c: &Collective| {
+        attribute(&StepData { step: &step, collectives: &[c], windows: &[vec![]], net: &[], same_host: &[], dropped_events: false }, &Params::default())
+    };
     let gpu = run(&coll(Timing::Gpu));
     assert!((gpu.cause(CauseKind::ReadinessSkew) - 0.030).abs() < 1e-9);
     assert_eq!(gpu.causes.iter().find(|c| c.kind == CauseKind::ReadinessSkew).and_then(|c| c.rank), Some(3));

@@ -11,7 +11,8 @@
 //!   (bytes acknowledged, busy and limited time) lose nothing.
 //!
 //! - the traced processes' own transmitted bytes per interface, from the same dump
-//!   (`own.rs`): what of a NIC's bytes is the job's, the rest is other traffic.
+//!   (`own.rs`): what of a NIC's bytes is the job's, the rest is other traffic; their
+//!   connections to peers on this host under `lo`, the same-host link (docs/models.md §1.14).
 //!
 //! Addresses map to interfaces through `getifaddrs(3)` in the agent's network namespace;
 //! both parts see the connections of that namespace only.
@@ -36,7 +37,7 @@ use prometheus_client::{
 };
 
 use super::{kind, Source, SourceContext, SourceError, SweepReport};
-use crate::ebpf::TcpRetransmits;
+use crate::{ebpf::TcpRetransmits, timeline::windows::SAME_HOST_LINK};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NetdevLabel {
@@ -124,6 +125,12 @@ pub fn nic_of<'a>(c: &diag::TcpConn, addrs: &'a BTreeMap<IpAddr, String>) -> Opt
     c.local.and_then(|ip| addrs.get(&ip)).filter(|d| d.as_str() != "lo")
 }
 
+/// Whether a connection stays on this host: loopback, or a peer at one of this host's
+/// addresses (the kernel routes it over `lo`).
+pub fn same_host(c: &diag::TcpConn, addrs: &BTreeMap<IpAddr, String>) -> bool {
+    c.local.is_some_and(|l| l.is_loopback()) || c.remote.is_some_and(|r| r.is_loopback() || addrs.contains_key(&r))
+}
+
 impl TcpSource {
     /// With the dump's CPU budget, a fraction of one core (`[sources] tcp_cpu_budget`).
     pub fn with_cpu_budget(mut self, share: f64) -> Self {
@@ -191,9 +198,12 @@ impl TcpSource {
         self.inflight.update(now, &conns, iface);
         // Own bytes by the interface their packets leave by (the peer's connected subnet),
         // which a rank bound to another rail's address does not change.
-        let ifaces = addrs.values().filter(|d| sel.selects(d, None)).cloned();
+        // A connection to a peer on this host never reaches a NIC: its bytes are the job's
+        // same-host link (`lo`), where the local phases of a hierarchical collective run.
+        let ifaces = addrs.values().filter(|d| sel.selects(d, None)).cloned().chain([SAME_HOST_LINK.to_string()]);
         let egress = |c: &TcpConn| egress_of(c, ifs, addrs).filter(|d| sel.selects(d, None)).map(str::to_string);
-        self.own.update(&conns, ifaces, egress);
+        let own_link = |c: &TcpConn| egress(c).or_else(|| same_host(c, addrs).then(|| SAME_HOST_LINK.to_string()));
+        self.own.update(&conns, ifaces, own_link);
         // The same figures of the traced processes' connections alone, by the interface
         // their packets leave by, for attribution: a bulk flow's RTT (its queue) is not the
         // job's round latency, nor is a connection bound to one rail's address the traffic
@@ -380,5 +390,27 @@ mod budget_tests {
             b.spent(f64::from(i), 0.0006);
         }
         assert_eq!(b.skipped, 0);
+    }
+}
+
+#[cfg(test)]
+mod same_host_tests {
+    use std::{collections::BTreeMap, net::IpAddr};
+
+    use super::{nic_of, same_host, TcpConn};
+
+    #[test]
+    fn a_peer_at_this_hosts_own_address_is_the_same_host_link_not_a_nic() {
+        let addrs: BTreeMap<IpAddr, String> =
+            [("198.18.0.1", "rail0"), ("198.18.1.1", "rail1"), ("127.0.0.1", "lo")].into_iter().map(|(a, n)| (a.parse().expect("ip"), n.to_string())).collect();
+        let conn = |l: &str, r: &str| TcpConn { local: Some(l.parse().expect("ip")), remote: Some(r.parse().expect("ip")), ..Default::default() };
+        // Rank 0 at rail 0's address to rank 1 at rail 1's, both on this host: over lo.
+        let local = conn("198.18.0.1", "198.18.1.1");
+        assert!(same_host(&local, &addrs) && nic_of(&local, &addrs).is_none());
+        assert!(same_host(&conn("127.0.0.1", "127.0.0.1"), &addrs));
+        // A peer on the other server: its NIC, not the same-host link.
+        let remote = conn("198.18.0.1", "198.18.0.2");
+        assert!(!same_host(&remote, &addrs));
+        assert_eq!(nic_of(&remote, &addrs).map(String::as_str), Some("rail0"));
     }
 }
