@@ -149,16 +149,6 @@ impl Servers {
         in_netns(self.mgmt.name(), || http_get(addr, path))?
     }
 
-    /// Server `k`'s agent's fast lane (`/api/v1/status`): how often it read the job's NICs
-    /// between the 1 s sweeps. Panics unless it read at all (the accuracy scenarios run at the
-    /// shipped defaults, which resolve a transfer only through it).
-    pub fn fast_lane(&self, k: usize) -> serde_json::Value {
-        let st = self.get_json(&self.agents[k].addr, "/api/v1/status").expect("status");
-        let f = st["fast_lane"].clone();
-        assert!(f["reads"].as_u64().is_some_and(|n| n > 0), "server {k}: the fast lane never read: {f}");
-        f
-    }
-
     /// GET returning JSON.
     pub fn get_json(&self, addr: &str, path: &str) -> Result<serde_json::Value> {
         let r = self.get(addr, path)?;

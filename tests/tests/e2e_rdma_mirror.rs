@@ -20,9 +20,10 @@
 //!
 //! The steps inside the flow name `congestion` with rail 1's transmit wait as evidence, the
 //! median step within 15 % of its extra time over the clean steps (as e2e_other_traffic.rs);
-//! the clean steps stay under 7.5 % congestion. Server 1's agent samples at the shipped
-//! defaults (`scenarios::agent_config`); server 0's sweeps the fixture every 10 ms (see
-//! `servers`: the fixture's files are replaced, not updated in place as sysfs's are).
+//! the clean steps stay under 7.5 % congestion. Both agents sample every 10 ms
+//! (`scenarios::agent_config_10ms`); server 0's reads only the fixture (see `servers`: the
+//! fixture's files are replaced, not updated in place as sysfs's are, which the fast lane
+//! would re-list at each read).
 
 use std::{
     collections::BTreeMap,
@@ -44,7 +45,7 @@ use stepwise_tests::{
     harness::Proc,
     scenario::{memory_dir, Scenario, WAIT_TICKS_PER_SECOND},
     scenarios::{
-        agent_config, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers, Shape,
+        agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers, Shape,
     },
     workloads,
 };
@@ -153,15 +154,18 @@ fn servers(dir: &Path, sys: &Path) -> Servers {
     let rate = s.shape.as_ref().expect("shaped").agent_rate();
     let rates: BTreeMap<String, String> = (0..s.rails).map(|i| (rail_dev(i), rate.clone())).collect();
     for k in 0..2 {
-        let mut cfg = agent_config(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
+        let mut cfg = agent_config_10ms(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
         if k == 0 {
             // The fixture's RDMA ports alone, swept every 10 ms: the fixture's writer replaces
             // its files (rename) every 5 ms, which the fast lane must re-list and reopen at
             // each read — a cost real sysfs, updated in place, never has — so at the shipped
             // defaults its budget spaces the reads ~10× wider than on a real port.
+            let rdma_only = "[sources]\nrdma = false\nethtool = false\ntcp_cpu_budget = 1.0\n";
+            assert!(cfg.contains(rdma_only), "{cfg}");
             cfg = format!(
-                "sysfs_root = \"{}\"\ninterval = \"10ms\"\n[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n{cfg}",
-                sys.display()
+                "sysfs_root = \"{}\"\n{}",
+                sys.display(),
+                cfg.replace(rdma_only, "[sources]\nethtool = false\nnetdev = false\nqdisc = false\ntcp = false\n")
             );
         }
         s.start_agent(k, dir, &cfg).expect("agent starts");

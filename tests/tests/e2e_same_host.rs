@@ -17,7 +17,7 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{agent_config, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, within, RankSpec, Servers, Shape},
+    scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, within, RankSpec, Servers, Shape},
     workloads,
 };
 
@@ -30,7 +30,7 @@ fn servers(dir: &Path) -> Servers {
     let rate = s.shape.as_ref().expect("shaped").agent_rate();
     let rates: BTreeMap<String, String> = (0..s.rails).map(|i| (rail_dev(i), rate.clone())).collect();
     for k in 0..2 {
-        let cfg = agent_config(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
+        let cfg = agent_config_10ms(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
         s.start_agent(k, dir, &cfg).expect("agent starts");
     }
     s

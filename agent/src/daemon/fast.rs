@@ -169,3 +169,83 @@ impl FastLane {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::StepsConfig, sources::collectives::history::History, timeline::NicSample};
+
+    /// A source reading `nic` (and `other`, outside the job's scope) whose fast read burns
+    /// `burn` of CPU; `fast: false` has no fast read.
+    struct Fake {
+        fast: bool,
+        burn: Duration,
+        reads: u64,
+        tx: f64,
+    }
+
+    impl Source for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn sweep(&mut self) -> Result<crate::sources::SweepReport, crate::sources::SourceError> {
+            Ok(Default::default())
+        }
+        fn status(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+        fn nic_samples(&self) -> Vec<NicPart> {
+            ["rail0", "eth0"]
+                .map(|n| (crate::sources::nic::info(n.into(), (n == "rail0").then_some(0), None), NicSample { tx_bytes: self.tx, ..Default::default() }))
+                .to_vec()
+        }
+        fn fast_sweep(&mut self, nics: &BTreeSet<String>) -> bool {
+            if !self.fast || !nics.contains("rail0") {
+                return false;
+            }
+            let t = crate::sources::tcp::thread_cpu();
+            while crate::sources::tcp::thread_cpu() - t < self.burn.as_secs_f64() {}
+            self.reads += 1;
+            self.tx += 1.0;
+            true
+        }
+    }
+
+    fn run(active_at: f64, share: f64, burn: Duration, millis: u64) -> (FastLane, Arc<Mutex<Engine>>, Vec<Box<dyn Source>>) {
+        let mut reg = Registry::default();
+        let mut h = History::new("h".into(), 16);
+        h.active_at = active_at;
+        let engine = Arc::new(Mutex::new(Engine::new(StepsConfig::default(), "h".into(), &mut reg).expect("engine")));
+        let mut lane = FastLane::new(Duration::from_millis(10), share, Some(Arc::new(Mutex::new(h))), &mut reg);
+        let mut srcs: Vec<Box<dyn Source>> =
+            vec![Box::new(Fake { fast: true, burn, reads: 0, tx: 0.0 }), Box::new(Fake { fast: false, burn, reads: 0, tx: 7.0 })];
+        lane.set_full(&srcs.iter().map(|s| s.nic_samples()).collect::<Vec<_>>());
+        let (_tx, mut rx) = tokio::sync::watch::channel(false);
+        assert!(!lane.run_until(Instant::now() + Duration::from_millis(millis), &mut srcs, &engine, &mut rx));
+        (lane, engine, srcs)
+    }
+
+    #[test]
+    fn reads_the_jobs_nics_while_it_is_at_work_within_the_budget() {
+        // At work, with the whole core to spend: one read per 10 ms period.
+        let (lane, engine, _) = run(f64::MAX, 1.0, Duration::ZERO, 300);
+        let reads = lane.reads.get();
+        assert!((10..=31).contains(&reads), "{reads} reads in 300 ms at a 10 ms period, {} s CPU, {} skipped", lane.cpu.get(), lane.skipped.get());
+        assert_eq!(lane.scope, BTreeSet::from(["rail0".to_string()]), "a rail: the job's; eth0 is not");
+        // Every read pushed rail0's sample: the fast source's bytes plus the held 7 of the
+        // source without a fast read (a sample without them would read as a drop).
+        let samples = engine.lock().expect("engine").samples(0.0, f64::MAX);
+        let rail0: Vec<f64> = samples.iter().filter(|(i, _)| i.name == "rail0").flat_map(|(_, v)| v.iter().map(|s| s.tx_bytes)).collect();
+        assert_eq!(rail0.len() as u64, reads, "{rail0:?}");
+        assert_eq!(rail0.first().copied(), Some(8.0), "{rail0:?}");
+        assert_eq!(rail0.last().copied(), Some(7.0 + reads as f64), "{rail0:?}");
+        assert!(samples.iter().all(|(i, _)| i.name != "eth0"), "eth0 is outside the scope: never read by the lane");
+        // No job at work for longer than HOLD: nothing read.
+        let (idle, _, _) = run(crate::engine::wall_now() - 2.0 * HOLD, 1.0, Duration::ZERO, 300);
+        assert_eq!(idle.reads.get(), 0);
+        // Reads of 2 ms of CPU at a 1 % budget: one per ~200 ms, however short the period.
+        let (slow, _, _) = run(f64::MAX, 0.01, Duration::from_millis(2), 1000);
+        let cpu = slow.cpu.get();
+        assert!((1..=7).contains(&slow.reads.get()) && cpu < 0.02, "{} reads, {cpu} s CPU in 1 s", slow.reads.get());
+    }
+}
