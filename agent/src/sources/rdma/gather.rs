@@ -8,7 +8,7 @@ use super::{
 
 /// What one pass reads besides the counters attribution uses.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Due {
+pub(super) struct Due<'a> {
     /// hw_counters (see [`super::hw_every`]).
     pub hw: bool,
     /// Per group: its paced (metric-only) files.
@@ -17,13 +17,16 @@ pub(super) struct Due {
     pub text: bool,
     /// `state` (read at every full sweep; not by the fast lane).
     pub state: bool,
+    /// Only the files at these indices of the PMA groups (`None`: every due file) — the fast
+    /// lane's bytes and transmit wait.
+    pub only: Option<&'a [Vec<bool>; 2]>,
 }
 
 /// Reads the port's text files and the counter groups due into the scratch buffers; a
 /// group's paced files only where `due.paced` says so ([`ReadFailure::NotDue`] otherwise).
 /// With `abort_stale`, a descriptor whose file is gone stops the pass (`Err`); otherwise it
 /// is one more failed read.
-pub(super) fn read_files(files: &mut PortFiles, io: &mut Io, due: Due, abort_stale: bool) -> Result<Gathered, ReadError> {
+pub(super) fn read_files(files: &mut PortFiles, io: &mut Io, due: Due<'_>, abort_stale: bool) -> Result<Gathered, ReadError> {
     let mut got = Gathered::default();
     let mut failed = false;
     let s = &mut *io.scratch;
@@ -45,8 +48,9 @@ pub(super) fn read_files(files: &mut PortFiles, io: &mut Io, due: Due, abort_sta
         }
         let vals = &mut s.values[g];
         vals.clear();
-        for f in &mut dir.files {
-            if f.paced && !due.paced[g] {
+        for (k, f) in dir.files.iter_mut().enumerate() {
+            let wanted = due.only.is_none_or(|o| o.get(g).and_then(|w| w.get(k)).copied().unwrap_or(false));
+            if (f.paced && !due.paced[g]) || !wanted {
                 vals.push(Err(ReadFailure::NotDue));
                 continue;
             }

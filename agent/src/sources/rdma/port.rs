@@ -374,7 +374,8 @@ impl PortState {
     }
 
     /// The fast lane's read (`daemon::fast`): the attribution counters only (the PMA and
-    /// legacy-ext groups' typed files, not hw_counters, paced files or text) through the files
+    /// legacy-ext groups' data and transmit-wait files; not packets, hw_counters, paced files
+    /// or text) through the files
     /// the last sweep opened (revalidated: a fixture's files are replaced, sysfs's never),
     /// into the port's totals. `false` when nothing could be read (the
     /// next full sweep reopens what went stale).
@@ -383,7 +384,23 @@ impl PortState {
         if files.revalidate(&self.path, false, io.budget).is_err() {
             return false;
         }
-        let Ok(got) = read_files(files, io, Due { hw: false, paced: [false; 3], text: false, state: false }, true) else {
+        // Bytes and transmit wait: what attribution reads of a window.
+        let counters = &self.counters;
+        let wanted = |g: usize| -> Vec<bool> {
+            let Some(d) = files.groups[g].as_ref() else { return Vec::new() };
+            d.files
+                .iter()
+                .map(|f| match f.tag {
+                    Tag::Counter(i) => counters
+                        .get(i)
+                        .is_some_and(|c| matches!(c.target, Target::Typed(Typed::TransmitBytes | Typed::ReceiveBytes | Typed::TransmitWaitTicks))),
+                    _ => false,
+                })
+                .collect()
+        };
+        let only = [wanted(0), wanted(1)];
+        let due = Due { hw: false, paced: [false; 3], text: false, state: false, only: Some(&only) };
+        let Ok(got) = read_files(files, io, due, true) else {
             return false;
         };
         let mut read = 0;
@@ -413,7 +430,7 @@ impl PortState {
                 }
             }
             let Some(files) = self.files.as_mut() else { continue };
-            match read_files(files, io, Due { hw: hw_due, paced: self.paced_due, text: self.text_due, state: true }, !last) {
+            match read_files(files, io, Due { hw: hw_due, paced: self.paced_due, text: self.text_due, state: true, only: None }, !last) {
                 Ok(g) => return Some(g),
                 Err(_) => self.files = None,
             }

@@ -373,9 +373,11 @@ impl SockDiag {
     }
 }
 
-/// `SKNLGRP_INET_TCP_DESTROY` and `SKNLGRP_INET6_TCP_DESTROY` (`linux/sock_diag.h`), as
-/// the bit mask a netlink bind takes.
-const DESTROY_GROUPS: u32 = (1 << (1 - 1)) | (1 << (3 - 1));
+/// `SKNLGRP_INET_TCP_DESTROY` (1) and `SKNLGRP_INET6_TCP_DESTROY` (3) of `linux/sock_diag.h`.
+const SKNLGRP_INET_TCP_DESTROY: u32 = 1;
+const SKNLGRP_INET6_TCP_DESTROY: u32 = 3;
+/// Those groups as the bit mask a netlink bind takes (group n is bit n − 1).
+const DESTROY_GROUPS: u32 = (1 << (SKNLGRP_INET_TCP_DESTROY - 1)) | (1 << (SKNLGRP_INET6_TCP_DESTROY - 1));
 
 /// The kernel's message for every TCP socket it frees in the agent's network namespace
 /// (`sock_diag` multicast, Linux ≥ 4.9): the socket's last `tcp_info`, with its cookie, sent
