@@ -2,6 +2,7 @@
 //! and helpers for the privileged integration tests.
 
 pub mod faults;
+pub mod flows;
 pub mod harness;
 pub mod netns;
 pub mod scenario;

@@ -23,16 +23,13 @@
 use std::{
     collections::BTreeMap,
     path::Path,
-    process::{Command, Stdio},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
 use stepwise_tests::{
-    harness::Proc,
-    scenarios::{
-        agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers, Shape,
-    },
+    flows::{allreduce_s, bulk_flow, flow_span, steps_of},
+    scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, RankSpec, Servers, Shape},
     workloads,
 };
 
@@ -83,61 +80,6 @@ fn start(s: &Servers, dir: &Path, algo: &str, name: &str, bytes: u64, steps: u64
     start_job(name, dir, &ranks, &args).expect("job starts")
 }
 
-/// An unrelated bulk TCP flow from server 0 to server 1 over `rail` for `secs` seconds (a
-/// receiver and a sender, neither traced). Returns the wall-clock span it sent in.
-fn bulk_flow(s: &Servers, dir: &Path, rail: usize, delay: f64, secs: f64) -> (Proc, Proc) {
-    let (a, b) = (rail_addr(0, rail), rail_addr(1, rail));
-    let rx = format!(
-        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('{b}',7100))\ns.listen(1)\nc,_=s.accept()\n\
-         while c.recv(1<<16): pass\n"
-    );
-    let tx = format!(
-        "import socket,time\ntime.sleep({delay})\nc=socket.create_connection(('{b}',7100),source_address=('{a}',0))\nbuf=b'x'*65536\n\
-         t0=time.time()\nprint('start',t0,flush=True)\nwhile time.time()<t0+{secs}: c.send(buf)\nprint('end',time.time(),flush=True)\nc.close()\n"
-    );
-    let spawn = |k: usize, name: &str, code: &str| {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", s.ns(k), "python3", "-c", code]).stdin(Stdio::null());
-        Proc::spawn(name, &mut c, dir.join(format!("{name}.log"))).expect("python3")
-    };
-    let r = spawn(1, "bulk-rx", &rx);
-    std::thread::sleep(Duration::from_millis(300));
-    (r, spawn(0, "bulk-tx", &tx))
-}
-
-/// The flow's (start, end) wall-clock seconds from the sender's log.
-fn flow_span(tx: &mut Proc) -> (f64, f64) {
-    stepwise_tests::harness::wait_for(Duration::from_secs(30), "the bulk flow to end", || (!tx.alive()).then_some(())).expect("the flow ends");
-    let log = tx.log_text();
-    let at = |w: &str| log.lines().find_map(|l| l.strip_prefix(w)?.trim().parse::<f64>().ok()).unwrap_or_else(|| panic!("no {w:?} in the flow's log: {log}"));
-    (at("start "), at("end "))
-}
-
-/// Server 0's attributed steps whose span lies in [t0, t1], by step id.
-fn steps_of(s: &Servers, t0: f64, t1: f64, n: usize) -> BTreeMap<u64, Value> {
-    stepwise_tests::harness::wait_for(Duration::from_secs(15), "the job's steps attributed", || {
-        let v: BTreeMap<u64, Value> = s
-            .steps(0)
-            .ok()?
-            .into_iter()
-            .filter(|x| x["begin"].as_f64().is_some_and(|b| b >= t0) && x["end"].as_f64().is_some_and(|e| e <= t1))
-            .filter_map(|x| Some((x["step"].as_u64()?, x)))
-            .collect();
-        (v.len() >= n).then_some(v)
-    })
-    .unwrap_or_else(|e| panic!("{e}: {}", s.agents[0].proc.log_text()))
-}
-
-/// Per step, server 0's longest all-reduce by the workload's own clock.
-fn allreduce_s(out: &JobOutput) -> BTreeMap<u64, f64> {
-    let mut m: BTreeMap<u64, f64> = BTreeMap::new();
-    for l in out.lines.iter().filter(|l| l.rank < 4) {
-        let e = m.entry(l.step).or_default();
-        *e = e.max(l.allreduce_us * 1e-6);
-    }
-    m
-}
-
 /// One scenario at a time: they time jobs on a 2-core machine (cargo runs a binary's tests in parallel).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -163,7 +105,7 @@ fn a_bulk_flow_on_a_rail_of_a_hierarchical_job_is_congestion_not_rail_imbalance(
     let lo = (s.link_bytes(0, "lo").expect("lo").0 - lo0) / steps_n as f64;
     let (f0, f1) = flow_span(&mut tx);
     let steps = steps_of(&s, t0, t1, steps_n as usize);
-    let ar = allreduce_s(&out);
+    let ar = allreduce_s(&out, 4);
     // Inside: the step's span within the flow; clean: ended before it, or began 1.5 s after
     // it (the rail's 1 MiB queue drained), from step 2 on: step 0 is the connections' slow
     // start, and the bytes a rank sends before the agent has read its sockets (up to a

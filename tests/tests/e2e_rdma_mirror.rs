@@ -30,7 +30,6 @@ use std::{
     fs::File,
     os::fd::AsRawFd,
     path::Path,
-    process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -42,11 +41,9 @@ use netlink_packet_route::{tc::TcMessage, RouteNetlinkMessage};
 use serde_json::Value;
 use stepwise::sources::{netdev::rtnl::Rtnl, qdisc::parse_qdisc};
 use stepwise_tests::{
-    harness::Proc,
+    flows::{allreduce_s, bulk_flow, flow_span, steps_of},
     scenario::{memory_dir, Scenario, WAIT_TICKS_PER_SECOND},
-    scenarios::{
-        agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers, Shape,
-    },
+    scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, RankSpec, Servers, Shape},
     workloads,
 };
 
@@ -206,61 +203,6 @@ fn start(s: &Servers, dir: &Path, steps: u64) -> stepwise_tests::scenarios::Job 
     start_job("ring2", dir, &ranks, &args).expect("job starts")
 }
 
-/// An unrelated bulk TCP flow from server 0 to server 1 over `rail` for `secs` seconds after
-/// `delay` (a receiver and a sender, neither traced); the sender logs when it sent.
-fn bulk_flow(s: &Servers, dir: &Path, rail: usize, delay: f64, secs: f64) -> (Proc, Proc) {
-    let (a, b) = (rail_addr(0, rail), rail_addr(1, rail));
-    let rx = format!(
-        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('{b}',7100))\ns.listen(1)\nc,_=s.accept()\n\
-         while c.recv(1<<16): pass\n"
-    );
-    let tx = format!(
-        "import socket,time\ntime.sleep({delay})\nc=socket.create_connection(('{b}',7100),source_address=('{a}',0))\nbuf=b'x'*65536\n\
-         t0=time.time()\nprint('start',t0,flush=True)\nwhile time.time()<t0+{secs}: c.send(buf)\nprint('end',time.time(),flush=True)\nc.close()\n"
-    );
-    let spawn = |k: usize, name: &str, code: &str| {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", s.ns(k), "python3", "-c", code]).stdin(Stdio::null());
-        Proc::spawn(name, &mut c, dir.join(format!("{name}.log"))).expect("python3")
-    };
-    let r = spawn(1, "bulk-rx", &rx);
-    std::thread::sleep(Duration::from_millis(300));
-    (r, spawn(0, "bulk-tx", &tx))
-}
-
-/// The flow's (start, end) wall-clock seconds from the sender's log.
-fn flow_span(tx: &mut Proc) -> (f64, f64) {
-    stepwise_tests::harness::wait_for(Duration::from_secs(30), "the bulk flow to end", || (!tx.alive()).then_some(())).expect("the flow ends");
-    let log = tx.log_text();
-    let at = |w: &str| log.lines().find_map(|l| l.strip_prefix(w)?.trim().parse::<f64>().ok()).unwrap_or_else(|| panic!("no {w:?} in the flow's log: {log}"));
-    (at("start "), at("end "))
-}
-
-/// Server 0's attributed steps whose span lies in [t0, t1], by step id.
-fn steps_of(s: &Servers, t0: f64, t1: f64, n: usize) -> BTreeMap<u64, Value> {
-    stepwise_tests::harness::wait_for(Duration::from_secs(15), "the job's steps attributed", || {
-        let v: BTreeMap<u64, Value> = s
-            .steps(0)
-            .ok()?
-            .into_iter()
-            .filter(|x| x["begin"].as_f64().is_some_and(|b| b >= t0) && x["end"].as_f64().is_some_and(|e| e <= t1))
-            .filter_map(|x| Some((x["step"].as_u64()?, x)))
-            .collect();
-        (v.len() >= n).then_some(v)
-    })
-    .unwrap_or_else(|e| panic!("{e}: {}", s.agents[0].proc.log_text()))
-}
-
-/// Per step, server 0's all-reduce by the workload's own clock.
-fn allreduce_s(out: &JobOutput) -> BTreeMap<u64, f64> {
-    let mut m: BTreeMap<u64, f64> = BTreeMap::new();
-    for l in out.lines.iter().filter(|l| l.rank == 0) {
-        let e = m.entry(l.step).or_default();
-        *e = e.max(l.allreduce_us * 1e-6);
-    }
-    m
-}
-
 /// One scenario at a time: tests in this binary time jobs on a 2-core machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -291,7 +233,7 @@ fn a_bulk_flow_on_a_rail_is_congestion_on_the_rdma_counters_that_mirror_it() {
     let steps = steps_of(&s, t0, t1, steps_n as usize);
     stop.store(true, Ordering::Relaxed);
     let m = writer.join().expect("mirror");
-    let ar = allreduce_s(&out);
+    let ar = allreduce_s(&out, 1);
     // Inside: the step's span within the flow; clean: ended before it, or began 1.5 s after
     // it (the rail's 1 MiB queue drained), from step 2 on (step 0 is the connections' slow
     // start), as in e2e_other_traffic.rs.
