@@ -214,7 +214,7 @@ const DASHBOARDS = [
       ),
       timeseries(
         'Attributed seconds per step, by cause',
-        'Mean seconds per step attributed to each cause (compute, ideal_comm, readiness_skew, rail_imbalance, in_flight_limit, congestion, unexplained); stacked, they are the mean step time.',
+        'Mean seconds per step attributed to each cause (compute, ideal_comm, intra_host, readiness_skew, rail_imbalance, in_flight_limit, congestion, unexplained); stacked, they are the mean step time.',
         [target('A', perStep(`sum by (instance, cause) (rate(stepwise_step_attributed_seconds_total{${SEL}}[${RI}]))`, 'instance'), '{{instance}} {{cause}}')],
         { unit: 's', stack: true, w: 24, h: 10 },
       ),
