@@ -23,15 +23,9 @@ use stepwise::{
     config::{StepsConfig, DEFAULT_FAST_CPU_BUDGET, DEFAULT_FAST_INTERVAL},
     daemon::fast::FastLane,
     engine::Engine,
+    sources::tcp::thread_cpu,
     sources::{collectives::history::History, rdma::RdmaSource, Errors, Selector, Source, SourceContext},
 };
-
-fn thread_cpu() -> f64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

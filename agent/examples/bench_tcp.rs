@@ -20,16 +20,7 @@ use std::{
 };
 
 use prometheus_client::registry::Registry;
-use stepwise::sources::tcp::{inflight::InFlightTracker, SockDiag};
-
-/// CPU seconds of the calling thread (user + system: the kernel builds the netlink dump in
-/// the reader's `recvmsg`), so a loaded machine does not inflate the figure as wall time does.
-fn thread_cpu() -> f64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
+use stepwise::sources::tcp::{inflight::InFlightTracker, thread_cpu, SockDiag};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -105,7 +105,7 @@ impl Budget {
 
 /// CPU seconds of the calling thread (user + system: the kernel builds the dump in our
 /// `recvmsg`).
-pub(crate) fn thread_cpu() -> f64 {
+pub fn thread_cpu() -> f64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid timespec for the call.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
