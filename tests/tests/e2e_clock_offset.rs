@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{agent_config_10ms, cause, cause_seconds, diagnose, mgmt_addr, rail_addr, start_job, RankSpec, Servers},
+    scenarios::{agent_config, cause, cause_seconds, diagnose, mgmt_addr, rail_addr, start_job, RankSpec, Servers},
     workloads,
 };
 
@@ -24,7 +24,7 @@ fn agents_with_clocks_40_ms_apart_still_name_the_straggler_and_its_seconds() {
     let dir = dir.path();
     let mut s = Servers::new(1, 1500, None).expect("servers (needs root)");
     for (k, offset) in [(0usize, "20ms"), (1, "-20ms")] {
-        let cfg = agent_config_10ms(s.ns(k), dir, k, None, &BTreeMap::new(), false);
+        let cfg = agent_config(s.ns(k), dir, k, None, &BTreeMap::new(), false);
         s.start_agent_env(k, dir, &cfg, &[(stepwise::testclock::VAR, offset)]).expect("agent starts");
     }
     let peers: Vec<String> = (0..4).map(|r| rail_addr(r / 2, 0).to_string()).collect();

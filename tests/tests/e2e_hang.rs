@@ -229,7 +229,7 @@ fn two_hosts_diagnose_names_the_stopped_rank_on_its_host() {
     let mut s = Servers::new(1, 1500, None).expect("two servers (needs root)");
     let mut peers = Vec::new();
     for k in 0..2 {
-        let mut cfg = scenarios::agent_config_10ms(s.ns(k), dir.path(), k, None, &BTreeMap::new(), false);
+        let mut cfg = scenarios::agent_config(s.ns(k), dir.path(), k, None, &BTreeMap::new(), false);
         cfg.push_str(HANG);
         let i = s.start_agent(k, dir.path(), &cfg).expect("agent");
         peers.push(s.agents[i].addr.clone());

@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{self, agent_config_10ms, cause, cause_seconds, diagnose, mgmt_addr, rail_addr, rail_dev, Servers},
+    scenarios::{self, agent_config, cause, cause_seconds, diagnose, mgmt_addr, rail_addr, rail_dev, Servers},
     torch, workloads,
 };
 
@@ -37,7 +37,7 @@ fn an_agent_started_mid_job_joins_under_the_other_agents_numbers() {
     let mut s = Servers::new(1, 1500, None).expect("servers (needs root)");
     let socks: Vec<PathBuf> = (0..2).map(|k| dir.join(format!("markers-{k}.sock"))).collect();
     let cfg = |s: &Servers, k: usize| {
-        agent_config_10ms(s.ns(k), dir, k, Some(&socks[k]), &BTreeMap::new(), false).replacen(
+        agent_config(s.ns(k), dir, k, Some(&socks[k]), &BTreeMap::new(), false).replacen(
             "library_dirs = [",
             &format!("library_dirs = [\"{}\", ", lib.display()),
             1,
