@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{agent_config_10ms, cause_seconds, rail_addr, rail_dev, start_job, summarize, RankSpec, Servers, Shape},
+    scenarios::{agent_config, cause_seconds, rail_addr, rail_dev, start_job, summarize, RankSpec, Servers, Shape},
     workloads,
 };
 
@@ -59,7 +59,7 @@ fn another_jobs_traffic_on_a_rail_this_job_never_uses_is_not_its_congestion() {
     let rate = s.shape.as_ref().expect("shape").agent_rate();
     let rates: BTreeMap<String, String> = (0..2).map(|i| (rail_dev(i), rate.clone())).collect();
     for k in 0..2 {
-        let cfg = agent_config_10ms(s.ns(k), dir, k, None, &rates, false);
+        let cfg = agent_config(s.ns(k), dir, k, None, &rates, false);
         s.start_agent(k, dir, &cfg).expect("agent starts");
     }
     let t0 = now();
