@@ -173,13 +173,13 @@ impl TcpSource {
         }
     }
 
-    /// One `sock_diag` dump into the per-interface in-flight view when the budget allows; the
-    /// number of connections (0 when skipped).
-    fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
+    /// One `sock_diag` dump into the per-interface in-flight view when the budget allows (or
+    /// `now`, its cost still charged to the budget); the number of connections (0 when skipped).
+    fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>, now: bool) -> Result<usize, String> {
         self.take_destroyed(false);
         let d = self.diag.as_mut().map_err(|e| e.clone())?;
         let start = self.started.elapsed().as_secs_f64();
-        if !self.budget.due(start) {
+        if !self.budget.due(start) && !now {
             return Ok(0);
         }
         let cpu0 = thread_cpu();
@@ -281,6 +281,13 @@ impl TcpSource {
 
 impl Source for TcpSource {
     fn fast_sweep(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
+        if self.own.owners_changed() {
+            // A job started (or ended) since the last dump: its connections are found now,
+            // not at the next full sweep (a second later, its first steps without figures).
+            let ifs = interfaces();
+            let addrs: BTreeMap<IpAddr, String> = ifs.iter().map(|a| (a.addr, a.name.clone())).collect();
+            return self.sweep_inflight(&ifs, &addrs, true).is_ok_and(|n| n > 0);
+        }
         self.fast_own(nics)
     }
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
@@ -318,7 +325,7 @@ impl Source for TcpSource {
         let ifs = interfaces();
         let addrs: BTreeMap<IpAddr, String> = ifs.iter().map(|a| (a.addr, a.name.clone())).collect();
         let mut report = SweepReport::default();
-        let diag = self.sweep_inflight(&ifs, &addrs);
+        let diag = self.sweep_inflight(&ifs, &addrs, false);
         match &diag {
             Ok(n) => report.values += n,
             Err(_) => self.ctx.errors.inc("tcp", kind::NETLINK),

@@ -56,6 +56,10 @@ impl Owners {
         }
     }
 
+    fn generation(&self) -> u64 {
+        self.0.lock().map(|t| t.generation).unwrap_or_default()
+    }
+
     fn snapshot(&self) -> (u64, PathBuf, Vec<u32>) {
         self.0.lock().map(|t| (t.generation, t.proc_root.clone(), t.pids.clone())).unwrap_or_default()
     }
@@ -230,6 +234,12 @@ impl OwnTraffic {
         }
     }
 
+    /// Whether the traced processes changed since the last dump (a job started or ended): its
+    /// connections are not known until the next one.
+    pub fn owners_changed(&self) -> bool {
+        self.owners.generation() != self.generation
+    }
+
     /// Whether a traced process holds `c` (as of the last dump).
     pub fn is_own(&self, c: &TcpConn) -> bool {
         self.inode_pid.contains_key(&c.inode)
@@ -286,10 +296,12 @@ mod tests {
         let mut own = OwnTraffic::new(owners.clone());
         let me = std::process::id();
         owners.publish(Path::new("/proc"), [me].into_iter());
+        assert!(own.owners_changed(), "a process traced since the last dump: its connections are not known yet");
         let dump = |d: &mut SockDiag| d.dump().expect("dump").0.into_iter().filter(|c| c.local_port == port || c.remote_port == port).collect::<Vec<_>>();
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
         assert_eq!(own.of("lo"), Some(vec![(me, 0.0)]), "its sockets read, nothing sent yet");
         assert_eq!(own.lookups, 1, "read once it is traced, with no connection yet");
+        assert!(!own.owners_changed(), "the dump took them in");
         assert_eq!(own.of("eth9"), None, "an interface the dump did not cover is not measured");
         // A connection born after the first dump: all its bytes count, both directions are
         // this process's (it holds both ends).
@@ -305,6 +317,7 @@ mod tests {
         assert_eq!(own.lookups, 2, "and again for the new connection");
         // Not traced any more: nothing is its own, and its totals are forgotten.
         owners.publish(Path::new("/proc"), std::iter::empty());
+        assert!(own.owners_changed(), "the job ended");
         send(&mut a, &mut b, 100_000);
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
         assert_eq!(own.of("lo"), Some(vec![]));
