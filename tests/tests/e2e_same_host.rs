@@ -3,7 +3,11 @@
 //! shard per rank over the rails. Two namespace servers joined by four 200 Mbit/s TBF rails,
 //! the NCCL-ABI workload's hierarchical algorithm (8 ranks, 4 per server, asynchronous with
 //! the profiler plugin); its local peers reach each other at their own server's rail
-//! addresses, which the kernel routes over `lo`.
+//! addresses, which the kernel routes over `lo`. The agents run at the shipped defaults: the
+//! same-host link's figures come from the fast lane's reads of the job's loopback connections.
+//! (Measured on this 2-core VM, six runs, the release agent: median step 0.0–0.1 %
+//! unexplained, worst step 9.8 %; the debug agent, whose reads cost about 2.7× more of the
+//! lane's 1 % CPU budget: median 3–7 %, worst 17 %, one run of six with a step at 39 %.)
 //!
 //! - the server's `lo` carries the bytes the algorithm moves between its ranks (2 · (L−1)/L ·
 //!   M per rank: reduce-scatter and all-gather; within 10 %);
@@ -17,7 +21,7 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, within, RankSpec, Servers, Shape},
+    scenarios::{agent_config, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, within, RankSpec, Servers, Shape},
     workloads,
 };
 
@@ -30,7 +34,7 @@ fn servers(dir: &Path) -> Servers {
     let rate = s.shape.as_ref().expect("shaped").agent_rate();
     let rates: BTreeMap<String, String> = (0..s.rails).map(|i| (rail_dev(i), rate.clone())).collect();
     for k in 0..2 {
-        let cfg = agent_config_10ms(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
+        let cfg = agent_config(s.ns(k), dir, k, Some(&dir.join(format!("markers-{k}.sock"))), &rates, false);
         s.start_agent(k, dir, &cfg).expect("agent starts");
     }
     s
@@ -128,8 +132,9 @@ fn a_hierarchical_jobs_local_phases_are_intra_host_not_unexplained() {
             assert!(b <= 1.10 * lo, "server {k} step {id}: {b:.0} B on lo in the transfer, more than the link's {lo:.0} B per step");
             seen.push(b);
         }
+        let worst = shares.iter().copied().fold(0.0, f64::max);
         let un = median(shares);
-        eprintln!("server {k}: median step {:.1} % unexplained", un * 100.0);
+        eprintln!("server {k}: median step {:.1} % unexplained, worst {:.1} %", un * 100.0, worst * 100.0);
         assert!(un <= 0.10, "server {k}: the median step is {:.1} % unexplained", un * 100.0);
         let med = median(seen);
         eprintln!("server {k}: median same-host bytes in a step's transfer {:.1} MB vs lo's {:.1} MB per step", med / 1e6, lo / 1e6);

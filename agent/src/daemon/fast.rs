@@ -110,7 +110,9 @@ impl FastLane {
                 return false;
             }
             let t = self.started.elapsed().as_secs_f64();
-            let wait = if self.scope.is_empty() || !self.active() {
+            // With nothing in scope a read still runs while a job is at work: a source may
+            // find its links then (the tcp source, a new job's connections).
+            let wait = if !self.active() {
                 IDLE_POLL
             } else if t < self.next {
                 self.skipped.inc();
@@ -126,7 +128,8 @@ impl FastLane {
             let c = crate::sources::tcp::thread_cpu();
             let cost = (c - cpu).max(0.0);
             cpu = c;
-            self.next = self.next.max(t) + cost / self.share;
+            let elsewhere: f64 = srcs.iter_mut().map(|s| s.fast_cpu_charged_elsewhere()).sum();
+            self.next = self.next.max(t) + (cost - elsewhere).max(0.0) / self.share;
             self.cpu.inc_by(cost);
             let next = (now + wait).min(until);
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
@@ -134,22 +137,30 @@ impl FastLane {
     }
 
     /// One read of every source's fast path, its samples stamped at the read's middle.
-    fn read(&self, srcs: &mut [Box<dyn Source>], engine: &Arc<Mutex<Engine>>) {
+    fn read(&mut self, srcs: &mut [Box<dyn Source>], engine: &Arc<Mutex<Engine>>) {
         let t0 = crate::engine::wall_now();
-        let mut any = false;
+        let read: Vec<bool> = srcs.iter_mut().map(|s| s.fast_sweep(&self.scope)).collect();
+        if !read.contains(&true) {
+            return;
+        }
+        let mut found = false;
+        for s in srcs.iter_mut() {
+            found |= s.fast_found_links();
+        }
+        if found {
+            // The scope as a full sweep would set it now (each source's last values).
+            let full: Vec<Vec<NicPart>> = srcs.iter().map(|s| s.nic_samples()).collect();
+            self.set_full(&full);
+        }
         let mut parts: Vec<NicPart> = Vec::new();
-        for (k, s) in srcs.iter_mut().enumerate() {
+        for (k, s) in srcs.iter().enumerate() {
             // Every source's fields of a NIC add up to its sample: one without a fast read
             // gives its last values (a sample missing them would read as a drop).
-            if s.fast_sweep(&self.scope) {
-                any = true;
+            if read[k] {
                 parts.extend(s.nic_samples_of(&self.scope));
             } else {
                 parts.extend(self.held.get(k).into_iter().flatten().cloned());
             }
-        }
-        if !any {
-            return;
         }
         let t1 = crate::engine::wall_now();
         if let Ok(mut e) = engine.lock() {

@@ -145,6 +145,18 @@ pub trait Source: Send + 'static {
     fn fast_sweep(&mut self, _nics: &BTreeSet<String>) -> bool {
         false
     }
+    /// Whether the last fast read found links the lane does not read yet (a job's new
+    /// connections): the lane takes every source's [`Source::nic_samples`] as at a full
+    /// sweep. Reset by the call.
+    fn fast_found_links(&mut self) -> bool {
+        false
+    }
+    /// Seconds of CPU the last fast reads spent on work the source charges to its own budget
+    /// (a dump it would otherwise have made at the next sweep): the lane's budget leaves it
+    /// out. Reset by the call.
+    fn fast_cpu_charged_elsewhere(&mut self) -> f64 {
+        0.0
+    }
     /// [`Source::nic_samples`] of the NICs in `nics` only.
     fn nic_samples_of(&self, nics: &BTreeSet<String>) -> Vec<nic::NicPart> {
         self.nic_samples().into_iter().filter(|(i, _)| nics.contains(&i.name)).collect()

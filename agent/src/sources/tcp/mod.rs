@@ -64,9 +64,14 @@ pub struct TcpSource {
     own_metric: Family<NetdevLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     started: std::time::Instant,
     budget: Budget,
-    /// The traced processes' connections at the last dump, with the interface each leaves
-    /// by: the fast lane asks for these again one by one ([`SockDiag::query`]).
+    /// The traced processes' connections at the last dump, with the link each uses (the NIC
+    /// it leaves by, or the same-host link): the fast lane asks for these again one by one
+    /// ([`SockDiag::query`]).
     own_conns: Vec<(TcpConn, String)>,
+    /// A fast-lane dump found the traced processes' connections anew (the lane rescopes).
+    found_links: bool,
+    /// CPU seconds of those dumps (charged to the dumps' budget, not the lane's).
+    found_cpu: f64,
     /// Sockets the kernel freed, with their last `tcp_info` (`Err`: not available here).
     destroys: Result<diag::DestroyEvents, String>,
 }
@@ -169,6 +174,8 @@ impl TcpSource {
             started: std::time::Instant::now(),
             budget: Budget::new(crate::config::DEFAULT_TCP_CPU_BUDGET),
             own_conns: Vec::new(),
+            found_links: false,
+            found_cpu: 0.0,
             destroys: diag::DestroyEvents::open().map_err(|e| e.to_string()),
         }
     }
@@ -210,7 +217,9 @@ impl TcpSource {
         // of that rail when it reaches a peer on another.
         let own: Vec<TcpConn> = conns.iter().filter(|c| self.own.is_own(c)).cloned().collect();
         self.own_inflight.update(now, &own, egress);
-        self.own_conns = own.into_iter().filter_map(|c| egress(&c).map(|e| (c, e))).collect();
+        // The fast lane reads them again by the link they use: a NIC, or the same-host link
+        // (whose local phases need the fast lane's resolution as much as a NIC's).
+        self.own_conns = own.into_iter().filter_map(|c| own_link(&c).map(|e| (c, e))).collect();
         // The path's round trip without queueing is the smallest any connection through the
         // interface saw, whoever holds it: a connection first used behind a standing queue
         // (its own job's, or a bulk flow's) never saw less than that queue.
@@ -271,10 +280,12 @@ impl TcpSource {
             self.take_destroyed(true);
         }
         let egress: HashMap<u64, &String> = self.own_conns.iter().map(|(c, e)| (c.cookie, e)).collect();
-        let iface = |c: &TcpConn| egress.get(&c.cookie).map(|e| e.to_string());
+        let link = |c: &TcpConn| egress.get(&c.cookie).map(|e| e.to_string());
+        // In-flight figures are the NICs' (as at the dumps); own bytes every link's.
+        let nic = |c: &TcpConn| link(c).filter(|e| e != SAME_HOST_LINK);
         let now = self.started.elapsed().as_secs_f64();
-        self.own.update_some(&cookies, &conns, iface);
-        self.own_inflight.update_some(now, &conns, iface);
+        self.own.update_some(&cookies, &conns, link);
+        self.own_inflight.update_some(now, &conns, nic);
         true
     }
 }
@@ -284,11 +295,22 @@ impl Source for TcpSource {
         if self.own.owners_changed() {
             // A job started (or ended) since the last dump: its connections are found now,
             // not at the next full sweep (a second later, its first steps without figures).
+            // It is the dump the next sweep would make, charged to the dumps' budget.
+            let cpu0 = thread_cpu();
             let ifs = interfaces();
             let addrs: BTreeMap<IpAddr, String> = ifs.iter().map(|a| (a.addr, a.name.clone())).collect();
-            return self.sweep_inflight(&ifs, &addrs, true).is_ok_and(|n| n > 0);
+            let found = self.sweep_inflight(&ifs, &addrs, true).is_ok_and(|n| n > 0);
+            self.found_links |= found;
+            self.found_cpu += thread_cpu() - cpu0;
+            return found;
         }
         self.fast_own(nics)
+    }
+    fn fast_found_links(&mut self) -> bool {
+        std::mem::take(&mut self.found_links)
+    }
+    fn fast_cpu_charged_elsewhere(&mut self) -> f64 {
+        std::mem::take(&mut self.found_cpu)
     }
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         let mut out: BTreeMap<&str, crate::timeline::NicSample> = BTreeMap::new();
