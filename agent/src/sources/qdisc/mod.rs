@@ -347,6 +347,40 @@ impl Source for QdiscSource {
     fn nic_samples(&self) -> Vec<super::nic::NicPart> {
         nic_parts(self.snapshot())
     }
+    /// The fast lane's read: one qdisc dump (the kernel has no per-device filter for it),
+    /// applied to the qdiscs of `nics` the last sweep found — a queue that builds and drains
+    /// within a step is seen only by reads that fall inside the step.
+    fn fast_sweep(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
+        let known: HashMap<u32, String> =
+            self.qdiscs.iter().filter(|(l, q)| q.present && nics.contains(&l.netdev)).map(|(l, q)| (q.ifindex, l.netdev.clone())).collect();
+        if known.is_empty() {
+            return false;
+        }
+        let Some(rtnl) = self.rtnl.as_mut() else { return false };
+        let qdiscs = match rtnl.dump(RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default())) {
+            Ok(d) => d,
+            Err(e) => {
+                self.dump_failed("rtnetlink RTM_GETQDISC dump", e);
+                return false;
+            }
+        };
+        let at = Instant::now();
+        let mut read = false;
+        for msg in qdiscs.messages {
+            let RouteNetlinkMessage::NewQueueDiscipline(tc) = msg else { continue };
+            let Some(netdev) = known.get(&(tc.header.index as u32)) else { continue };
+            if !self.exports(&tc_handle(tc.header.parent)) {
+                continue;
+            }
+            let Some(r) = parse_qdisc(&tc) else { continue };
+            // Only the qdiscs the sweep admitted: a new one waits for the sweep's checks.
+            let labels = QdiscLabels { netdev: netdev.clone(), kind: r.kind.clone(), handle: r.handle.clone(), parent: r.parent.clone() };
+            if self.qdiscs.contains_key(&labels) {
+                read |= self.apply(netdev, r, at);
+            }
+        }
+        read
+    }
     fn name(&self) -> &'static str {
         SOURCE
     }
