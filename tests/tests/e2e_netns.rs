@@ -30,6 +30,11 @@
 //! and, in any single step, under STEP_FALSE (25 %, at least 25 ms) of it plus the extra
 //! time the workload itself saw in that step (a rank descheduled by unrelated work).
 //!
+//! The agents run at the shipped defaults (1 s sweeps, the fast lane within 1 % of a core)
+//! in the rails, healthy and short-sampled-window scenarios; the congestion and in-flight
+//! scenarios still sample every 10 ms (`scenarios::agent_config_10ms`, the measured reason at
+//! each).
+//!
 //! The scenarios time things on a 2-core machine, so they run one at a time (a lock), each
 //! in its own namespaces (unique names; everything removed on Drop, also on failure), the
 //! ranks and agents at a raised priority. `STEPWISE_E2E_VERBOSE=1` prints every step's
@@ -45,8 +50,8 @@ use std::{
 use serde_json::Value;
 use stepwise_tests::{
     scenarios::{
-        self, agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput, RankSpec, Servers,
-        Shape,
+        self, agent_config, agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, JobOutput,
+        RankSpec, Servers, Shape,
     },
     workloads,
 };
@@ -226,7 +231,7 @@ fn start_rail_agents(s: &mut Servers, dir: &Path) {
     let rate = s.shape.as_ref().expect("shaped").agent_rate();
     let rates: BTreeMap<String, String> = (0..s.rails).map(|i| (rail_dev(i), rate.clone())).collect();
     for k in 0..2 {
-        let cfg = agent_config_10ms(s.ns(k), dir, k, Some(&marker_sock(dir, k)), &rates, false);
+        let cfg = agent_config(s.ns(k), dir, k, Some(&marker_sock(dir, k)), &rates, false);
         s.start_agent(k, dir, &cfg).expect("agent starts");
     }
 }
@@ -629,6 +634,8 @@ fn congestion_scenario(mode: Timing) {
     let rate = s.shape.as_ref().expect("shape").agent_rate();
     let rates: BTreeMap<String, String> = [(rail_dev(0), rate)].into_iter().collect();
     for k in 0..2 {
+        // Not yet at the shipped defaults: there the other job's bytes in a step came out
+        // 10–13 % under its burst in 2 of 5 runs (counters ~40–80 ms apart, interpolated).
         let cfg = agent_config_10ms(s.ns(k), dir.path(), k, None, &rates, false);
         s.start_agent(k, dir.path(), &cfg).expect("agent");
     }
@@ -1000,6 +1007,9 @@ fn in_flight_scenario(mode: Timing) {
     let rate = s.shape.as_ref().expect("shape").agent_rate();
     let rates: BTreeMap<String, String> = [(rail_dev(0), rate)].into_iter().collect();
     for k in 0..2 {
+        // Not yet at the shipped defaults: there window 16's median step was 11.5–13.3 ms
+        // unexplained (threshold 10.2 ms) in every run: the link-limited transfer's bytes,
+        // interpolated between reads ~40–80 ms apart, fall partly outside its window.
         let cfg = agent_config_10ms(s.ns(k), dir.path(), k, None, &rates, true);
         s.start_agent(k, dir.path(), &cfg).expect("agent");
     }
@@ -1150,7 +1160,7 @@ fn in_flight_in_short_sampled_windows_is_measured_over_the_windows() {
     let mut s = Servers::new(1, 9000, Some(Shape::mbit(IF_MBIT, 64, 4096))).expect("servers");
     let rates: BTreeMap<String, String> = [(rail_dev(0), s.shape.as_ref().expect("shape").agent_rate())].into_iter().collect();
     for k in 0..2 {
-        let cfg = agent_config_10ms(s.ns(k), dir.path(), k, None, &rates, true);
+        let cfg = agent_config(s.ns(k), dir.path(), k, None, &rates, true);
         let windowed = cfg.replace("sample_every = \"100ms\"\nsample_window = \"10m\"", "sample_every = \"1s\"\nsample_window = \"200ms\"");
         assert_ne!(cfg, windowed, "agent_config's sampling settings moved");
         s.start_agent(k, dir.path(), &windowed).expect("agent");

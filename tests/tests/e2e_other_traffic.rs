@@ -16,9 +16,10 @@
 //!   over 4 rails, from `ip -s link`), congestion stays under 10 % of the step.
 //!
 //! The agents sample every 10 ms (`scenarios::agent_config_10ms`). At the shipped defaults
-//! (1 s sweeps, the fast lane within 1 % of a core) the debug agent's fast reads came ~60-100 ms
-//! apart here: the flat ring passed in 2 of 3 runs (its steps 234-264 ms of 278 ms) and the
-//! hierarchical job's clean steps were up to 45 ms `unexplained` — not yet the defaults.
+//! (1 s sweeps, the fast lane within 1 % of a core) the release agent passed 2 of 4 runs: the
+//! flat ring every time, the hierarchical job once with its last step 51 ms `congestion` (its
+//! connections closing) and once with 2.9 of server 0's 6.3 MB of `lo` per step inside the
+//! steps' transfers — not yet the defaults.
 
 use std::{
     collections::BTreeMap,

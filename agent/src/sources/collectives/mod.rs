@@ -380,10 +380,16 @@ impl Collectives {
         // Events of a probe already detached (its link still being torn down): not received
         // events of the traced process, whose calls the file's current probes see.
         let mut retired = 0u64;
+        let mut admitted = false;
         for ev in events {
             if !self.procs.contains_key(&ev.pid) {
-                self.admit(ev.pid);
+                admitted |= self.admit(ev.pid);
             }
+        }
+        if admitted {
+            // A new rank's first call: the tcp source finds its connections now (its fast
+            // lane dumps on the change), not at the next rescan.
+            self.owners.publish(&self.cfg.proc_root, self.procs.keys().copied());
         }
         let history = self.history.clone();
         let mut hist = match history.lock() {
