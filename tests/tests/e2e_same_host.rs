@@ -5,8 +5,8 @@
 //! the profiler plugin); its local peers reach each other at their own server's rail
 //! addresses, which the kernel routes over `lo`. The agents run at the shipped defaults: the
 //! same-host link's figures come from the fast lane's reads of the job's loopback connections.
-//! (Measured on this 2-core VM, six runs, the release agent: median step 0.0–0.1 %
-//! unexplained, worst step 9.8 %; the debug agent, whose reads cost about 2.7× more of the
+//! (Measured on this 2-core VM, nine runs, the release agent: median step 0.0–1.2 %
+//! unexplained, worst step 10.4 %; the debug agent, whose reads cost about 2.7× more of the
 //! lane's 1 % CPU budget: median 3–7 %, worst 17 %, one run of six with a step at 39 %.)
 //!
 //! - the server's `lo` carries the bytes the algorithm moves between its ranks (2 · (L−1)/L ·

@@ -95,6 +95,11 @@ impl Budget {
         Budget { share, next: 0.0, skipped: 0 }
     }
 
+    /// Whether a dump would be due at `now` (not counted as a skip).
+    pub fn is_due(&self, now: f64) -> bool {
+        now >= self.next
+    }
+
     /// Whether a dump is due at `now`.
     pub fn due(&mut self, now: f64) -> bool {
         let due = now >= self.next;
@@ -180,13 +185,13 @@ impl TcpSource {
         }
     }
 
-    /// One `sock_diag` dump into the per-interface in-flight view when the budget allows (or
-    /// `now`, its cost still charged to the budget); the number of connections (0 when skipped).
-    fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>, now: bool) -> Result<usize, String> {
+    /// One `sock_diag` dump into the per-interface in-flight view when the budget allows; the
+    /// number of connections (0 when skipped).
+    fn sweep_inflight(&mut self, ifs: &[IfAddr], addrs: &BTreeMap<IpAddr, String>) -> Result<usize, String> {
         self.take_destroyed(false);
         let d = self.diag.as_mut().map_err(|e| e.clone())?;
         let start = self.started.elapsed().as_secs_f64();
-        if !self.budget.due(start) && !now {
+        if !self.budget.due(start) {
             return Ok(0);
         }
         let cpu0 = thread_cpu();
@@ -292,14 +297,15 @@ impl TcpSource {
 
 impl Source for TcpSource {
     fn fast_sweep(&mut self, nics: &std::collections::BTreeSet<String>) -> bool {
-        if self.own.owners_changed() {
+        if self.own.owners_changed() && self.budget.is_due(self.started.elapsed().as_secs_f64()) {
             // A job started (or ended) since the last dump: its connections are found now,
             // not at the next full sweep (a second later, its first steps without figures).
-            // It is the dump the next sweep would make, charged to the dumps' budget.
+            // It is the dump the next sweep would make, within the dumps' budget and charged
+            // to it (a storm of short-lived processes does not turn into a storm of dumps).
             let cpu0 = thread_cpu();
             let ifs = interfaces();
             let addrs: BTreeMap<IpAddr, String> = ifs.iter().map(|a| (a.addr, a.name.clone())).collect();
-            let found = self.sweep_inflight(&ifs, &addrs, true).is_ok_and(|n| n > 0);
+            let found = self.sweep_inflight(&ifs, &addrs).is_ok_and(|n| n > 0);
             self.found_links |= found;
             self.found_cpu += thread_cpu() - cpu0;
             return found;
@@ -347,7 +353,7 @@ impl Source for TcpSource {
         let ifs = interfaces();
         let addrs: BTreeMap<IpAddr, String> = ifs.iter().map(|a| (a.addr, a.name.clone())).collect();
         let mut report = SweepReport::default();
-        let diag = self.sweep_inflight(&ifs, &addrs, false);
+        let diag = self.sweep_inflight(&ifs, &addrs);
         match &diag {
             Ok(n) => report.values += n,
             Err(_) => self.ctx.errors.inc("tcp", kind::NETLINK),
@@ -396,7 +402,7 @@ impl Source for TcpSource {
 
 #[cfg(test)]
 mod budget_tests {
-    use super::Budget;
+    use super::{Budget, Registry, Source, SourceContext, TcpSource, SAME_HOST_LINK};
 
     #[test]
     fn a_dump_waits_its_cost_over_the_budget() {
@@ -419,6 +425,41 @@ mod budget_tests {
             b.spent(f64::from(i), 0.0006);
         }
         assert_eq!(b.skipped, 0);
+    }
+
+    #[test]
+    fn a_new_traced_process_is_dumped_by_the_fast_lane_within_the_dumps_budget() {
+        use std::{
+            collections::BTreeSet,
+            net::{TcpListener, TcpStream},
+            path::Path,
+        };
+        let ctx = SourceContext {
+            sysfs_root: "/nonexistent".into(),
+            selector: crate::sources::Selector::new(&[], &[], false).expect("selector"),
+            errors: crate::sources::Errors::default(),
+            interval: std::time::Duration::from_secs(1),
+            rails: Default::default(),
+            owners: Default::default(),
+        };
+        let owners = ctx.owners.clone();
+        let mut src = TcpSource::new(ctx, &mut Registry::default()).with_cpu_budget(0.02);
+        let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let _a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let _b = l.accept().expect("accept");
+        let lo: BTreeSet<String> = [SAME_HOST_LINK.to_string()].into();
+        assert!(!src.fast_sweep(&lo), "nothing traced: nothing to read");
+        owners.publish(Path::new("/proc"), [std::process::id()].into_iter());
+        assert!(src.fast_sweep(&lo), "a newly traced process: its connections dumped at once");
+        assert!(src.fast_found_links() && !src.fast_found_links(), "found once, reset by the call");
+        assert!(src.fast_cpu_charged_elsewhere() > 0.0, "the dump is charged to the dumps' budget");
+        assert!(src.own_conns.iter().filter(|(_, link)| link == SAME_HOST_LINK).count() >= 2, "both ends, on the same-host link: {:?}", src.own_conns.len());
+        // Another change right after: the dumps' budget makes it wait; the connections known
+        // are still read one by one meanwhile.
+        owners.publish(Path::new("/proc"), [std::process::id(), 1].into_iter());
+        assert!(src.fast_sweep(&lo), "the known loopback connections are read");
+        assert!(!src.fast_found_links(), "no second dump within the budget");
+        assert_eq!(src.fast_cpu_charged_elsewhere(), 0.0);
     }
 }
 
