@@ -1,5 +1,6 @@
-//! What the other-traffic scenarios share: an unrelated bulk flow between the namespace
-//! servers, its span, server 0's attributed steps and the workload's own all-reduce times.
+//! What the other-traffic scenarios share: the NCCL-ABI job's ranks on the namespace servers,
+//! an unrelated bulk flow between them, its span, server 0's attributed steps and the
+//! workload's own all-reduce times.
 
 use std::{
     collections::BTreeMap,
@@ -12,8 +13,46 @@ use serde_json::Value;
 
 use crate::{
     harness::Proc,
-    scenarios::{rail_addr, JobOutput, Servers},
+    scenarios::{rail_addr, JobOutput, RankSpec, Servers},
 };
+
+/// One rank of the NCCL-ABI workload on `server`, run as real NCCL runs — calls only enqueue
+/// (`CUDA_LAUNCH_BLOCKING=0`), the profiler `plugin` times the collectives and reports to its
+/// server's agent — with its markers to its server's socket; `env` says the rest (algorithm,
+/// addresses).
+pub fn async_rank(s: &Servers, dir: &Path, plugin: &Path, server: usize, rank: u32, mut env: Vec<(String, String)>) -> RankSpec {
+    env.extend([
+        ("STEPWISE_PROFILER_SOCKET".into(), dir.join(format!("profiler-{server}.sock")).display().to_string()),
+        ("CUDA_LAUNCH_BLOCKING".into(), "0".into()),
+        ("NCCL_PROFILER_PLUGIN".into(), plugin.display().to_string()),
+    ]);
+    RankSpec { ns: s.ns(server).to_string(), rank, env, args: vec!["--marker-socket".into(), dir.join(format!("markers-{server}.sock")).display().to_string()] }
+}
+
+/// The 8 ranks of a job with `algo` on the two 4-rail servers: 4 per server, rank r bound
+/// to rail r % 4 of its server ([`async_rank`]).
+pub fn eight_ranks(s: &Servers, dir: &Path, algo: &str) -> Vec<RankSpec> {
+    let peers: Vec<String> = (0..8).map(|r| rail_addr(r / 4, r % 4).to_string()).collect();
+    let plugin = crate::workloads::profiler_plugin().expect("profiler plugin");
+    (0..8u32)
+        .map(|r| {
+            let server = (r / 4) as usize;
+            let env = vec![
+                ("NCCL_ABI_ALGO".into(), algo.into()),
+                ("NCCL_ABI_HOST".into(), format!("server{server}")),
+                ("NCCL_ABI_LOCAL_SIZE".into(), "4".into()),
+                ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(server, (r % 4) as usize).to_string()),
+                ("NCCL_ABI_PEER_ADDRS".into(), peers.join(",")),
+            ];
+            async_rank(s, dir, &plugin, server, r, env)
+        })
+        .collect()
+}
+
+/// The NCCL-ABI workload's arguments: `--steps`, `--bytes`, `--compute-us`.
+pub fn job_args(steps: u64, bytes: u64, compute_us: u64) -> Vec<String> {
+    [("--steps", steps), ("--bytes", bytes), ("--compute-us", compute_us)].iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect()
+}
 
 /// An unrelated bulk TCP flow from server 0 to server 1 over `rail` for `secs` seconds (a
 /// receiver and a sender, neither traced). Returns the wall-clock span it sent in.

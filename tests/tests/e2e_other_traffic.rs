@@ -29,9 +29,8 @@ use std::{
 
 use serde_json::Value;
 use stepwise_tests::{
-    flows::{allreduce_s, bulk_flow, flow_span, steps_of},
-    scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, RankSpec, Servers, Shape},
-    workloads,
+    flows::{self, allreduce_s, bulk_flow, flow_span, steps_of},
+    scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_dev, start_job, summarize, top_problem, within, Servers, Shape},
 };
 
 const MBIT: u32 = 10;
@@ -54,31 +53,7 @@ fn servers(dir: &Path) -> Servers {
 
 /// The 8-rank job with `algo`, asynchronous with the profiler plugin, started (not waited).
 fn start(s: &Servers, dir: &Path, algo: &str, name: &str, bytes: u64, steps: u64) -> stepwise_tests::scenarios::Job {
-    let peers: Vec<String> = (0..8).map(|r| rail_addr(r / 4, r % 4).to_string()).collect();
-    let plugin = workloads::profiler_plugin().expect("profiler plugin");
-    let ranks: Vec<RankSpec> = (0..8u32)
-        .map(|r| {
-            let server = (r / 4) as usize;
-            RankSpec {
-                ns: s.ns(server).to_string(),
-                rank: r,
-                env: vec![
-                    ("NCCL_ABI_ALGO".into(), algo.into()),
-                    ("NCCL_ABI_HOST".into(), format!("server{server}")),
-                    ("NCCL_ABI_LOCAL_SIZE".into(), "4".into()),
-                    ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(server, (r % 4) as usize).to_string()),
-                    ("NCCL_ABI_PEER_ADDRS".into(), peers.join(",")),
-                    ("STEPWISE_PROFILER_SOCKET".into(), dir.join(format!("profiler-{server}.sock")).display().to_string()),
-                    ("CUDA_LAUNCH_BLOCKING".into(), "0".into()),
-                    ("NCCL_PROFILER_PLUGIN".into(), plugin.display().to_string()),
-                ],
-                args: vec!["--marker-socket".into(), dir.join(format!("markers-{server}.sock")).display().to_string()],
-            }
-        })
-        .collect();
-    let args: Vec<String> =
-        [("--steps", steps), ("--bytes", bytes), ("--compute-us", COMPUTE_US)].iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect();
-    start_job(name, dir, &ranks, &args).expect("job starts")
+    start_job(name, dir, &flows::eight_ranks(s, dir, algo), &flows::job_args(steps, bytes, COMPUTE_US)).expect("job starts")
 }
 
 /// One scenario at a time: they time jobs on a 2-core machine (cargo runs a binary's tests in parallel).

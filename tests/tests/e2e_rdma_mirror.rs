@@ -41,7 +41,7 @@ use netlink_packet_route::{tc::TcMessage, RouteNetlinkMessage};
 use serde_json::Value;
 use stepwise::sources::{netdev::rtnl::Rtnl, qdisc::parse_qdisc};
 use stepwise_tests::{
-    flows::{allreduce_s, bulk_flow, flow_span, steps_of},
+    flows::{self, allreduce_s, bulk_flow, flow_span, steps_of},
     scenario::{memory_dir, Scenario, WAIT_TICKS_PER_SECOND},
     scenarios::{agent_config_10ms, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, top_problem, within, RankSpec, Servers, Shape},
     workloads,
@@ -180,27 +180,18 @@ fn start(s: &Servers, dir: &Path, steps: u64) -> stepwise_tests::scenarios::Job 
     let ranks: Vec<RankSpec> = (0..2u32)
         .map(|r| {
             let server = r as usize;
-            RankSpec {
-                ns: s.ns(server).to_string(),
-                rank: r,
-                env: vec![
-                    ("NCCL_ABI_ALGO".into(), "ring".into()),
-                    ("NCCL_ABI_HOST".into(), format!("server{server}")),
-                    ("NCCL_ABI_LOCAL_SIZE".into(), "1".into()),
-                    ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(server, RAIL).to_string()),
-                    ("NCCL_ABI_PEER_ADDRS".into(), peers.join(",")),
-                    ("NCCL_IB_HCA".into(), format!("=mlx5_{RAIL}:1")),
-                    ("STEPWISE_PROFILER_SOCKET".into(), dir.join(format!("profiler-{server}.sock")).display().to_string()),
-                    ("CUDA_LAUNCH_BLOCKING".into(), "0".into()),
-                    ("NCCL_PROFILER_PLUGIN".into(), plugin.display().to_string()),
-                ],
-                args: vec!["--marker-socket".into(), dir.join(format!("markers-{server}.sock")).display().to_string()],
-            }
+            let env = vec![
+                ("NCCL_ABI_ALGO".into(), "ring".into()),
+                ("NCCL_ABI_HOST".into(), format!("server{server}")),
+                ("NCCL_ABI_LOCAL_SIZE".into(), "1".into()),
+                ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(server, RAIL).to_string()),
+                ("NCCL_ABI_PEER_ADDRS".into(), peers.join(",")),
+                ("NCCL_IB_HCA".into(), format!("=mlx5_{RAIL}:1")),
+            ];
+            flows::async_rank(s, dir, &plugin, server, r, env)
         })
         .collect();
-    let args: Vec<String> =
-        [("--steps", steps), ("--bytes", BYTES), ("--compute-us", COMPUTE_US)].iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect();
-    start_job("ring2", dir, &ranks, &args).expect("job starts")
+    start_job("ring2", dir, &ranks, &flows::job_args(steps, BYTES, COMPUTE_US)).expect("job starts")
 }
 
 /// One scenario at a time: tests in this binary time jobs on a 2-core machine.

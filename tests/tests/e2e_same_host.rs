@@ -21,8 +21,8 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use serde_json::Value;
 use stepwise_tests::{
-    scenarios::{agent_config, cause, cause_seconds, median, rail_addr, rail_dev, start_job, summarize, within, RankSpec, Servers, Shape},
-    workloads,
+    flows,
+    scenarios::{agent_config, cause, cause_seconds, median, rail_dev, start_job, summarize, within, Servers, Shape},
 };
 
 const MBIT: u32 = 200;
@@ -42,31 +42,8 @@ fn servers(dir: &Path) -> Servers {
 
 /// The 8-rank hierarchical job, asynchronous with the profiler plugin, run to its end.
 fn run_job(s: &Servers, dir: &Path, bytes: u64, steps: u64) -> stepwise_tests::scenarios::JobOutput {
-    let peers: Vec<String> = (0..8).map(|r| rail_addr(r / 4, r % 4).to_string()).collect();
-    let plugin = workloads::profiler_plugin().expect("profiler plugin");
-    let ranks: Vec<RankSpec> = (0..8u32)
-        .map(|r| {
-            let server = (r / 4) as usize;
-            RankSpec {
-                ns: s.ns(server).to_string(),
-                rank: r,
-                env: vec![
-                    ("NCCL_ABI_ALGO".into(), "hierarchical".into()),
-                    ("NCCL_ABI_HOST".into(), format!("server{server}")),
-                    ("NCCL_ABI_LOCAL_SIZE".into(), LOCAL.to_string()),
-                    ("NCCL_ABI_IFACE_ADDR".into(), rail_addr(server, (r % 4) as usize).to_string()),
-                    ("NCCL_ABI_PEER_ADDRS".into(), peers.join(",")),
-                    ("STEPWISE_PROFILER_SOCKET".into(), dir.join(format!("profiler-{server}.sock")).display().to_string()),
-                    ("CUDA_LAUNCH_BLOCKING".into(), "0".into()),
-                    ("NCCL_PROFILER_PLUGIN".into(), plugin.display().to_string()),
-                ],
-                args: vec!["--marker-socket".into(), dir.join(format!("markers-{server}.sock")).display().to_string()],
-            }
-        })
-        .collect();
-    let args: Vec<String> =
-        [("--steps", steps), ("--bytes", bytes), ("--compute-us", COMPUTE_US)].iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect();
-    start_job("hier", dir, &ranks, &args).expect("job starts").wait(Duration::from_secs(120)).expect("job")
+    let ranks = flows::eight_ranks(s, dir, "hierarchical");
+    start_job("hier", dir, &ranks, &flows::job_args(steps, bytes, COMPUTE_US)).expect("job starts").wait(Duration::from_secs(120)).expect("job")
 }
 
 /// Server `k`'s attributed steps of the job, by step id.
