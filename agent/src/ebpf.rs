@@ -6,7 +6,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-mod session;
+mod multi;
+
+use multi::{MultiKind, MultiProgram};
 
 use agent_common::{
     CpuState, ProbeEvent, CPU_STATE_MAP, DROPS_MAP, ENTRY_ALONE_MAP, EVENTS_MAP, KIND_ENTER, KIND_EXIT, KNOWN_MAP, MIN_RECORD_BYTES, PROG_CALL_ENTER,
@@ -32,15 +34,24 @@ pub fn detaching() -> usize {
 /// A link on its way to the detacher: an aya uprobe link or a session link's fd.
 type Owned = Box<dyn Send>;
 
-/// The thread that drops (and so detaches) links handed over by [`Probes::detach`].
+/// Threads closing one batch of links at most: each close waits for an RCU grace period,
+/// and concurrent waits share one.
+const DETACH_THREADS: usize = 64;
+
+/// The thread that drops (and so detaches) links handed over by [`Probes::detach`]: what is
+/// queued is closed as one batch, concurrently (closing a uprobe link waits for an RCU
+/// tasks-trace grace period; one after another, 300 links took 37 s).
 fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<Owned>>> {
     static TX: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Owned>>>> = std::sync::OnceLock::new();
     TX.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<Owned>();
         let run = move || {
-            for link in rx {
-                drop(link);
-                DETACHING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                batch.extend(rx.try_iter());
+                let n = batch.len();
+                close_concurrently(batch);
+                DETACHING.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
             }
         };
         std::thread::Builder::new().name("stepwise-detach".into()).spawn(run).ok().map(|_| std::sync::Mutex::new(tx))
@@ -48,12 +59,44 @@ fn detacher() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<Owned>
     .as_ref()
 }
 
-/// One attached program: entry or return at one location, or the session program at every
-/// location of one link ([`Probes::attach_session`]).
+/// Drops `links` on up to [`DETACH_THREADS`] threads at once.
+fn close_concurrently(links: Vec<Owned>) {
+    if links.len() == 1 {
+        drop(links);
+        return;
+    }
+    let per = links.len().div_ceil(DETACH_THREADS);
+    let mut chunks: Vec<Vec<Owned>> = Vec::new();
+    let mut it = links.into_iter().peekable();
+    while it.peek().is_some() {
+        chunks.push(it.by_ref().take(per).collect());
+    }
+    std::thread::scope(|s| {
+        for chunk in chunks {
+            // A thread that cannot start closes nothing here; its chunk is dropped (closed) by
+            // the failed spawn, on this thread.
+            let _ = std::thread::Builder::new().name("stepwise-detach".into()).spawn_scoped(s, move || drop(chunk));
+        }
+    });
+}
+
+/// Waits until every link handed to the detacher is closed, or `timeout` passed; returns
+/// how many are still open.
+pub fn wait_detached(timeout: Duration) -> usize {
+    let end = Instant::now() + timeout;
+    while detaching() > 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    detaching()
+}
+
+/// One attached program: entry or return at one location (a perf-event uprobe), or a
+/// program at every location of one uprobe-multi link ([`Probes::attach_multi`],
+/// [`Probes::attach_session`]).
 #[derive(Debug)]
 pub enum AttachedLink {
     Probe { program: &'static str, id: UProbeLinkId },
-    Session { fd: std::os::fd::OwnedFd },
+    Multi { fd: std::os::fd::OwnedFd },
 }
 
 /// The eBPF object built by the agent-ebpf-object crate (empty only with AYA_BUILD_SKIP=1).
@@ -85,15 +128,16 @@ pub enum EbpfError {
         #[source]
         source: aya::programs::ProgramError,
     },
-    #[error("cannot attach the session program to {symbol} in {target}: {source}")]
-    AttachSession {
+    #[error("cannot link {program} to {symbol} in {target}: {source}")]
+    AttachMulti {
+        program: &'static str,
         symbol: String,
         target: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("uprobe session programs unavailable: {0}")]
-    NoSession(String),
+    #[error("{program} unavailable for uprobe-multi links: {why}")]
+    NoMulti { program: &'static str, why: String },
     #[error("eBPF map {0} missing from the object")]
     Map(&'static str),
     #[error("{0}")]
@@ -108,13 +152,24 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, 
         .map_err(|source| EbpfError::Program { name, source })
 }
 
+/// Links `program` at `points` of `target` (`what` names them for errors).
+fn link_multi(program: &MultiProgram, name: &'static str, target: &Path, points: &[(u64, u64)], what: &str) -> Result<AttachedLink, EbpfError> {
+    match program.attach(target, points) {
+        Ok(fd) => Ok(AttachedLink::Multi { fd }),
+        Err(source) => Err(EbpfError::AttachMulti { program: name, symbol: what.to_string(), target: target.display().to_string(), source }),
+    }
+}
+
 /// Loaded programs with their RingBuf (taken out of the object once, so draining does not
 /// re-map the ring every time).
 pub struct Probes {
     ebpf: Ebpf,
     ring: Option<RingBuf<aya::maps::MapData>>,
     /// The session program, or why this kernel cannot run it.
-    session: Result<session::SessionProgram, String>,
+    session: Result<multi::MultiProgram, String>,
+    /// The entry and return programs for uprobe-multi links, or why this kernel cannot
+    /// link them.
+    pairs: Result<(multi::MultiProgram, multi::MultiProgram), String>,
 }
 
 impl Probes {
@@ -129,10 +184,13 @@ impl Probes {
         for name in [PROG_CALL_ENTER, PROG_CALL_EXIT] {
             uprobe(&mut ebpf, name)?.load().map_err(|source| EbpfError::Program { name, source })?;
         }
-        let session = session::SessionProgram::load(OBJECT, PROG_CALL_SESSION, &ebpf, btf.as_ref()).map_err(|e| e.to_string());
+        let session = MultiProgram::load(OBJECT, PROG_CALL_SESSION, MultiKind::Session, &ebpf, btf.as_ref()).map_err(|e| e.to_string());
         drop(btf);
+        let pairs = MultiProgram::load(OBJECT, PROG_CALL_ENTER, MultiKind::Entry, &ebpf, None)
+            .and_then(|entry| Ok((entry, MultiProgram::load(OBJECT, PROG_CALL_EXIT, MultiKind::Return, &ebpf, None)?)))
+            .map_err(|e| e.to_string());
         let ring = ebpf.take_map(EVENTS_MAP).and_then(|m| RingBuf::try_from(m).ok());
-        Ok(Probes { ebpf, ring, session })
+        Ok(Probes { ebpf, ring, session, pairs })
     }
 
     /// Why session programs are not available (`None` when they are): the agent then attaches
@@ -145,10 +203,21 @@ impl Probes {
     /// process, in one link: entry, and return unless [`Probes::set_entry_alone`] said the
     /// process's calls are complete at their entry.
     pub fn attach_session(&mut self, target: &Path, points: &[(u64, u64)], what: &str) -> Result<AttachedLink, EbpfError> {
-        let program = self.session.as_ref().map_err(|e| EbpfError::NoSession(e.clone()))?;
-        match program.attach(target, points) {
-            Ok(fd) => Ok(AttachedLink::Session { fd }),
-            Err(e) => Err(EbpfError::AttachSession { symbol: what.to_string(), target: target.display().to_string(), source: e }),
+        let program = self.session.as_ref().map_err(|why| EbpfError::NoMulti { program: PROG_CALL_SESSION, why: why.clone() })?;
+        link_multi(program, PROG_CALL_SESSION, target, points, what)
+    }
+
+    /// Attaches the entry and return programs at `points` (file offset, cookie) of `target`
+    /// for every process: two uprobe-multi links, whatever the number of points.
+    pub fn attach_multi(&mut self, target: &Path, points: &[(u64, u64)], what: &str) -> Result<Vec<AttachedLink>, EbpfError> {
+        let (entry, ret) = self.pairs.as_ref().map_err(|why| EbpfError::NoMulti { program: PROG_CALL_ENTER, why: why.clone() })?;
+        let entry = link_multi(entry, PROG_CALL_ENTER, target, points, what)?;
+        match link_multi(ret, PROG_CALL_EXIT, target, points, what) {
+            Ok(ret) => Ok(vec![entry, ret]),
+            Err(e) => {
+                self.detach(entry);
+                Err(e)
+            }
         }
     }
 
@@ -223,7 +292,7 @@ impl Probes {
     /// must keep draining events meanwhile.
     pub fn detach(&mut self, link: AttachedLink) {
         let owned: Owned = match link {
-            AttachedLink::Session { fd } => Box::new(fd),
+            AttachedLink::Multi { fd } => Box::new(fd),
             AttachedLink::Probe { program, id } => {
                 let Some(p) = self.ebpf.program_mut(program) else { return };
                 let p: Result<&mut UProbe, _> = p.try_into();

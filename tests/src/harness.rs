@@ -28,6 +28,20 @@ pub fn agent_bin() -> PathBuf {
     newest.unwrap_or_else(|| panic!("agent binary not found in {}: run `cargo build -p agent` (cargo xtask test does)", target.display()))
 }
 
+/// How many bpf links of each type process `pid` holds, from its descriptors' fdinfo
+/// (`link_type:` — `uprobe_multi`, `uretprobe_multi`, `perf`, …).
+pub fn bpf_link_types(pid: u32) -> std::collections::BTreeMap<String, usize> {
+    let mut types = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return types };
+    for e in dir.flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        if let Some(t) = text.lines().find_map(|l| l.strip_prefix("link_type:")) {
+            *types.entry(t.trim().to_string()).or_insert(0) += 1;
+        }
+    }
+    types
+}
+
 /// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")

@@ -2,7 +2,7 @@
 //! end-to-end scenarios need.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Output},
     sync::OnceLock,
 };
@@ -25,6 +25,21 @@ pub fn build() -> Result<PathBuf> {
         })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// `n` copies of the NCCL-ABI library (`libnccl.so.2` from [`build`]), each in its own
+/// directory under `dir`: distinct files, so an agent preloading the directories attaches
+/// each one. Returns the directories.
+pub fn nccl_library_copies(dir: &Path, n: usize) -> Result<Vec<PathBuf>> {
+    let lib = build()?.join("libnccl.so.2");
+    (0..n)
+        .map(|i| {
+            let d = dir.join(format!("nccl-copy-{i}"));
+            std::fs::create_dir_all(&d)?;
+            std::fs::copy(&lib, d.join("libnccl.so.2")).with_context(|| format!("copy {} into {}", lib.display(), d.display()))?;
+            Ok(d)
+        })
+        .collect()
 }
 
 /// Stepwise's NCCL profiler plugin under the name jobs load

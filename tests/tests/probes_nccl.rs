@@ -769,6 +769,40 @@ fn library_dlopened_late_is_probed_and_a_reload_is_counted_once() {
 // ---------------------------------------------------------------------------------------
 // c. The real libnccl.so.2
 
+/// Every probe of a library goes through uprobe-multi links — entry, return and session:
+/// three links whatever the number of probes (14 here; two more links while a sampling
+/// window is open) —, so twenty libraries hold 60 links where one perf-event uprobe per
+/// program and probe held 280, and SIGTERM closes them concurrently: before, the exit closed
+/// each alone, one RCU grace period after another (37 s for these twenty on this machine).
+/// `cargo xtask bench shutdown` times it against the 2 s target.
+#[test]
+fn twenty_libraries_attach_in_three_links_each_and_sigterm_closes_them() {
+    let dir = tempdir("twenty");
+    let ns = Netns::new().expect("netns");
+    let libs = workloads::nccl_library_copies(dir.path(), 20).expect("library copies");
+    let mut agent = start_agent(dir.path(), &ns, &libs.iter().map(PathBuf::as_path).collect::<Vec<_>>());
+    wait_for(Duration::from_secs(60), "all twenty libraries attached", || {
+        let log = agent.proc.log_text();
+        libs.iter().all(|d| log.contains(&format!("attached library={}/libnccl.so.2", d.display()))).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}:\n{}", agent.proc.log_text()));
+    let probes = metric(&agent, "stepwise_probe_attached", &[("library", "nccl")]);
+    let links = stepwise_tests::harness::bpf_link_types(agent.proc.pid());
+    let count = |t: &str| links.get(t).copied().unwrap_or(0);
+    eprintln!("{probes} probes attached in 20 libraries: links {links:?}");
+    assert!(probes >= 20.0 * 10.0, "probes attached: {probes}");
+    // Entry and session links (uprobe_multi), return links (uretprobe_multi); a sampling
+    // window adds an entry and a return link per library.
+    assert!([40, 60].contains(&count("uprobe_multi")) && [20, 40].contains(&count("uretprobe_multi")), "links {links:?}");
+    assert!(count("perf") <= 1, "no perf-event uprobes (only the tcp tracepoint's link): {links:?}");
+    let t0 = Instant::now();
+    let code = agent.proc.terminate(Duration::from_secs(15));
+    let took = t0.elapsed();
+    eprintln!("SIGTERM to exit with twenty libraries attached: {took:?}");
+    assert_eq!(code, Some(0), "exit 0 within 15 s of SIGTERM (took {took:?}):\n{}", agent.proc.log_text());
+    assert!(!agent.proc.log_text().contains("still closing"), "every link closed before the exit:\n{}", agent.proc.log_text());
+}
+
 /// Cache directory for large downloads: `$STEPWISE_CACHE`, else `~/.cache/stepwise`.
 fn cache_dir() -> PathBuf {
     std::env::var_os("STEPWISE_CACHE")

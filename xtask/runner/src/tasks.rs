@@ -11,6 +11,7 @@ use stepwise_tests::harness::{self, Agent, Proc};
 
 mod ecosystem;
 mod plugin_bench;
+mod shutdown_bench;
 
 pub fn root() -> PathBuf {
     let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -217,7 +218,11 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }
-        _ => bail!("usage: cargo xtask bench <counters|fast|models|attribution|probes|tcp|cluster|plugin>"),
+        Some("shutdown") => match args.get(1) {
+            Some(a) => shutdown_bench::run(Some(PathBuf::from(a))),
+            None => build_agent(true).and_then(|a| shutdown_bench::run(Some(a))),
+        },
+        _ => bail!("usage: cargo xtask bench <counters|fast|models|attribution|probes|tcp|cluster|plugin|shutdown>"),
     }
 }
 

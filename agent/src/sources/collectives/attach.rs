@@ -1,6 +1,9 @@
-//! Attaching the probes of one library: entry and return programs, the session program for
-//! asynchronous NCCL calls (one uprobe-multi link per library), and the sampled probes of hot
-//! internal functions, attached only in windows.
+//! Attaching the probes of one library: entry and return programs (two uprobe-multi links per
+//! library), the session program for asynchronous NCCL calls (one more), and the sampled
+//! probes of hot internal functions, attached only in windows (two links a window). A
+//! library's probes detach in one grace period per link, so shutdown and the last user's exit
+//! do not grow with the number of probes; a kernel without uprobe-multi links gets one
+//! perf-event uprobe per program and probe.
 
 use std::{collections::HashSet, path::Path};
 
@@ -36,7 +39,7 @@ impl Collectives {
         let mut probe_ids = Vec::new();
         let mut seen_offsets: HashSet<u64> = HashSet::new();
         let mut missing = Vec::new();
-        let (mut session, mut attached_probes) = (Vec::new(), 0);
+        let (mut session, mut pairs) = (Vec::new(), Vec::new());
         for spec in &target.probes {
             let Some((sym, off)) = spec.symbols.iter().find_map(|s| symbols.offset(s).map(|o| (s.clone(), o))) else {
                 if !spec.optional {
@@ -69,9 +72,9 @@ impl Collectives {
                 session.push((off, cookie, sym));
                 continue;
             }
-            attached_probes += usize::from(self.attach_pair(path, off, &sym, cookie, &mut links));
+            pairs.push((off, cookie, sym));
         }
-        attached_probes += self.attach_session(path, &session, &mut links);
+        let attached_probes = self.attach_points(path, &pairs, &mut links) + self.attach_session(path, &session, &mut links);
         if !missing.is_empty() {
             warn!(library = %path.display(), "symbols not found: {}", missing.join(", "));
         }
@@ -113,6 +116,38 @@ impl Collectives {
         points.iter().filter(|(off, cookie, sym)| self.attach_pair(path, *off, sym, *cookie, links)).count()
     }
 
+    /// At shutdown: hands every link to the detacher and waits (up to 3 s) until they are
+    /// closed — links left open would be closed by the process's exit, one after another.
+    pub(super) fn detach_all(&mut self) {
+        let links: Vec<AttachedLink> = self.attached.values_mut().flat_map(|a| std::mem::take(&mut a.links)).collect();
+        for l in links {
+            self.probes.detach(l);
+        }
+        let left = crate::ebpf::wait_detached(std::time::Duration::from_secs(3));
+        if left > 0 {
+            warn!(links = left, "probe links still closing at shutdown");
+        }
+    }
+
+    /// Attaches the entry and return programs at `points` (file offset, cookie, symbol) of
+    /// one library: two uprobe-multi links, or on failure a pair of perf-event uprobes at
+    /// each. Returns the probes attached.
+    fn attach_points(&mut self, path: &Path, points: &[(u64, u64, String)], links: &mut Vec<AttachedLink>) -> usize {
+        if points.is_empty() {
+            return 0;
+        }
+        let offsets: Vec<(u64, u64)> = points.iter().map(|(o, c, _)| (*o, *c)).collect();
+        let what = points.iter().map(|p| p.2.as_str()).collect::<Vec<_>>().join(",");
+        match self.probes.attach_multi(path, &offsets, &what) {
+            Ok(l) => {
+                links.extend(l);
+                return points.len();
+            }
+            Err(e) => debug!("{e}; attaching one uprobe per program and probe instead"),
+        }
+        points.iter().filter(|(off, cookie, sym)| self.attach_pair(path, *off, sym, *cookie, links)).count()
+    }
+
     /// Attaches the entry and return programs at one file offset; a failure is logged and
     /// counted.
     fn attach_pair(&mut self, path: &Path, off: u64, sym: &str, cookie: u64, links: &mut Vec<AttachedLink>) -> bool {
@@ -141,12 +176,10 @@ impl Collectives {
                 Some(a) if !a.sampled.is_empty() => (a.path.clone(), a.sampled.clone()),
                 _ => continue,
             };
-            for (off, cookie, sym) in sampled {
-                if let Ok(l) = self.probes.attach_offset(&path, off, &sym, cookie) {
-                    if let Some(a) = self.attached.get_mut(&k) {
-                        a.sampled_links.extend(l);
-                    }
-                }
+            let mut links = Vec::new();
+            self.attach_points(&path, &sampled, &mut links);
+            if let Some(a) = self.attached.get_mut(&k) {
+                a.sampled_links.extend(links);
             }
         }
     }

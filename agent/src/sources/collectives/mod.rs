@@ -281,6 +281,7 @@ impl Collectives {
             self.drained_to(drained);
         }
         self.close_window();
+        self.detach_all();
         self.drainer = None;
     }
 
