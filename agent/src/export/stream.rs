@@ -37,11 +37,14 @@ pub const CHUNKS_AHEAD: usize = 4;
 /// Longest a chunk waits for the client to take the ones before it; then the response is cut.
 pub const CLIENT_STALL: Duration = Duration::from_secs(10);
 
+/// Writes a page's JSON.
+pub type WriteJson = Box<dyn FnOnce(&mut dyn Write) -> serde_json::Result<()> + Send>;
+
 /// What a list endpoint's page builder answers: a response as it is (errors, small pages), or
 /// a page to serialize as JSON while it is sent.
 pub enum Listing {
     Response(Response),
-    Json(Box<dyn FnOnce(&mut dyn Write) -> serde_json::Result<()> + Send>),
+    Json(WriteJson),
 }
 
 impl Listing {
