@@ -246,6 +246,15 @@ impl Engine {
         self.markers.iter().filter(|m| (since..=until).contains(&m.time.unwrap_or(0.0))).take(limit).cloned().collect()
     }
 
+    /// The counter log's NICs (what [`Engine::nic_samples`] takes).
+    pub fn nic_names(&self) -> Vec<String> {
+        self.log.nic_names()
+    }
+
+    pub fn nic_samples(&self, name: &str, t0: f64, t1: f64, limit: usize) -> Option<(NicInfo, Vec<NicSample>)> {
+        self.log.nic_samples(name, t0, t1, limit)
+    }
+
     pub fn samples(&self, t0: f64, t1: f64) -> Vec<(NicInfo, Vec<NicSample>)> {
         self.log.samples(t0, t1)
     }

@@ -18,6 +18,9 @@ use axum::{
 };
 use prometheus_client::registry::Registry;
 
+pub use super::metrics::openmetrics_to_text;
+use super::stream::{off_runtime, Listing};
+
 /// State shared between the sampler and the HTTP handlers.
 #[derive(Clone)]
 pub struct AppState {
@@ -123,7 +126,8 @@ async fn limit_api(State(s): State<AppState>, req: axum::extract::Request, next:
         return next.run(req).await;
     }
     match tokio::time::timeout(s.api_queue_wait, s.api_permits.clone().acquire_owned()).await {
-        Ok(Ok(_permit)) => next.run(req).await,
+        // A list endpoint keeps the permit until its page is written (`stream::off_runtime`).
+        Ok(Ok(permit)) => super::stream::API_PERMIT.scope(std::cell::RefCell::new(Some(permit)), next.run(req)).await,
         _ => {
             (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], format!("{MAX_API_CONCURRENCY} API requests in progress; retry\n")).into_response()
         }
@@ -231,57 +235,9 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
     }
 }
 
-/// OpenMetrics → Prometheus text 0.0.4. The two differ only in metadata: OpenMetrics names a
-/// counter family without `_total` in `# HELP`/`# TYPE`, has `# UNIT` and ends with `# EOF`.
-/// prometheus-client encodes only OpenMetrics, so this is the one conversion we do by hand.
-pub fn openmetrics_to_text(om: &str) -> String {
-    let mut out = String::with_capacity(om.len());
-    let mut counters: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for line in om.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            if let Some(name) = rest.strip_suffix(" counter") {
-                counters.insert(name);
-            }
-        }
-    }
-    for line in om.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let meta = line.strip_prefix("# HELP ").map(|r| ("# HELP ", r)).or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
-        if let Some((prefix, rest)) = meta {
-            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-            if counters.contains(name) {
-                out.push_str(prefix);
-                out.push_str(name);
-                out.push_str("_total ");
-                out.push_str(tail);
-                out.push('\n');
-                continue;
-            }
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 #[path = "api_tests.rs"]
 mod list_tests;
-
-#[cfg(test)]
-mod tests {
-    use super::openmetrics_to_text;
-
-    #[test]
-    fn counters_get_total_in_metadata_and_eof_goes() {
-        let om =
-            "# HELP a_bytes Bytes.\n# TYPE a_bytes counter\n# UNIT a_bytes bytes\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
-        let t = openmetrics_to_text(om);
-        assert_eq!(t, "# HELP a_bytes_total Bytes.\n# TYPE a_bytes_total counter\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n");
-    }
-}
 
 async fn readyz(State(s): State<AppState>) -> Response {
     if !s.ready.load(Ordering::Relaxed) {
@@ -390,17 +346,11 @@ async fn collectives(State(s): State<AppState>, q: Result<Query<CollectivesQuery
             page.lost_spans.retain(|s| s.0 <= until);
         }
         if compact {
-            return Json(super::pages::CompactCollectivesPage::from_page(page)).into_response();
+            return Listing::json(super::pages::CompactCollectivesPage::from_page(page));
         }
-        Json(page).into_response()
+        Listing::json(page)
     })
     .await
-}
-
-/// Runs a list endpoint's copying and serializing on a blocking thread: the runtime's few
-/// workers stay free for `/metrics` and `/healthz` however large the page.
-async fn off_runtime(f: impl FnOnce() -> Response + Send + 'static) -> Response {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("list request failed: {e}\n")).into_response())
 }
 
 fn engine_of(s: &AppState) -> Result<std::sync::MutexGuard<'_, crate::engine::Engine>, Response> {
@@ -440,7 +390,7 @@ pub(super) async fn open(State(s): State<AppState>, q: Result<Query<OpenQuery>, 
         Err(r) => return r,
     };
     let comm = q.comm.map(|c| c.to_ascii_lowercase());
-    off_runtime(move || super::open::page(&s, comm.as_deref(), limit)).await
+    off_runtime(move || super::open::page(&s, comm.as_deref(), limit).into()).await
 }
 
 /// Query of `/api/v1/steps`.
@@ -464,9 +414,9 @@ async fn steps(State(s): State<AppState>, q: Result<Query<StepsQuery>, axum::ext
     off_runtime(move || steps_page(&s, &q, since, limit)).await
 }
 
-fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Response {
+fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Listing {
     let Some(recent) = &s.steps else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "step engine not running\n").into_response();
+        return (StatusCode::SERVICE_UNAVAILABLE, "step engine not running\n").into_response().into();
     };
     let mut v = recent.select(|a| a.begin >= since && q.step.is_none_or(|id| a.step == id));
     if let Some(k) = q.slowest {
@@ -474,7 +424,7 @@ fn steps_page(s: &AppState, q: &StepsQuery, since: f64, limit: usize) -> Respons
         v.truncate(k);
     }
     v.truncate(limit);
-    Json(super::pages::StepsPage { host: host_of(s), steps: v }).into_response()
+    Listing::json(super::pages::StepsPage { host: host_of(s), steps: v })
 }
 
 /// The host name every page carries: the call history's (the one its calls carry), else this
@@ -509,17 +459,17 @@ async fn markers_get(State(s): State<AppState>, q: Result<Query<SinceQuery>, axu
     off_runtime(move || markers_page(&s, since, until, limit)).await
 }
 
-fn markers_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response {
+fn markers_page(s: &AppState, since: f64, until: f64, limit: usize) -> Listing {
     let e = match engine_of(s) {
         Ok(e) => e,
-        Err(r) => return r,
+        Err(r) => return r.into(),
     };
     // One more than asked for says whether the page is the last.
     let mut markers = e.markers_between(since, until, limit.saturating_add(1));
     drop(e);
     let truncated = markers.len() > limit;
     markers.truncate(limit);
-    Json(super::pages::MarkersPage { host: host_of(s), markers, truncated }).into_response()
+    Listing::json(super::pages::MarkersPage { host: host_of(s), markers, truncated })
 }
 
 /// Guards the writes on the TCP listener, before their body is read: 403 while
@@ -608,19 +558,14 @@ async fn windows(State(s): State<AppState>, q: Result<Query<SinceQuery>, axum::e
     off_runtime(move || windows_page(&s, since, until, limit)).await
 }
 
-fn windows_page(s: &AppState, since: f64, until: f64, limit: usize) -> Response {
-    let e = match engine_of(s) {
-        Ok(e) => e,
-        Err(r) => return r,
+fn windows_page(s: &AppState, since: f64, until: f64, limit: usize) -> Listing {
+    let nics = match engine_of(s) {
+        Ok(e) => e.nic_names(),
+        Err(r) => return r.into(),
     };
-    let nics: Vec<super::pages::NicSamples> = e
-        .samples(since, until)
-        .into_iter()
-        .map(|(nic, mut samples)| {
-            samples.truncate(limit);
-            super::pages::NicSamples { nic, samples }
-        })
-        .collect();
-    drop(e);
-    Json(super::pages::WindowsPage { host: Some(host_of(s)), nics }).into_response()
+    let Some(engine) = s.engine.clone() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "step engine not running\n").into_response().into();
+    };
+    let fetch = move |nic: &str| engine.lock().unwrap_or_else(|p| p.into_inner()).nic_samples(nic, since, until, limit);
+    Listing::json(super::pages::LiveWindowsPage { host: host_of(s), nics, fetch: Box::new(fetch) })
 }

@@ -50,3 +50,51 @@ impl AgentMetrics {
         AgentMetrics { source_up, source_devices, sweep_seconds }
     }
 }
+
+/// OpenMetrics → Prometheus text 0.0.4. The two differ only in metadata: OpenMetrics names a
+/// counter family without `_total` in `# HELP`/`# TYPE`, has `# UNIT` and ends with `# EOF`.
+/// prometheus-client encodes only OpenMetrics, so this is the one conversion we do by hand.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut counters: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.insert(name);
+            }
+        }
+    }
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = line.strip_prefix("# HELP ").map(|r| ("# HELP ", r)).or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        if let Some((prefix, rest)) = meta {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            if counters.contains(name) {
+                out.push_str(prefix);
+                out.push_str(name);
+                out.push_str("_total ");
+                out.push_str(tail);
+                out.push('\n');
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::openmetrics_to_text;
+
+    #[test]
+    fn counters_get_total_in_metadata_and_eof_goes() {
+        let om =
+            "# HELP a_bytes Bytes.\n# TYPE a_bytes counter\n# UNIT a_bytes bytes\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
+        let t = openmetrics_to_text(om);
+        assert_eq!(t, "# HELP a_bytes_total Bytes.\n# TYPE a_bytes_total counter\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n");
+    }
+}

@@ -8,5 +8,6 @@ pub mod open;
 pub mod otlp;
 pub mod pages;
 pub mod replay;
+pub mod stream;
 pub mod synthetic;
 pub mod watchdog;

@@ -139,6 +139,37 @@ pub struct WindowsPage {
     pub nics: Vec<NicSamples>,
 }
 
+/// One NIC's samples, as [`LiveWindowsPage`] asks for them.
+pub type NicFetch = Box<dyn Fn(&str) -> Option<(NicInfo, Vec<NicSample>)> + Send>;
+
+/// `/api/v1/windows` as served: a [`WindowsPage`]'s JSON, each NIC's samples copied (by
+/// `fetch`, under the engine lock) only when the serializer reaches it, so a listing holds one
+/// NIC's samples at a time instead of every NIC's (on a 500-device tree the copy of every
+/// NIC was half as large as the JSON). A NIC gone by then is left out; without `until`, a NIC
+/// reached later may carry samples taken after an earlier one was copied.
+pub struct LiveWindowsPage {
+    pub host: String,
+    pub nics: Vec<String>,
+    pub fetch: NicFetch,
+}
+
+impl Serialize for LiveWindowsPage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Nics<'a>(&'a LiveWindowsPage);
+        impl Serialize for Nics<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.nics.iter().filter_map(|n| (self.0.fetch)(n)).map(|(nic, samples)| NicSamples { nic, samples }))
+            }
+        }
+        // Field for field what `WindowsPage` writes.
+        let mut st = s.serialize_struct("WindowsPage", 2)?;
+        st.serialize_field("host", &Some(&self.host))?;
+        st.serialize_field("nics", &Nics(self))?;
+        st.end()
+    }
+}
+
 /// `/api/v1/collectives?format=compact`: the same calls with only what a cluster join needs
 /// (`timeline::join::CallView` less the host, which is the page's), one array per call and
 /// each string once. A call is ~75 bytes of JSON instead of ~350, so `agent diagnose` over

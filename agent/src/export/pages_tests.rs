@@ -189,3 +189,33 @@ fn windows_page_reads_back() {
     let old: WindowsPage = serde_json::from_str(r#"{"nics":[]}"#).expect("old");
     assert_eq!(old.host, None);
 }
+
+#[test]
+fn a_live_windows_page_writes_the_bytes_of_a_windows_page() {
+    let log = std::sync::Arc::new(std::sync::Mutex::new(crate::timeline::CounterLog::new(64)));
+    for (k, name) in ["mlx5_0", "mlx5_1", "eth0"].into_iter().enumerate() {
+        for t in 0..10 {
+            let s = crate::timeline::NicSample { time: f64::from(t), tx_bytes: (k * 1000 + t as usize) as f64, ..Default::default() };
+            log.lock().unwrap().push(NicInfo { name: name.into(), rail: Some(k as u32), ..Default::default() }, s);
+        }
+    }
+    let (since, until, limit) = (2.0, 8.0, 4);
+    let l = log.lock().unwrap();
+    let whole = WindowsPage {
+        host: Some("h".into()),
+        nics: l
+            .samples(since, until)
+            .into_iter()
+            .map(|(nic, mut samples)| {
+                samples.truncate(limit);
+                NicSamples { nic, samples }
+            })
+            .collect(),
+    };
+    let mut nics = l.nic_names();
+    drop(l);
+    nics.push("gone".into());
+    let fetch = move |n: &str| log.lock().unwrap().nic_samples(n, since, until, limit);
+    let live = LiveWindowsPage { host: "h".into(), nics, fetch: Box::new(fetch) };
+    assert_eq!(serde_json::to_string(&live).unwrap(), serde_json::to_string(&whole).unwrap());
+}

@@ -363,6 +363,12 @@ impl CounterLog {
             .reduce(|a, b| (a.0.max(b.0), a.1.max(b.1)))
     }
 
+    /// One NIC's samples from `t0` to `t1`, the first `limit` of them; `None` for a NIC never sampled.
+    pub fn nic_samples(&self, name: &str, t0: f64, t1: f64, limit: usize) -> Option<(NicInfo, Vec<NicSample>)> {
+        let (i, s) = self.nics.get(name)?;
+        Some((i.clone(), s.iter().filter(|x| x.time >= t0 && x.time <= t1).take(limit).cloned().collect()))
+    }
+
     /// Every NIC's samples in [t0, t1] (for the store and peers).
     pub fn samples(&self, t0: f64, t1: f64) -> Vec<(NicInfo, Vec<NicSample>)> {
         self.nics.values().map(|(i, s)| (i.clone(), s.iter().filter(|x| x.time >= t0 && x.time <= t1).cloned().collect())).collect()
