@@ -1,9 +1,9 @@
 //! List pages written to the client while they are serialized: a page's JSON goes out in
 //! chunks of [`CHUNK_BYTES`], at most [`CHUNKS_AHEAD`] of them waiting for the client, so a
 //! response is never one buffer. Built whole (axum's `Json`), ten parallel listings of
-//! `/api/v1/windows` on a 500-device tree (~52 MB of JSON each) raised the agent's peak RSS
-//! by ~500 MB: the four being built and every finished body waiting for its client were in
-//! memory at once (measured figures in tests/tests/hostile.rs and docs/architecture.md).
+//! `/api/v1/windows` on a 500-device tree (13.7–13.8 MB of JSON each) raised the debug
+//! agent's peak RSS by 109–134 MB: the four being built and every finished body waiting for
+//! its client were in memory at once (streamed: 1.1–5.6 MB; tests/tests/hostile.rs).
 //!
 //! The bytes are those `Json` wrote (the same `serde_json::to_writer` of the same page); only
 //! the framing differs (`Transfer-Encoding: chunked` instead of `Content-Length`). The API
