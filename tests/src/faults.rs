@@ -46,6 +46,8 @@ pub struct AgentSpec {
     pub port: Option<u16>,
     /// Name of the log file and config (several agents in one directory).
     pub tag: String,
+    /// RLIMIT_NOFILE (soft and hard) the agent starts under; `None` inherits this process's.
+    pub nofile: Option<u64>,
 }
 
 impl FaultAgent {
@@ -73,9 +75,17 @@ impl FaultAgent {
         cmd.args(["run", "--listen", &addr, "--config"]).arg(&config).arg("--db").arg(&db).arg("--marker-socket").arg(&sock).args(&spec.args);
         cmd.env_remove("STEPWISE_LOG");
         // Agents on one host may not share the profiler plugin's socket.
-        cmd.env("STEPWISE_PROFILER_SOCKET", dir.join(format!("{tag}-profiler.sock")));
+        cmd.env("STEPWISE_PROFILER_SOCKET", Self::profiler_socket(dir, spec));
         if let Some(l) = &spec.log_env {
             cmd.env("STEPWISE_LOG", l);
+        }
+        if let Some(n) = spec.nofile {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+            // SAFETY: setrlimit is async-signal-safe; `lim` is a copy owned by the closure.
+            unsafe {
+                cmd.pre_exec(move || if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
+            }
         }
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let proc = Proc::spawn(tag, &mut cmd, dir.join(format!("{tag}-{n}.log")))?;
@@ -93,6 +103,11 @@ impl FaultAgent {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The profiler plugin's socket of an agent started from `spec` in `dir`.
+    pub fn profiler_socket(dir: &Path, spec: &AgentSpec) -> PathBuf {
+        dir.join(format!("{}-profiler.sock", if spec.tag.is_empty() { "agent" } else { spec.tag.as_str() }))
     }
 
     pub fn pid(&self) -> u32 {

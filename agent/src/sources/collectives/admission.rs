@@ -5,6 +5,9 @@
 //!   (`SCM_CREDENTIALS`): equal to it, or, for a sender in a child pid namespace (a
 //!   container), one of its pids there (`NSpid` in `/proc/<pid>/status`), then mapped to the
 //!   agent's view of it. Anything else is refused.
+//! - The sender must be a process the agent watches (`[collectives] select`: its network
+//!   namespace, cgroup or pids), as its probes do: records from any other process are not
+//!   the job's. The verdict is kept per process for [`SELECTION_TTL_SECONDS`].
 //! - Like markers (`timeline::admission`), each sending process is within a rate (records/s,
 //!   a token bucket with a burst of twice that), and communicators new to the agent — each a
 //!   new sequence, so new steps — are bounded per second over all senders.
@@ -21,6 +24,10 @@ const PROCESS_IDLE_SECONDS: f64 = 60.0;
 const MAX_PROCESSES: usize = 1024;
 /// Communicators remembered as known (the newest).
 const COMMS_REMEMBERED: usize = 8192;
+/// How long a sender's selection verdict is kept before `/proc` is read again.
+pub const SELECTION_TTL_SECONDS: f64 = 5.0;
+/// Senders whose verdict is kept at most (all forgotten when full).
+const SELECTION_CACHE: usize = 4096;
 
 /// The bounds; the defaults leave room for a process issuing 4 000 collectives a second.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,6 +51,8 @@ pub enum Refusal {
     PidUnmapped,
     /// The header's pid is none of the sender's.
     PidMismatch,
+    /// The sender is not a process the agent watches (`[collectives] select`).
+    NotSelected,
     TooManyProcesses,
     ProcessRate,
     NewCommunicators,
@@ -55,6 +64,7 @@ impl Refusal {
             Refusal::NoCredentials => "no_credentials",
             Refusal::PidUnmapped => "pid_unmapped",
             Refusal::PidMismatch => "pid_mismatch",
+            Refusal::NotSelected => "not_selected",
             Refusal::TooManyProcesses => "too_many_processes",
             Refusal::ProcessRate => "process_rate",
             Refusal::NewCommunicators => "new_communicators",
@@ -87,6 +97,36 @@ pub fn nspids(pid: u32) -> Vec<u32> {
 fn parse_nspid(status: &str) -> Vec<u32> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:")).unwrap_or("");
     line.split_whitespace().filter_map(|v| v.parse().ok()).collect()
+}
+
+/// Whether a sender is a process the agent watches: `[collectives] select` applied to its
+/// pid under `proc_root`, the verdict cached per pid.
+#[derive(Debug, Default)]
+pub struct SenderSelection {
+    selector: super::procs::Selector,
+    proc_root: std::path::PathBuf,
+    verdicts: HashMap<u32, (bool, f64)>,
+}
+
+impl SenderSelection {
+    pub fn new(selector: super::procs::Selector, proc_root: std::path::PathBuf) -> SenderSelection {
+        SenderSelection { selector, proc_root, verdicts: HashMap::new() }
+    }
+
+    /// Whether `pid` (in the agent's pid namespace) is selected, at `now` seconds.
+    pub fn selects(&mut self, pid: u32, now: f64) -> bool {
+        if let Some(&(v, at)) = self.verdicts.get(&pid) {
+            if now - at < SELECTION_TTL_SECONDS {
+                return v;
+            }
+        }
+        if self.verdicts.len() >= SELECTION_CACHE {
+            self.verdicts.clear();
+        }
+        let v = self.selector.selects(&self.proc_root, pid);
+        self.verdicts.insert(pid, (v, now));
+        v
+    }
 }
 
 #[derive(Debug)]
@@ -159,6 +199,24 @@ mod tests {
 
     fn peer(pid: u32) -> Option<Peer> {
         Some(Peer { pid, uid: 0 })
+    }
+
+    #[test]
+    fn only_selected_senders_pass_and_a_verdict_is_kept_for_its_ttl() {
+        let root = tempfile::tempdir().expect("tmp");
+        for (pid, cg) in [(100, "0::/job/rank0\n"), (200, "0::/other\n")] {
+            std::fs::create_dir_all(root.path().join(pid.to_string())).expect("dir");
+            std::fs::write(root.path().join(format!("{pid}/cgroup")), cg).expect("cgroup");
+        }
+        let sel = crate::config::collectives::Selection { cgroup: Some("/job".into()), ..Default::default() }.resolve().expect("resolve");
+        let mut s = SenderSelection::new(sel, root.path().to_path_buf());
+        assert!(s.selects(100, 10.0));
+        assert!(!s.selects(200, 10.0));
+        assert!(!s.selects(300, 10.0), "a process that is not there is not selected");
+        // Moved into the job's cgroup: seen once the verdict's time is up.
+        std::fs::write(root.path().join("200/cgroup"), "0::/job/rank1\n").expect("cgroup");
+        assert!(!s.selects(200, 10.0 + SELECTION_TTL_SECONDS * 0.5));
+        assert!(s.selects(200, 10.0 + SELECTION_TTL_SECONDS));
     }
 
     #[test]

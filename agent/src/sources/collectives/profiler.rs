@@ -268,7 +268,7 @@ impl ProfilerMetrics {
         r.register("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
         r.register(
             "stepwise_profiler_records_dropped",
-            "Profiler plugin records refused by the agent: the header's pid is not the sender's (no_credentials, pid_unmapped, pid_mismatch) or admission control (too_many_processes, process_rate, new_communicators)",
+            "Profiler plugin records refused by the agent: the header's pid is not the sender's (no_credentials, pid_unmapped, pid_mismatch), the sender is not a selected process (not_selected) or admission control (too_many_processes, process_rate, new_communicators)",
             m.dropped.clone(),
         );
         r.register(
@@ -308,6 +308,8 @@ impl ProfilerMetrics {
 pub struct Receiver {
     sock: UnixDatagram,
     path: PathBuf,
+    /// Which senders are the job's (every process unless [`Receiver::select`] said).
+    selection: Option<admission::SenderSelection>,
 }
 
 impl Receiver {
@@ -320,7 +322,13 @@ impl Receiver {
         crate::sources::sockpath::set_flag(sock.as_raw_fd(), libc::SO_PASSCRED).map_err(|e| format!("{}: SO_PASSCRED: {e}", path.display()))?;
         let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
         sock.set_read_timeout(Some(Duration::from_millis(500))).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Receiver { sock, path: path.to_path_buf() })
+        Ok(Receiver { sock, path: path.to_path_buf(), selection: None })
+    }
+
+    /// Keeps only records from processes `selection` selects (`[collectives] select`).
+    pub fn select(mut self, selection: admission::SenderSelection) -> Receiver {
+        self.selection = Some(selection);
+        self
     }
 
     /// Reads datagrams on a thread of its own for the life of the agent.
@@ -329,7 +337,7 @@ impl Receiver {
         std::thread::Builder::new().name("profiler-rx".into()).spawn(move || self.run(&history, &metrics))
     }
 
-    fn run(self, history: &SharedHistory, m: &ProfilerMetrics) {
+    fn run(mut self, history: &SharedHistory, m: &ProfilerMetrics) {
         let mut buf = vec![0u8; 1 << 16];
         loop {
             let n = match crate::sources::sockpath::recv(self.sock.as_raw_fd(), &mut buf, 0) {
@@ -347,7 +355,8 @@ impl Receiver {
                 Err(p) => p.into_inner(),
             };
             if let Some(got) = n {
-                handle_datagram(&mut h, &buf[..got.len], got.peer, m, now);
+                let sel = &mut self.selection;
+                handle_datagram(&mut h, &buf[..got.len], got.peer, |pid| sel.as_mut().is_none_or(|s| s.selects(pid, now)), m, now);
             }
             m.update(&h.plugin, now);
         }
@@ -367,7 +376,13 @@ pub fn bind_configured(cfg: &crate::config::CollectivesConfig) -> Result<Option<
             Err(e) => warn!(to = %cfg.profiler_plugin_install.display(), "cannot install the NCCL profiler plugin: {e}"),
         }
     }
-    Receiver::bind(&cfg.profiler_socket).map(Some)
+    let rx = Receiver::bind(&cfg.profiler_socket)?;
+    // A selection that does not resolve fails the collective probes' start (logged there):
+    // then no records are kept anyway.
+    Ok(Some(match cfg.select.resolve() {
+        Ok(sel) => rx.select(admission::SenderSelection::new(sel, cfg.proc_root.clone())),
+        Err(_) => rx,
+    }))
 }
 
 /// `agent check`: where the plugin's records go and whether the plugin to install is there;
@@ -440,9 +455,10 @@ pub fn start_configured(rx: Option<Receiver>, history: Option<SharedHistory>, re
 }
 
 /// Decodes one datagram from `peer` (its credentials) into the history and counts it: the
-/// header's pid must be the sender's, and each record passes admission control
-/// ([`super::admission`]); what is refused is counted by reason.
-pub fn handle_datagram(h: &mut super::history::History, b: &[u8], peer: Option<Peer>, m: &ProfilerMetrics, now: f64) {
+/// header's pid must be the sender's, the sender one `selected` says is the job's, and each
+/// record passes admission control ([`super::admission`]); what is refused is counted by
+/// reason.
+pub fn handle_datagram(h: &mut super::history::History, b: &[u8], peer: Option<Peer>, selected: impl FnOnce(u32) -> bool, m: &ProfilerMetrics, now: f64) {
     let (mut hd, mut recs) = match wire::decode(b) {
         Ok(d) => d,
         Err(e) => {
@@ -455,7 +471,11 @@ pub fn handle_datagram(h: &mut super::history::History, b: &[u8], peer: Option<P
         m.dropped.get_or_create(&ReasonLabel { reason: why.as_str() }).inc_by(n as u64);
     };
     match admission::sender_pid(hd.pid, peer, admission::nspids) {
-        Ok(pid) => hd.pid = pid,
+        Ok(pid) if selected(pid) => hd.pid = pid,
+        Ok(pid) => {
+            debug!(pid, "profiler records refused: the sender is not selected");
+            return drop(admission::Refusal::NotSelected, recs.len());
+        }
         Err(why) => {
             debug!(claimed = hd.pid, ?peer, "profiler records refused: {}", why.as_str());
             return drop(why, recs.len());

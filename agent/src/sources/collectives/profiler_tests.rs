@@ -54,16 +54,18 @@ fn forged_pids_are_refused_and_a_record_flood_is_bounded_like_markers() {
     let mut h = History::new("host-a".into(), 1 << 16);
     // Process 4242 claims to be 0, 1 and 2^32-1: nothing is kept.
     for forged in [0, 1, u32::MAX] {
-        handle_datagram(&mut h, &datagram(forged, &[rec(0, 0, 30, 42)], 0), peer(4242), &m, 1000.0);
+        handle_datagram(&mut h, &datagram(forged, &[rec(0, 0, 30, 42)], 0), peer(4242), |_| true, &m, 1000.0);
     }
-    handle_datagram(&mut h, &datagram(4242, &[rec(0, 0, 30, 42)], 0), None, &m, 1000.0);
+    handle_datagram(&mut h, &datagram(4242, &[rec(0, 0, 30, 42)], 0), None, |_| true, &m, 1000.0);
+    // Its own pid, but not a process the agent watches.
+    handle_datagram(&mut h, &datagram(4242, &[rec(0, 0, 30, 42), rec(0, 1, 30, 42)], 0), peer(4242), |pid| pid != 4242, &m, 1000.0);
     assert!(h.plugin.procs.is_empty(), "{:?}", h.plugin.procs.keys());
-    assert_eq!((dropped(&m, "pid_mismatch"), dropped(&m, "no_credentials")), (3, 1));
+    assert_eq!((dropped(&m, "pid_mismatch"), dropped(&m, "no_credentials"), dropped(&m, "not_selected")), (3, 1, 2));
     // 15 s of 1 000 datagrams/s, 8 records each on a new communicator every datagram.
     let mut sent = 0u64;
     for i in 0..15_000u64 {
         let recs: Vec<Record> = (0..8).map(|k| Record { comm_hash: i, ..rec(0, k, 30, 42) }).collect();
-        handle_datagram(&mut h, &datagram(4242, &recs, 0), peer(4242), &m, 1000.0 + i as f64 / 1000.0);
+        handle_datagram(&mut h, &datagram(4242, &recs, 0), peer(4242), |_| true, &m, 1000.0 + i as f64 / 1000.0);
         sent += 8;
     }
     let kept = h.plugin.procs[&4242].records;
@@ -106,8 +108,8 @@ fn plugin_records_replace_the_enqueue_times_of_their_process() {
     first.exit_ns = 1_000_028_010_000;
     h.push_call(first);
     h.push_call(uprobe(11, 0, 1_000_000_000_000));
-    handle_datagram(&mut h, &datagram(10, &[rec(0, 0, 30, 42), rec(0, 1, 100, 111)], 3), peer(10), &m, 1001.0);
-    handle_datagram(&mut h, b"garbage", peer(10), &m, 1001.0);
+    handle_datagram(&mut h, &datagram(10, &[rec(0, 0, 30, 42), rec(0, 1, 100, 111)], 3), peer(10), |_| true, &m, 1001.0);
+    handle_datagram(&mut h, b"garbage", peer(10), |_| true, &m, 1001.0);
     let calls = h.calls_since(0.0, 100);
     let views: Vec<_> = calls.iter().map(|c| c.view()).collect();
     // Process 10's uprobe call is replaced; 11's stays, timed at enqueue.

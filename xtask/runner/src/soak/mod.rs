@@ -91,6 +91,8 @@ const FD_READS: u32 = 7;
 const FD_SPAN: Duration = Duration::from_secs(3);
 /// Sampling period of the table.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+/// RLIMIT_NOFILE (soft and hard) the soak's agent runs under: the common default.
+const NOFILE_LIMIT: u64 = 1024;
 
 struct Row {
     t: f64,
@@ -260,7 +262,15 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
         storm_lib.display(),
         ns.name()
     );
-    let spec = AgentSpec { config, log_env: Some("warn".into()), args: vec!["--sysfs-root".into(), sys.display().to_string()], ..Default::default() };
+    // Under the common descriptor limit of 1 024 (soft and hard): the agent, its RDMA
+    // counter files and the attacks' 300 connections must fit (issue 38).
+    let spec = AgentSpec {
+        config,
+        log_env: Some("warn".into()),
+        args: vec!["--sysfs-root".into(), sys.display().to_string()],
+        nofile: Some(NOFILE_LIMIT),
+        ..Default::default()
+    };
     let mut agent = FaultAgent::start(dir, &spec)?;
     let sock = agent.sock.clone();
 
@@ -304,7 +314,14 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
         })
     };
 
-    let attacker = attack.then(|| attack::spawn(agent.addr.clone(), sock.clone(), stop.clone()));
+    let target = attack::Target {
+        addr: agent.addr.clone(),
+        marker_socket: sock.clone(),
+        profiler_socket: FaultAgent::profiler_socket(dir, &spec),
+        config: agent.config.clone(),
+        dir: dir.to_path_buf(),
+    };
+    let attacker = attack.then(|| attack::spawn(target, stop.clone()));
 
     // The table.
     let started = Instant::now();
@@ -485,6 +502,9 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
     if log.contains("panicked") {
         problems.push("the agent logged a panic".into());
     }
+    if log.contains("Too many open files") {
+        problems.push(format!("the agent ran out of descriptors under a limit of {NOFILE_LIMIT}"));
+    }
     drop(agent);
     if !problems.is_empty() {
         bail!("soak failed:\n  {}", problems.join("\n  "));
@@ -497,9 +517,20 @@ pub fn run(minutes: f64, attack: bool) -> Result<()> {
 /// failed, the flood counted as dropped markers; at least one round in a run of 90 s or more.
 fn attack_problems(a: &attack::AttackStats, metrics: &str, seconds: f64) -> Vec<String> {
     let dropped = metric_sum(metrics, "stepwise_markers_dropped_total", &[]);
+    let records_dropped = metric_sum(metrics, "stepwise_profiler_records_dropped_total", &[]);
     println!(
-        "soak attacks: {} rounds, {} markers sent ({dropped} dropped by admission control), {} idle connections held, {} of 10 x {} listings answered, {} scrapes during attacks, worst {:.0?}, {} failed",
-        a.rounds, a.markers_sent, a.idle_connections, a.listings, a.rounds, a.scrapes, a.worst_scrape, a.failed_scrapes
+        "soak attacks: {} rounds, {} markers sent ({dropped} dropped by admission control), {} forged profiler records sent ({records_dropped} dropped), {} idle connections held, {} of 10 x {} listings answered, {} second agents on the live sockets ({} misbehaved), {} scrapes during attacks, worst {:.0?}, {} failed",
+        a.rounds,
+        a.markers_sent,
+        a.profiler_records_sent,
+        a.idle_connections,
+        a.listings,
+        a.rounds,
+        a.second_agents,
+        a.second_agent_failures.len(),
+        a.scrapes,
+        a.worst_scrape,
+        a.failed_scrapes
     );
     let mut problems = Vec::new();
     if a.rounds == 0 && seconds >= 90.0 {
@@ -514,6 +545,12 @@ fn attack_problems(a: &attack::AttackStats, metrics: &str, seconds: f64) -> Vec<
     if a.markers_sent > 10_000 && dropped <= 0.0 {
         problems.push(format!("{} flood markers sent, none refused by admission control", a.markers_sent));
     }
+    // A quarter of the records claim the sender's pid and pass the credentials; the sender
+    // is not a selected process, so none is kept.
+    if a.profiler_records_sent > 10_000 && records_dropped < a.profiler_records_sent as f64 {
+        problems.push(format!("{} forged profiler records sent, only {records_dropped} dropped", a.profiler_records_sent));
+    }
+    problems.extend(a.second_agent_failures.iter().cloned());
     problems
 }
 
