@@ -101,19 +101,9 @@ impl Collectives {
     /// cookie, symbol) of one library, in one link; on failure, entry and return programs
     /// at each. Returns the probes attached.
     fn attach_session(&mut self, path: &Path, points: &[(u64, u64, String)], links: &mut Vec<AttachedLink>) -> usize {
-        if points.is_empty() {
-            return 0;
-        }
-        let offsets: Vec<(u64, u64)> = points.iter().map(|(o, c, _)| (*o, *c)).collect();
-        let what = points.iter().map(|p| p.2.as_str()).collect::<Vec<_>>().join(",");
-        match self.probes.attach_session(path, &offsets, &what) {
-            Ok(l) => {
-                links.push(l);
-                return points.len();
-            }
-            Err(e) => warn!("{e}; attaching entry and return programs instead"),
-        }
-        points.iter().filter(|(off, cookie, sym)| self.attach_pair(path, *off, sym, *cookie, links)).count()
+        self.attach_linked(path, points, links, |p, path, offsets, what| {
+            p.attach_session(path, offsets, what).map(|l| vec![l]).map_err(|e| warn!("{e}; attaching entry and return programs instead"))
+        })
     }
 
     /// At shutdown: hands every link to the detacher and waits (up to 3 s) until they are
@@ -133,17 +123,29 @@ impl Collectives {
     /// one library: two uprobe-multi links, or on failure a pair of perf-event uprobes at
     /// each. Returns the probes attached.
     fn attach_points(&mut self, path: &Path, points: &[(u64, u64, String)], links: &mut Vec<AttachedLink>) -> usize {
+        self.attach_linked(path, points, links, |p, path, offsets, what| {
+            p.attach_multi(path, offsets, what).map_err(|e| debug!("{e}; attaching one uprobe per program and probe instead"))
+        })
+    }
+
+    /// Links `points` with `link` (uprobe-multi links; it logs its own failure), or on
+    /// failure attaches entry and return perf-event uprobes at each. Returns the probes
+    /// attached.
+    fn attach_linked(
+        &mut self,
+        path: &Path,
+        points: &[(u64, u64, String)],
+        links: &mut Vec<AttachedLink>,
+        link: impl FnOnce(&mut crate::ebpf::Probes, &Path, &[(u64, u64)], &str) -> Result<Vec<AttachedLink>, ()>,
+    ) -> usize {
         if points.is_empty() {
             return 0;
         }
         let offsets: Vec<(u64, u64)> = points.iter().map(|(o, c, _)| (*o, *c)).collect();
         let what = points.iter().map(|p| p.2.as_str()).collect::<Vec<_>>().join(",");
-        match self.probes.attach_multi(path, &offsets, &what) {
-            Ok(l) => {
-                links.extend(l);
-                return points.len();
-            }
-            Err(e) => debug!("{e}; attaching one uprobe per program and probe instead"),
+        if let Ok(l) = link(&mut self.probes, path, &offsets, &what) {
+            links.extend(l);
+            return points.len();
         }
         points.iter().filter(|(off, cookie, sym)| self.attach_pair(path, *off, sym, *cookie, links)).count()
     }
