@@ -109,6 +109,7 @@ impl Collectives {
     /// At shutdown: hands every link to the detacher and waits (up to 3 s) until they are
     /// closed — links left open would be closed by the process's exit, one after another.
     pub(super) fn detach_all(&mut self) {
+        self.end_drain(true);
         let links: Vec<AttachedLink> = self.attached.values_mut().flat_map(|a| std::mem::take(&mut a.links)).collect();
         for l in links {
             self.probes.detach(l);

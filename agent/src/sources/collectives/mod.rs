@@ -420,8 +420,9 @@ impl Collectives {
                     self.metrics.observe(&c);
                     hist.push_call_timed(c, procs::launch_blocking(&proc.env));
                 }
-                // Posted after its window closed, while the links were torn down: not sampled.
-                Ok(Decoded::Net(n)) if !self.windows.contains(n.posted_ns) => {
+                // Posted after its window closed, or its completion first seen after the
+                // window's drain: not sampled.
+                Ok(Decoded::Net(n)) if !self.windows.sampled(n.posted_ns, n.completed_ns) => {
                     self.metrics.net_requests_unsampled.inc();
                 }
                 Ok(Decoded::Net(n)) => {
