@@ -1,10 +1,13 @@
 //! Stepwise eBPF programs: one uprobe and one uretprobe, attached by the agent to every
 //! probed library function, and one uprobe *session* program for asynchronous NCCL calls
-//! (entry and, per call, return; loaded by `agent/src/ebpf/session.rs`). The uprobe cookie
+//! (entry and, per call, return; loaded by `agent/src/ebpf/multi.rs`). The uprobe cookie
 //! (see `agent_common::cookie`) carries the probe id and capture flags, so one pair of
 //! programs serves every symbol; argument decoding happens in userspace.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(all(target_arch = "bpf", not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64"))))]
+compile_error!("the probes decode arguments for x86_64 and aarch64 only");
 
 #[cfg(target_arch = "bpf")]
 mod programs {
@@ -122,12 +125,53 @@ mod programs {
         }};
     }
 
-    /// The two stack argument words. SysV x86-64: at entry [rsp] is the return address,
-    /// stack arguments start at rsp+8.
+    /// Where the arguments passed in memory begin at entry. SysV x86-64: [rsp] is the return
+    /// address, they start at rsp+8.
+    #[cfg(bpf_target_arch = "x86_64")]
     #[inline(always)]
-    fn stack_words(rsp: u64) -> [u64; 2] {
+    fn memory_args(ctx: &ProbeContext) -> u64 {
+        // SAFETY: regs points at the probed thread's saved registers.
+        unsafe { (*ctx.regs).rsp + 8 }
+    }
+
+    /// AAPCS64: the return address is in the link register, memory arguments start at sp.
+    #[cfg(bpf_target_arch = "aarch64")]
+    #[inline(always)]
+    fn memory_args(ctx: &ProbeContext) -> u64 {
+        // SAFETY: regs points at the probed thread's saved registers.
+        unsafe { (*ctx.regs).sp }
+    }
+
+    /// Integer arguments 7 and 8 (the record's `stack` words). SysV x86-64 passes six in
+    /// registers, so these are the first two words in memory.
+    #[cfg(bpf_target_arch = "x86_64")]
+    #[inline(always)]
+    fn args_7_8(ctx: &ProbeContext) -> [u64; 2] {
+        let at = memory_args(ctx);
         // SAFETY: user memory reads through the helper; a fault yields an error, not a crash.
-        unsafe { [bpf_probe_read_user((rsp + 8) as *const u64).unwrap_or(0), bpf_probe_read_user((rsp + 16) as *const u64).unwrap_or(0)] }
+        unsafe { [bpf_probe_read_user(at as *const u64).unwrap_or(0), bpf_probe_read_user((at + 8) as *const u64).unwrap_or(0)] }
+    }
+
+    /// AAPCS64 passes eight integer arguments in registers: 7 and 8 are x6 and x7.
+    #[cfg(bpf_target_arch = "aarch64")]
+    #[inline(always)]
+    fn args_7_8(ctx: &ProbeContext) -> [u64; 2] {
+        [ctx.arg::<u64>(6).unwrap_or(0), ctx.arg::<u64>(7).unwrap_or(0)]
+    }
+
+    /// The integer return value at a session program's return (rax; x0).
+    #[cfg(bpf_target_arch = "x86_64")]
+    #[inline(always)]
+    fn return_value(ctx: &ProbeContext) -> u64 {
+        // SAFETY: regs points at the probed thread's saved registers.
+        unsafe { (*ctx.regs).rax }
+    }
+
+    #[cfg(bpf_target_arch = "aarch64")]
+    #[inline(always)]
+    fn return_value(ctx: &ProbeContext) -> u64 {
+        // SAFETY: regs points at the probed thread's saved registers.
+        unsafe { (*ctx.regs).regs[0] }
     }
 
     /// Saves the out-pointer argument the return will dereference (cookie deref index:
@@ -153,8 +197,6 @@ mod programs {
     /// [`KIND_ENTER_ALONE`] when no return will follow).
     #[inline(always)]
     fn record_enter(ctx: &ProbeContext, cookie: u64, kind: u32) {
-        // SAFETY: regs points at the probed thread's saved registers.
-        let rsp = unsafe { (*ctx.regs).rsp };
         if cookie & COOKIE_STACK_BLOB != 0 {
             let Some(mut entry) = EVENTS.reserve::<ProbeEvent>(0) else {
                 count_drop();
@@ -164,7 +206,7 @@ mod programs {
             let ev = unsafe { &mut *entry.as_mut_ptr() };
             fill_enter!(ev, ctx, cookie);
             ev.kind = kind;
-            ev.stack = stack_words(rsp);
+            ev.stack = args_7_8(ctx);
             // The stack arguments, or the object a register argument points at.
             let src = match (cookie >> COOKIE_BLOB_ARG_SHIFT) & 0xff {
                 1 => ev.args[0],
@@ -173,7 +215,7 @@ mod programs {
                 4 => ev.args[3],
                 5 => ev.args[4],
                 6 => ev.args[5],
-                _ => rsp + 8,
+                _ => memory_args(ctx),
             };
             // SAFETY: user memory read into the record's own buffer; a fault is an error.
             let ok = unsafe { bpf_probe_read_user_buf(src as *const u8, &mut ev.blob[..BLOB_BYTES]) }.is_ok();
@@ -190,7 +232,7 @@ mod programs {
             let ev = unsafe { &mut *entry.as_mut_ptr() };
             fill_enter!(ev, ctx, cookie);
             ev.kind = kind;
-            ev.stack = stack_words(rsp);
+            ev.stack = args_7_8(ctx);
             save_outptr(cookie, ev.tid, &ev.args, ev.stack);
             let flags = enter_flags(cookie, ev.pid);
             entry.submit(flags);
@@ -289,8 +331,7 @@ mod programs {
         // SAFETY: the context pointer is the program's own.
         let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
         if session_is_return() {
-            // SAFETY: regs points at the probed thread's saved registers.
-            record_exit(cookie, unsafe { (*ctx.regs).rax });
+            record_exit(cookie, return_value(&ctx));
             return 0;
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;

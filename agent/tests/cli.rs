@@ -1,10 +1,13 @@
 //! CLI polish through the built binary: shell completions (and bash actually completing with
 //! them), `--version`, and `--json` on the commands that print reports.
 
+mod common;
+use common::agent_command;
+
 use std::process::Command;
 
 fn agent(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent")).args(args).output().expect("run agent");
+    let out = agent_command().args(args).output().expect("run agent");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -95,7 +98,7 @@ fn a_closed_stdout_ends_the_command_quietly() {
     for (args, code) in cases {
         let (reader, writer) = std::io::pipe().expect("pipe");
         drop(reader);
-        let out = Command::new(env!("CARGO_BIN_EXE_agent")).args(args).stdout(writer).output().expect("run agent");
+        let out = agent_command().args(args).stdout(writer).output().expect("run agent");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "agent {args:?}: {err}");
         assert_eq!(out.status.code(), Some(code), "agent {args:?}: the command's own exit code; stderr {err}");

@@ -3,10 +3,10 @@
 //! hosts of 4 ranks, rank 5 on node-b 30 ms late in every step), plus a peer that never
 //! answers, one that answers garbage and one that refuses the connection.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+mod common;
+use common::agent_command;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::{routing::get, Json, Router};
 use serde_json::{json, Value};
@@ -18,7 +18,7 @@ use stepwise::{
 
 fn agent(args: &[&str]) -> (i32, String, String, Duration) {
     let t = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_agent")).arg("diagnose").args(args).output().expect("run agent");
+    let out = agent_command().arg("diagnose").args(args).output().expect("run agent");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), t.elapsed())
 }
 

@@ -1,7 +1,8 @@
 //! `agent model … --json` reproduces every **[check]** value of docs/models.md through the built
 //! binary, and bad input exits 2 with a clear message on stderr.
 
-use std::process::Command;
+mod common;
+use common::agent_command;
 
 use serde_json::Value;
 
@@ -9,7 +10,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 const KIB: f64 = 1024.0;
 
 fn agent(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent")).arg("model").args(args).output().expect("run agent");
+    let out = agent_command().arg("model").args(args).output().expect("run agent");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

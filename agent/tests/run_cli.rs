@@ -6,10 +6,13 @@
 //! nothing. Where the test has CAP_BPF or CAP_SYS_ADMIN (root) the collective probes are on,
 //! as in production: their thread is what kept the agent from exiting.
 
+mod common;
+use common::agent_command;
+
 use std::{
     net::TcpListener,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
@@ -44,7 +47,7 @@ fn one_serving_agent_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// `agent run` with `args`, stdin and stdout closed, stderr to `err_path`.
 fn spawn(args: &[&str], err_path: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_agent"))
+    agent_command()
         .arg("run")
         .args(args)
         .env_remove("STEPWISE_LOG_FORMAT")
@@ -228,8 +231,7 @@ fn a_sighup_during_start_up_reloads_instead_of_killing() {
 
 #[test]
 fn a_config_refused_with_a_json_log_is_a_json_line_too() {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_agent")).args(["run", "--log-format", "json", "--config", "/nonexistent/stepwise.toml"]).output().expect("run agent");
+    let out = agent_command().args(["run", "--log-format", "json", "--config", "/nonexistent/stepwise.toml"]).output().expect("run agent");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<serde_json::Value> = err.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"))).collect();
@@ -237,18 +239,14 @@ fn a_config_refused_with_a_json_log_is_a_json_line_too() {
     assert_eq!(lines[0]["level"], "ERROR");
     assert!(lines[0]["message"].as_str().is_some_and(|m| m.contains("cannot read config file /nonexistent/stepwise.toml")), "{err}");
     // Text (the default): the plain line, as before.
-    let out = Command::new(env!("CARGO_BIN_EXE_agent"))
-        .args(["run", "--config", "/nonexistent/stepwise.toml"])
-        .env_remove("STEPWISE_LOG_FORMAT")
-        .output()
-        .expect("run");
+    let out = agent_command().args(["run", "--config", "/nonexistent/stepwise.toml"]).env_remove("STEPWISE_LOG_FORMAT").output().expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("agent: cannot read config file"), "{out:?}");
 }
 
 #[test]
 fn an_unknown_log_format_is_a_usage_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent")).args(["run", "--log-format", "xml"]).output().expect("run agent");
+    let out = agent_command().args(["run", "--log-format", "xml"]).output().expect("run agent");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("xml") && err.contains("json") && err.contains("text"), "{err}");

@@ -83,11 +83,12 @@ pub const KIND_ENTER_ALONE: u32 = 3;
 /// The uprobe cookie carries the probe id and per-symbol capture flags, so one pair of
 /// programs serves every symbol:
 /// - bits 0..32: probe id, echoed in [`ProbeEvent::probe_id`];
-/// - bit 32 ([`COOKIE_STACK_BLOB`]): copy 128 bytes of stack arguments (from rsp+8) into
-///   [`ProbeEvent::blob`] at entry — NCCL's `ncclUniqueId` is passed by value there;
+/// - bit 32 ([`COOKIE_STACK_BLOB`]): copy 128 bytes of the arguments in memory (from rsp+8;
+///   sp on aarch64) into [`ProbeEvent::blob`] at entry — x86-64 passes NCCL's `ncclUniqueId`
+///   by value there (aarch64 passes a pointer to a copy: see [`COOKIE_BLOB_ARG_SHIFT`]);
 /// - bits 40..48 ([`COOKIE_DEREF_SHIFT`]): 1 + index of an out-pointer argument saved at entry
 ///   and read (8 bytes) at return into `args[1]` (the `ncclComm_t*` of `ncclCommInitRank`);
-///   indices 0..5 are register arguments, 6 and 7 the first two stack arguments;
+///   indices 0..5 are integer arguments 1-6, 6 and 7 arguments 7 and 8 (the `stack` words);
 /// - bits 48..56 ([`COOKIE_BLOB_ARG_SHIFT`]): with [`COOKIE_STACK_BLOB`], 1 + index of a
 ///   register argument the blob is copied *from* instead of the stack: the object a pointer
 ///   or reference argument names (gloo's `*Options`, whose first word is the context; a
@@ -150,13 +151,15 @@ pub struct ProbeEvent {
     pub has_blob: u32,
     /// 1 if `args[1]` of a return event holds the dereferenced out-pointer.
     pub has_deref: u32,
-    /// rdi, rsi, rdx, rcx, r8, r9 at entry; `args[0]` = rax at return, `args[1]` the
-    /// dereferenced out-pointer.
+    /// Integer arguments 1-6 at entry (rdi, rsi, rdx, rcx, r8, r9 on x86-64; x0-x5 on
+    /// aarch64); `args[0]` = the return value (rax; x0) at return, `args[1]` the dereferenced
+    /// out-pointer.
     pub args: [u64; 6],
-    /// The first two 8-byte stack arguments ([rsp+8], [rsp+16]) at entry
-    /// (only with [`COOKIE_STACK_ARGS`] or [`COOKIE_STACK_BLOB`]).
+    /// Integer arguments 7 and 8 at entry: the first two words in memory on x86-64 ([rsp+8],
+    /// [rsp+16]), x6 and x7 on aarch64 (only with [`COOKIE_STACK_ARGS`] or [`COOKIE_STACK_BLOB`]).
     pub stack: [u64; 2],
-    /// 128 bytes of stack arguments (only with [`COOKIE_STACK_BLOB`]).
+    /// 128 bytes of the arguments passed in memory (rsp+8 on x86-64, sp on aarch64), or of the
+    /// object a register argument points at (only with [`COOKIE_STACK_BLOB`]).
     pub blob: [u8; BLOB_BYTES],
 }
 

@@ -5,6 +5,16 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+/// Debian/Ubuntu multiarch library directories of the agent's architecture.
+#[cfg(target_arch = "aarch64")]
+const MULTIARCH_LIB: &str = "/usr/lib/aarch64-linux-gnu";
+#[cfg(target_arch = "aarch64")]
+const MULTIARCH_ROOT_LIB: &str = "/lib/aarch64-linux-gnu";
+#[cfg(not(target_arch = "aarch64"))]
+const MULTIARCH_LIB: &str = "/usr/lib/x86_64-linux-gnu";
+#[cfg(not(target_arch = "aarch64"))]
+const MULTIARCH_ROOT_LIB: &str = "/lib/x86_64-linux-gnu";
+
 /// `[collectives]` configuration.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -62,7 +72,7 @@ impl Default for CollectivesConfig {
             sample_window: Duration::from_millis(200),
             sample_every: Duration::from_secs(10),
             proc_root: PathBuf::from("/proc"),
-            library_dirs: ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib"].iter().map(PathBuf::from).collect(),
+            library_dirs: [MULTIARCH_LIB, MULTIARCH_ROOT_LIB, "/usr/lib64", "/usr/local/lib"].iter().map(PathBuf::from).collect(),
             host: None,
             pod_logs: PathBuf::from("/var/log/pods"),
             profiler_socket: PathBuf::from(nccl_profiler::sender::DEFAULT_SOCKET),
@@ -114,8 +124,8 @@ pub struct UserProbe {
     pub symbol: String,
     /// Operation name reported in metrics and the API.
     pub op: String,
-    /// Argument index (0-based, SysV order; 6 and 7 are the first stack arguments) holding
-    /// the element count, if any.
+    /// Integer argument index (0-based; 6 and 7 are the 7th and 8th arguments: in memory on
+    /// x86-64, in x6/x7 on aarch64) holding the element count, if any.
     pub count_arg: Option<u8>,
     /// Bytes per element.
     #[serde(default = "one")]

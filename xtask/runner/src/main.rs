@@ -1,6 +1,7 @@
 //! The tasks behind `cargo xtask` (see xtask/src/main.rs, which runs the machine set-up first
 //! and then this binary with the same arguments).
 
+mod cross;
 mod fresh;
 mod fuzz;
 mod man;

@@ -45,7 +45,7 @@ fn build_agent(release: bool) -> Result<PathBuf> {
 
 /// Test tiers. With no argument every tier runs, in this order.
 pub fn test(args: &[String]) -> Result<()> {
-    let all = ["lint", "fresh-build", "unit", "integration", "ecosystem", "fuzz", "soak"];
+    let all = ["lint", "fresh-build", "unit", "aarch64", "integration", "ecosystem", "fuzz", "soak"];
     let tiers: Vec<&str> = if args.is_empty() { all.to_vec() } else { args.iter().map(String::as_str).collect() };
     for t in &tiers {
         if !all.contains(t) {
@@ -72,6 +72,8 @@ pub fn test(args: &[String]) -> Result<()> {
                 sh(cargo().args(["build", "-p", "nccl-profiler"]))?;
                 sh(cargo().args(["test", "-p", "agent", "-p", "agent-common", "-p", "agent-ebpf-object", "-p", "nccl-profiler"]))?
             }
+            // The agent cross-built for aarch64 (Grace) and its unit tests under qemu-user.
+            "aarch64" => crate::cross::check()?,
             // Privileged tiers: real kernel (netns/veth/tc), real Prometheus, fixtures. Against
             // the release agent, as users run it: the accuracy scenarios use the shipped
             // defaults, whose fast lane reads as often as a 1 % CPU budget allows — about

@@ -13,7 +13,7 @@ use super::{
     decode::ProbeInfo,
     elf::SymbolTable,
     procs::FileKey,
-    targets::{Family, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
+    targets::{Family, ProbeSpec, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
     Attachment, Collectives,
 };
 use crate::ebpf::AttachedLink;
@@ -54,16 +54,7 @@ impl Collectives {
             self.next_probe_id += 1;
             probe_ids.push(id);
             self.decoder.register(id, ProbeInfo { family: spec.family, op: spec.op, decoder: spec.decoder, user_op: spec.user_op.clone() });
-            let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
-            if let Some(a) = spec.blob_from {
-                cookie = agent_common::blob_from_arg(cookie, a);
-            }
-            if spec.sampled {
-                cookie |= agent_common::COOKIE_LAZY_WAKE;
-            }
-            if spec.reads_stack_args() {
-                cookie |= agent_common::COOKIE_STACK_ARGS;
-            }
+            let cookie = probe_cookie(id, spec);
             if spec.sampled {
                 sampled.push((off, cookie, sym));
                 continue;
@@ -186,4 +177,20 @@ impl Collectives {
             }
         }
     }
+}
+
+/// The uprobe cookie of probe `id`: what the eBPF program captures for `spec` (stack words, the
+/// 128-byte blob and where from, the out-pointer, lazy wake-ups).
+pub(super) fn probe_cookie(id: u32, spec: &ProbeSpec) -> u64 {
+    let mut cookie = agent_common::cookie(id, spec.stack_blob, spec.deref.map(|a| a.deref_index()));
+    if let Some(a) = spec.blob_from {
+        cookie = agent_common::blob_from_arg(cookie, a);
+    }
+    if spec.sampled {
+        cookie |= agent_common::COOKIE_LAZY_WAKE;
+    }
+    if spec.reads_stack_args() {
+        cookie |= agent_common::COOKIE_STACK_ARGS;
+    }
+    cookie
 }

@@ -1,6 +1,8 @@
 //! What to probe: per library family, the symbols and how to decode their arguments.
-//! Register positions follow the SysV x86-64 ABI (docs/platform-facts.md §3): integer arguments in
-//! rdi, rsi, rdx, rcx, r8, r9 (`Arg::Reg(0..6)`), then the stack (`Arg::Stack(0..2)`).
+//! Integer arguments 1-6 are `Arg::Reg(0..6)`: rdi, rsi, rdx, rcx, r8, r9 on x86-64 (SysV) and
+//! x0-x5 on aarch64 (AAPCS64). Arguments 7 and 8 are `Arg::Stack(0..2)`: the first two words in
+//! memory on x86-64, x6 and x7 on aarch64 — the eBPF program puts them in the record's `stack`
+//! words on both, so only an argument passed differently ([`Abi`]) needs a second layout.
 
 use serde::Serialize;
 
@@ -231,9 +233,28 @@ fn spec(family: Family, names: &[&str], op: Op, decoder: Decoder) -> ProbeSpec {
 
 use Arg::{Reg, Stack};
 
-/// NCCL (`libnccl.so*`). `ncclX` is a weak alias of `pncclX` at the same address; the
-/// strong name is tried first and the attach is done once per file offset.
+/// The calling convention of the probed processes. The agent probes processes of its own
+/// architecture, so it is the agent's ([`Abi::HOST`]); tests build both layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abi {
+    /// x86-64 System V.
+    SysV64,
+    /// aarch64 AAPCS64 (Grace).
+    Aapcs64,
+}
+
+impl Abi {
+    pub const HOST: Abi = if cfg!(target_arch = "aarch64") { Abi::Aapcs64 } else { Abi::SysV64 };
+}
+
+/// NCCL (`libnccl.so*`) as the agent's architecture calls it.
 pub fn nccl() -> Target {
+    nccl_for(Abi::HOST)
+}
+
+/// NCCL under calling convention `abi`. `ncclX` is a weak alias of `pncclX` at the same
+/// address; the strong name is tried first and the attach is done once per file offset.
+pub fn nccl_for(abi: Abi) -> Target {
     let f = Family::Nccl;
     let data = |count, dtype, comm| Decoder::Data { count, dtype, comm: Some(comm) };
     let mut probes = vec![
@@ -263,8 +284,20 @@ pub fn nccl() -> Target {
     ]);
     // (ncclComm_t* comm, int nranks, ncclUniqueId commId /* 128 B by value */, int rank [, config])
     for name in [["pncclCommInitRank", "ncclCommInitRank"], ["pncclCommInitRankConfig", "ncclCommInitRankConfig"]] {
-        let mut s = spec(f, &name, Op::CommInit, Decoder::NcclInit { nranks: Reg(1), rank: Reg(2) });
-        s.stack_blob = true;
+        let mut s = match abi {
+            // The id is passed in memory and takes no register: rank is the third.
+            Abi::SysV64 => {
+                let mut s = spec(f, &name, Op::CommInit, Decoder::NcclInit { nranks: Reg(1), rank: Reg(2) });
+                s.stack_blob = true;
+                s
+            }
+            // A composite over 16 bytes is copied by the caller and passed as a pointer (x2).
+            Abi::Aapcs64 => {
+                let mut s = spec(f, &name, Op::CommInit, Decoder::NcclInit { nranks: Reg(1), rank: Reg(3) });
+                s.blob_from = Some(2);
+                s
+            }
+        };
         s.deref = Some(Reg(0));
         s.optional = name[0].ends_with("Config");
         probes.push(s);
@@ -491,7 +524,7 @@ mod tests {
             assert_eq!(p.symbols[0], format!("p{}", p.symbols[1]));
         }
         let init = t.probes.iter().find(|p| p.op == Op::CommInit).expect("init");
-        assert!(init.stack_blob && init.deref == Some(Reg(0)));
+        assert_eq!(init.deref, Some(Reg(0)));
         assert!(t.probes.iter().any(|p| p.op == Op::NetTest && p.sampled));
     }
 

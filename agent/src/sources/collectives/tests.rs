@@ -4,7 +4,7 @@ use agent_common::{ProbeEvent, KIND_ENTER, KIND_ENTER_ALONE, KIND_EXIT};
 
 use super::{
     decode::{fnv1a, CallDecoder, CommId, DecodeError, Decoded, ProbeInfo, ProcInfo},
-    targets::{self, Family, Op},
+    targets::{self, Abi, Family, Op},
 };
 
 fn ev(kind: u32, probe_id: u32, tid: u32, ts: u64, args: [u64; 6]) -> ProbeEvent {
@@ -13,8 +13,12 @@ fn ev(kind: u32, probe_id: u32, tid: u32, ts: u64, args: [u64; 6]) -> ProbeEvent
 
 /// A decoder with the NCCL table registered under ids 1.. in table order.
 fn nccl_decoder() -> (CallDecoder, impl Fn(Op) -> u32) {
+    nccl_decoder_for(Abi::HOST)
+}
+
+fn nccl_decoder_for(abi: Abi) -> (CallDecoder, impl Fn(Op) -> u32) {
     let mut d = CallDecoder::default();
-    let t = targets::nccl();
+    let t = targets::nccl_for(abi);
     let ids: Vec<(Op, u32)> = t.probes.iter().enumerate().map(|(i, p)| (p.op, i as u32 + 1)).collect();
     for (i, p) in t.probes.iter().enumerate() {
         d.register(i as u32 + 1, ProbeInfo { family: p.family, op: p.op, decoder: p.decoder, user_op: None });
@@ -22,8 +26,22 @@ fn nccl_decoder() -> (CallDecoder, impl Fn(Op) -> u32) {
     (d, move |op| ids.iter().find(|(o, _)| *o == op).map(|(_, i)| *i).expect("op in table"))
 }
 
+/// The registers of `ncclCommInitRank(comm*, nranks, id, rank)` at entry: SysV passes the
+/// 128-byte id in memory (rank is the third register), AAPCS64 a pointer to a copy of it in x2.
+fn init_args(abi: Abi, nranks: u64, rank: u64) -> [u64; 6] {
+    match abi {
+        Abi::SysV64 => [0x7000, nranks, rank, 0, 0, 0],
+        Abi::Aapcs64 => [0x7000, nranks, 0x7fff_f000, rank, 0, 0],
+    }
+}
+
 fn init(d: &mut CallDecoder, id: u32, tid: u32, comm_handle: u64, uid: u8, nranks: u64, rank: u64) -> CommId {
-    let mut e = ev(KIND_ENTER, id, tid, 10, [0x7000, nranks, rank, 0, 0, 0]);
+    init_as(Abi::HOST, d, id, tid, comm_handle, uid, nranks, rank)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn init_as(abi: Abi, d: &mut CallDecoder, id: u32, tid: u32, comm_handle: u64, uid: u8, nranks: u64, rank: u64) -> CommId {
+    let mut e = ev(KIND_ENTER, id, tid, 10, init_args(abi, nranks, rank));
     e.blob = [uid; 128];
     e.has_blob = 1;
     assert_eq!(d.feed(&e, &ProcInfo::default()), Ok(Decoded::Nothing));
@@ -56,6 +74,21 @@ fn nccl_allreduce_decodes_bytes_comm_rank_and_seq() {
         assert_eq!((c.rank, c.nranks, c.seq), (Some(3), Some(8), Some(seq)));
         assert_eq!((c.enter_ns, c.exit_ns), (100 + seq * 10, 105 + seq * 10));
         assert_eq!(c.ret, Some(0));
+    }
+}
+
+#[test]
+fn comm_init_decodes_under_both_calling_conventions() {
+    for abi in [Abi::SysV64, Abi::Aapcs64] {
+        let (mut d, id) = nccl_decoder_for(abi);
+        let comm = init_as(abi, &mut d, id(Op::CommInit), 7, 0xabc0, 0x33, 16, 11);
+        assert_eq!(comm, CommId(fnv1a(&[&[0x33; 128]])), "{abi:?}");
+        let spec = targets::nccl_for(abi).probes.into_iter().find(|p| p.op == Op::CommInit).expect("init");
+        // SysV: the id is the first 128 bytes in memory; AAPCS64: what x2 points at.
+        let cookie = super::attach::probe_cookie(1, &spec);
+        let from = (cookie >> agent_common::COOKIE_BLOB_ARG_SHIFT) & 0xff;
+        assert_ne!(cookie & agent_common::COOKIE_STACK_BLOB, 0, "{abi:?}");
+        assert_eq!(from, if abi == Abi::SysV64 { 0 } else { 3 }, "{abi:?}: 1 + the register the id is copied from");
     }
 }
 
