@@ -167,7 +167,7 @@ fn lock_checksums() -> Result<BTreeMap<(String, String), String>> {
 }
 
 /// CycloneDX 1.5 JSON of the packages the agent and the NCCL profiler plugin link (normal
-/// dependencies, every target platform), with their licences, purls, crate checksums and
+/// dependencies, every target platform, features as `cargo build -p` resolves them), with their licences, purls, crate checksums and
 /// dependency graph. Deterministic: the serial number derives from Cargo.lock, the timestamp
 /// is the commit's.
 pub fn sbom(version: &str) -> Result<Value> {
@@ -203,6 +203,20 @@ pub fn sbom(version: &str) -> Result<Value> {
             todo.extend(nodes.get(id.as_str()).map(|n| normal(n)).unwrap_or_default());
         }
     }
+    // `cargo metadata` resolves features for the whole workspace at once (tests and xtask
+    // turn on features that pull in more crates); `cargo tree -p` resolves them as
+    // `cargo build -p` does: keep only what it finds.
+    let tree = crate::tasks::cargo_cmd()
+        .args(["tree", "--locked", "-p", "agent", "-p", "nccl-profiler", "-e", "normal", "--target", "all", "--prefix", "none", "--format", "{p}"])
+        .output()?;
+    if !tree.status.success() {
+        bail!("cargo tree: {}", String::from_utf8_lossy(&tree.stderr));
+    }
+    let built: BTreeSet<String> = String::from_utf8_lossy(&tree.stdout).lines().filter_map(|l| l.split(" (").next()).map(|l| l.trim().to_string()).collect();
+    seen.retain(|id| {
+        pkgs.get(id.as_str()).is_some_and(|p| built.contains(&format!("{} v{}", p["name"].as_str().unwrap_or(""), p["version"].as_str().unwrap_or(""))))
+    });
+    let normal = |n: &Value| -> Vec<String> { normal(n).into_iter().filter(|d| seen.contains(d)).collect() };
     let sums = lock_checksums()?;
     let mut components = Vec::new();
     let mut deps = Vec::new();

@@ -152,6 +152,20 @@ fn sbom(text: &str) -> Result<()> {
             want.difference(&got).collect::<Vec<_>>()
         );
     }
+    if got.iter().any(|c| c.starts_with("tempfile v")) {
+        bail!("SBOM lists tempfile, a dev-dependency only");
+    }
+    let refs: BTreeSet<&str> = comps.iter().filter_map(|c| c["bom-ref"].as_str()).collect();
+    let dangling: Vec<&Value> = bom["dependencies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|d| d["dependsOn"].as_array().into_iter().flatten())
+        .filter(|r| !r.as_str().is_some_and(|r| refs.contains(r)))
+        .collect();
+    if !dangling.is_empty() {
+        bail!("SBOM dependencies name refs that are not components: {dangling:?}");
+    }
     let lock = std::fs::read_to_string(root().join("Cargo.lock"))?;
     let aya = comps.iter().find(|c| c["name"] == "aya").context("no aya in the SBOM")?;
     let block = lock.split("[[package]]").find(|b| b.contains("\nname = \"aya\"\n")).context("aya in Cargo.lock")?;
