@@ -203,16 +203,7 @@ pub fn sbom(version: &str) -> Result<Value> {
             todo.extend(nodes.get(id.as_str()).map(|n| normal(n)).unwrap_or_default());
         }
     }
-    // `cargo metadata` resolves features for the whole workspace at once (tests and xtask
-    // turn on features that pull in more crates); `cargo tree -p` resolves them as
-    // `cargo build -p` does: keep only what it finds.
-    let tree = crate::tasks::cargo_cmd()
-        .args(["tree", "--locked", "-p", "agent", "-p", "nccl-profiler", "-e", "normal", "--target", "all", "--prefix", "none", "--format", "{p}"])
-        .output()?;
-    if !tree.status.success() {
-        bail!("cargo tree: {}", String::from_utf8_lossy(&tree.stderr));
-    }
-    let built: BTreeSet<String> = String::from_utf8_lossy(&tree.stdout).lines().filter_map(|l| l.split(" (").next()).map(|l| l.trim().to_string()).collect();
+    let built = built_crates()?;
     seen.retain(|id| {
         pkgs.get(id.as_str()).is_some_and(|p| built.contains(&format!("{} v{}", p["name"].as_str().unwrap_or(""), p["version"].as_str().unwrap_or(""))))
     });
@@ -254,6 +245,19 @@ pub fn sbom(version: &str) -> Result<Value> {
         "components": components,
         "dependencies": deps,
     }))
+}
+
+/// "name vX.Y.Z" of every crate in the shipped binaries. `cargo metadata` resolves features
+/// for the whole workspace at once (tests and xtask turn on features that pull in more
+/// crates); `cargo tree -p` resolves them as `cargo build -p` does.
+fn built_crates() -> Result<BTreeSet<String>> {
+    let tree = crate::tasks::cargo_cmd()
+        .args(["tree", "--locked", "-p", "agent", "-p", "nccl-profiler", "-e", "normal", "--target", "all", "--prefix", "none", "--format", "{p}"])
+        .output()?;
+    if !tree.status.success() {
+        bail!("cargo tree: {}", String::from_utf8_lossy(&tree.stderr));
+    }
+    Ok(String::from_utf8_lossy(&tree.stdout).lines().filter_map(|l| l.split(" (").next()).map(|l| l.trim().to_string()).collect())
 }
 
 fn sha256_hex(file: &Path) -> Result<String> {
