@@ -27,6 +27,20 @@ pub fn sh(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+pub(crate) fn cargo_cmd() -> Command {
+    cargo()
+}
+
+/// The ecosystem tier's pinned helm (installed into the cache if it is not there).
+pub(crate) fn ecosystem_helm() -> Result<PathBuf> {
+    ecosystem::helm()
+}
+
+/// `cargo xtask chart-readme`: regenerates deploy/helm/stepwise/README.md from values.yaml.
+pub fn chart_readme(_args: &[String]) -> Result<()> {
+    ecosystem::chart_readme()
+}
+
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
@@ -83,7 +97,14 @@ pub fn test(args: &[String]) -> Result<()> {
                 sh(cargo().args(["test", "-p", "stepwise-tests", "-p", "xtask-runner"]).env("STEPWISE_AGENT_BIN", bin))?;
             }
             // Dashboards, deployment and least privilege, checked by the real tools (issue 6).
-            "ecosystem" => ecosystem::run(&build_agent(true)?, !(args.is_empty() || args.iter().any(|a| a == "integration")))?,
+            // $STEPWISE_AGENT_BIN: an agent already built (a quicker run while editing deploy/).
+            "ecosystem" => {
+                let agent = match std::env::var_os("STEPWISE_AGENT_BIN") {
+                    Some(p) => PathBuf::from(p),
+                    None => build_agent(true)?,
+                };
+                ecosystem::run(&agent, !(args.is_empty() || args.iter().any(|a| a == "integration")))?
+            }
             // Every parser of outside input under libFuzzer + ASan for a few seconds each (issue 7).
             "fuzz" => crate::fuzz::brief()?,
             // The agent under jobs, storms and counter faults for 10 minutes

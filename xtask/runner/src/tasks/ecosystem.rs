@@ -7,9 +7,12 @@
 //! Tools are installed into a cache (`$STEPWISE_CACHE_DIR`, else `~/.cache/stepwise`) at
 //! pinned versions the first time, and reused after: a second run installs nothing.
 
+mod chart;
 mod dashboards;
 mod deploy;
 mod image;
+mod readme;
+mod release;
 mod tools;
 
 use std::{
@@ -30,6 +33,8 @@ pub fn run(agent: &Path, rust_tests: bool) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     step("dashboards: regenerate and compare, type-check against @grafana/schema", || dashboards::check(&t, &work))?;
     step("deploy: kustomize + helm render, lint, kubernetes-validate, same objects, security context", || deploy::check(&t, &work, agent))?;
+    step("chart: two releases side by side, overrides, kube-rbac-proxy, README from values.yaml", || chart::check(&t, &work))?;
+    step("release: actionlint .github/workflows/release.yml, cargo xtask release --dry-run", || release::check(&t, &work))?;
     step("deploy: systemd unit", || deploy::systemd(agent, &work))?;
     step("deploy: container image", || image::check(&t, &work, agent))?;
     if rust_tests {
@@ -42,6 +47,16 @@ pub fn run(agent: &Path, rust_tests: bool) -> Result<()> {
         eprintln!("(tests/tests/dashboards.rs and capabilities.rs run in the integration tier)");
     }
     Ok(())
+}
+
+/// The pinned helm, for `cargo xtask release`.
+pub fn helm() -> Result<PathBuf> {
+    Ok(tools::ensure()?.helm)
+}
+
+/// `cargo xtask chart-readme`.
+pub fn chart_readme() -> Result<()> {
+    readme::write(&tools::ensure()?)
 }
 
 fn step(what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {

@@ -38,12 +38,16 @@ pub fn check(t: &Tools, work: &Path, agent: &Path) -> Result<()> {
     const MON: &[&str] = &["--api-versions", "monitoring.coreos.com/v1"];
     let template = |extra: &[&str]| -> Result<String> {
         Ok(stdout(&run_ok(
-            Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "stepwise", "--set", "createNamespace=true"]).args(extra),
+            Command::new(&t.helm)
+                .args(["template", "stepwise-agent"])
+                .arg(&chart)
+                .args(["--namespace", "stepwise", "--set", "createNamespace=true"])
+                .args(extra),
         )?))
     };
     let helm = template(MON)?;
     let helm_pm = template(&[MON, &["--set", "serviceMonitor.enabled=false", "--set", "podMonitor.enabled=true"]].concat())?;
-    let helm_plain = stdout(&run_ok(Command::new(&t.helm).args(["template", "stepwise"]).arg(&chart).args(["--namespace", "gpu-observability"]))?);
+    let helm_plain = stdout(&run_ok(Command::new(&t.helm).args(["template", "stepwise-agent"]).arg(&chart).args(["--namespace", "gpu-observability"]))?);
     let helm_port = template(
         &[
             MON,
@@ -302,7 +306,8 @@ fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, o
     );
     let ing = &np["spec"]["ingress"][0];
     want(
-        np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "stepwise-agent"
+        np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "stepwise"
+            && np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "stepwise-agent"
             && ing["ports"][0]["port"] == 9501
             && ing["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring",
         format!("NetworkPolicy: the agent pods, port 9501, from networkPolicy.from: {}", np["spec"]),
@@ -320,7 +325,7 @@ fn chart_values(t: &Tools, work: &Path, chart: &Path, plain: &str, port: &str, o
         ("image.pullPolicy=Sometimes", vec!["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
         ("config setting listen", vec!["-f", bad_config.to_str().context("utf8")?], "must not set `listen`"),
     ] {
-        let out = Command::new(&t.helm).args(["template", "stepwise"]).arg(chart).args(&args).output()?;
+        let out = Command::new(&t.helm).args(["template", "stepwise-agent"]).arg(chart).args(&args).output()?;
         let err = String::from_utf8_lossy(&out.stderr);
         if out.status.success() || !err.contains(expect) {
             bail!("helm template {what}: expected a refusal naming {expect:?}, got {} {err}", out.status);
@@ -431,7 +436,7 @@ fn markers_route(t: &Tools, work: &Path, agent: &Path, options: &str, example: &
 /// kubernetes-validate (strict: unknown fields refused) of every render, for each Kubernetes
 /// version (one run per version: the tool takes seconds to load its schemas). It has no
 /// schema for the Prometheus Operator kinds; [`monitors`] checks those.
-fn validate(t: &Tools, work: &Path, renders: &[(&str, &String)]) -> Result<()> {
+pub(super) fn validate(t: &Tools, work: &Path, renders: &[(&str, &String)]) -> Result<()> {
     let mut all = String::new();
     let mut core = 0;
     for (name, yaml) in renders {
@@ -459,7 +464,7 @@ fn validate(t: &Tools, work: &Path, renders: &[(&str, &String)]) -> Result<()> {
 }
 
 /// ServiceMonitor/PodMonitor against the CRD schemas of @kubernetes-models/prometheus-operator.
-fn monitors(t: &Tools, work: &Path, name: &str, docs: &[Value]) -> Result<()> {
+pub(super) fn monitors(t: &Tools, work: &Path, name: &str, docs: &[Value]) -> Result<()> {
     let monitors: Vec<&Value> = docs.iter().filter(|d| d["apiVersion"] == "monitoring.coreos.com/v1").collect();
     let script = "const docs = JSON.parse(require('fs').readFileSync(0, 'utf8'));\nfor (const d of docs) {\n  const { [d.kind]: Model } = require(process.argv[2] + '/node_modules/@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/' + d.kind);\n  new Model(d).validate();\n  console.log(d.kind + '/' + d.metadata.name + ' valid');\n}\n";
     let js = write(work, "validate-monitors.js", script)?;

