@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     decode::ProbeInfo,
-    elf::SymbolTable,
+    elf::{ElfError, SymbolTable},
     procs::FileKey,
     targets::{Family, ProbeSpec, OMPI_COMM_NULL, OMPI_COMM_WORLD, OMPI_DATATYPES},
     Attachment, Collectives,
@@ -28,6 +28,10 @@ impl Collectives {
         }
         let symbols = match SymbolTable::read(path, &wanted) {
             Ok(s) => s,
+            Err(e @ ElfError::ForeignArch { .. }) => {
+                debug!("{e}");
+                return;
+            }
             Err(e) => {
                 warn!("{e}");
                 self.metrics.decode_error("elf");

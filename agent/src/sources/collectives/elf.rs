@@ -21,7 +21,14 @@ pub enum ElfError {
         #[source]
         source: object::Error,
     },
+    /// A library built for another architecture (a multiarch directory of the other one: the
+    /// image and its config serve x86-64 and aarch64 nodes alike). Not probed.
+    #[error("{path} is built for {arch:?}, not for this host")]
+    ForeignArch { path: String, arch: object::Architecture },
 }
+
+/// The architecture of the processes this agent probes: its own.
+pub const HOST_ARCH: object::Architecture = if cfg!(target_arch = "aarch64") { object::Architecture::Aarch64 } else { object::Architecture::X86_64 };
 
 /// Symbols of one file, by name.
 #[derive(Debug, Default, Clone)]
@@ -42,6 +49,9 @@ impl SymbolTable {
         // fault, which is the same risk every ELF reader (and the dynamic loader) takes.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ElfError::Open { path: p.clone(), source })?;
         let obj = object::File::parse(&*map).map_err(|source| ElfError::Parse { path: p.clone(), source })?;
+        if obj.architecture() != HOST_ARCH {
+            return Err(ElfError::ForeignArch { path: p, arch: obj.architecture() });
+        }
         let translate = matches!(obj.kind(), ObjectKind::Dynamic | ObjectKind::Executable);
         let mut syms = HashMap::new();
         for sym in obj.dynamic_symbols().chain(obj.symbols()) {
@@ -86,5 +96,20 @@ mod tests {
         std::fs::write(&junk, b"not an elf file at all").expect("write");
         assert!(matches!(SymbolTable::read(&junk, &["x"]), Err(ElfError::Parse { .. })));
         assert!(matches!(SymbolTable::read(&dir.path().join("missing.so"), &["x"]), Err(ElfError::Open { .. })));
+    }
+
+    #[test]
+    fn a_library_of_the_other_architecture_is_refused_by_name() {
+        let mut bytes = std::fs::read(std::env::current_exe().expect("exe")).expect("read self");
+        // e_machine (ELF header offset 18): EM_AARCH64 = 183, EM_X86_64 = 62.
+        let other: u16 = if HOST_ARCH == object::Architecture::Aarch64 { 62 } else { 183 };
+        bytes[18..20].copy_from_slice(&other.to_le_bytes());
+        let dir = tempfile::tempdir().expect("tmp");
+        let lib = dir.path().join("libnccl.so.2");
+        std::fs::write(&lib, &bytes).expect("write");
+        match SymbolTable::read(&lib, &["main"]) {
+            Err(ElfError::ForeignArch { arch, .. }) => assert_ne!(arch, HOST_ARCH),
+            other => panic!("a foreign library was read: {other:?}"),
+        }
     }
 }

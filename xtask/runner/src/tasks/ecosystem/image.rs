@@ -66,6 +66,12 @@ fn shape(recipe: &str) -> Result<()> {
     if !recipe.contains(&format!("bpf-linker@{linker}")) || !recipe.contains("rust-src") {
         errs.push(format!("the build stage needs nightly rust-src and bpf-linker@{linker}, as xtask/setup.sh installs"));
     }
+    // Multi-arch: the build stage runs natively and cross-compiles with the toolchain the
+    // aarch64 tier tests (xtask/runner/src/cross.rs).
+    let cross = crate::cross::TARGET;
+    if !froms.first().is_some_and(|f| f.contains("--platform=$BUILDPLATFORM")) || !recipe.contains(cross) || !recipe.contains("gcc-aarch64-linux-gnu") {
+        errs.push(format!("the build stage runs on $BUILDPLATFORM and cross-builds {cross} with gcc-aarch64-linux-gnu"));
+    }
     if froms.get(1).is_none_or(|f| !f.contains("distroless/cc")) {
         errs.push("the runtime stage is a glibc-only base (distroless/cc)".into());
     }
@@ -85,7 +91,7 @@ fn shape(recipe: &str) -> Result<()> {
     if !errs.is_empty() {
         bail!("deploy/Dockerfile:\n  {}", errs.join("\n  "));
     }
-    eprintln!("Dockerfile: 2 stages (rust {minor} + nightly rust-src + bpf-linker@{linker} → distroless/cc), the binary and the profiler plugin, ENTRYPOINT/CMD as the DaemonSet runs it, uid 0");
+    eprintln!("Dockerfile: 2 stages (rust {minor} + nightly rust-src + bpf-linker@{linker}, cross-building amd64/arm64 → distroless/cc), the binary and the profiler plugin, ENTRYPOINT/CMD as the DaemonSet runs it, uid 0");
     Ok(())
 }
 
