@@ -10,8 +10,9 @@
 //! - Per communicator NCCL gets a [`ChainCtx`] holding Stepwise's context and the chained
 //!   plugin's, and is told the union of both activation masks.
 //! - Per event NCCL gets a [`Link`]: Stepwise's handle and the chained plugin's. An event
-//!   reaches Stepwise only when its type is in Stepwise's mask and the chained plugin only when
-//!   it is in the mask that plugin asked for; descriptors go to it converted to its version
+//!   reaches Stepwise only when its type is in Stepwise's mask, and the chained plugin only
+//!   when NCCL would have given it that event alone ([`delivered`]: the types of its mask and
+//!   the parents NCCL starts for them); descriptors go to it converted to its version
 //!   (as NCCL's own adapters do: newer members and states dropped, v4's Group parent) and with
 //!   `parentObj` / `parentGroup` replaced by its own handles.
 //!
@@ -225,6 +226,7 @@ pub struct ChainCtx {
     own_mask: u64,
     nccl: u8,
     chained: *mut c_void,
+    /// The types forwarded: [`delivered`] by the chained plugin's mask.
     chained_mask: u64,
     parents: Ring,
     leaves: Ring,
@@ -234,7 +236,8 @@ pub struct ChainCtx {
 /// (Stepwise's `own_mask` | what the chained plugin asked for).
 pub fn init(own: *mut Context, own_mask: u64, mask_in: c_int, a: &InitArgs) -> (*mut c_void, u64) {
     let (chained, chained_mask) = table().map_or((null_mut(), 0), |t| init_chained(t, mask_in, a));
-    let ctx = ChainCtx { own, own_mask, nccl: a.version, chained, chained_mask, parents: Ring::new(PARENT_LINKS), leaves: Ring::new(LEAF_LINKS) };
+    let delivered = delivered(chained_mask) & types_of(a.version);
+    let ctx = ChainCtx { own, own_mask, nccl: a.version, chained, chained_mask: delivered, parents: Ring::new(PARENT_LINKS), leaves: Ring::new(LEAF_LINKS) };
     (Box::into_raw(Box::new(ctx)).cast(), own_mask | chained_mask)
 }
 
@@ -258,6 +261,34 @@ fn init_chained(t: &Table, mask_in: c_int, a: &InitArgs) -> (*mut c_void, u64) {
         return (null_mut(), 0);
     }
     (ctx, (mask as u32 as u64) & types_of(t.version) & types_of(a.version))
+}
+
+/// The event types NCCL gives a plugin with activation mask `m` (`src/plugin/profiler.cc`):
+/// those in the mask and the parents NCCL starts for them: the Group and API events for any
+/// task-level type, Coll and P2p for their proxy and kernel events, ProxyOp for ProxyStep and
+/// NetPlugin, ProxyStep for NetPlugin, CeColl for CeSync and CeBatch, KernelCh for KernelPhase.
+pub fn delivered(m: u64) -> u64 {
+    const GROUP_API: u64 = 1 << 8;
+    const COLL_API: u64 = 1 << 9;
+    const P2P_API: u64 = 1 << 10;
+    const KERNEL_LAUNCH: u64 = 1 << 11;
+    const CE: u64 = 0x7 << 12;
+    // Coll | ProxyOp | ProxyStep | KernelCh | NetPlugin.
+    const TASK: u64 = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 6) | (1 << 7);
+    let rules: [(u64, u64); 10] = [
+        (GROUP_API, GROUP_API | COLL_API | P2P_API | KERNEL_LAUNCH | 1 | TASK | EV_P2P | CE),
+        (COLL_API, COLL_API | TASK | CE),
+        (P2P_API, P2P_API | EV_P2P | (TASK & !EV_COLL)),
+        (1, 1 | TASK | EV_P2P),
+        (EV_COLL, TASK),
+        (EV_P2P, EV_P2P | (TASK & !EV_COLL)),
+        (1 << 3, (1 << 3) | (1 << 4) | (1 << 7)),
+        (1 << 4, (1 << 4) | (1 << 7)),
+        (1 << 12, CE),
+        // v7: KernelPhase needs KernelCh (NCCL sets the bit itself).
+        (1 << 6, 1 << 15),
+    ];
+    rules.iter().filter(|(_, trigger)| m & trigger != 0).fold(m, |acc, (ty, _)| acc | ty)
 }
 
 /// `p` read at `off` bytes into `buf`.
