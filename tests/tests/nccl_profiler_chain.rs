@@ -10,7 +10,8 @@
 //!   (its file is compared line for line with a run where it is NCCL's plugin), for masks
 //!   smaller and larger than Stepwise's, under every table version NCCL may use with Stepwise
 //!   (v7-v4) and with a chained plugin older than that (v5 behind v7).
-//! - Stepwise's records are those of a run without the chained plugin.
+//! - Stepwise's records are those of a run without the chained plugin, and the same whichever
+//!   table (v7-v4) NCCL uses.
 //! - A missing file, a library without a profiler table, Stepwise itself, or a chained init
 //!   that fails: one warning per process, Stepwise records as without it.
 
@@ -144,15 +145,18 @@ fn a_chained_plugin_gets_what_nccl_gives_it_alone_and_stepwise_records_do_not_ch
 fn each_table_version_nccl_may_use_and_an_older_chained_plugin() {
     let (sw, ct, ct5) = (stepwise(), chaintest("chaintest"), chaintest("chaintest5"));
     let m = ("CHAINTEST_MASK", "0x5e".to_string());
+    let v7 = job(&sw, &[]);
     for v in ["6", "5", "4"] {
         let ver = ("NCCL_ABI_PROFILER_VERSION", v.to_string());
         let base = job(&sw, std::slice::from_ref(&ver));
+        // Each table reads its own layout: the same records whichever NCCL uses.
+        assert_eq!(base.records, v7.records, "Stepwise's records through v{v} differ from v7's");
         let alone = job(&ct, &[ver.clone(), m.clone()]);
         let chained = job(&sw, &[ver, m.clone(), ("STEPWISE_PROFILER_CHAIN", ct.display().to_string())]);
         same(&format!("NCCL using v{v}"), &base, &alone, &chained, v);
     }
     // NCCL on v7 with Stepwise, the chained plugin on v5 (as Inspector's v5-only headers).
-    let base = job(&sw, &[]);
+    let base = v7;
     let alone = job(&ct5, std::slice::from_ref(&m));
     let chained = job(&sw, &[m, ("STEPWISE_PROFILER_CHAIN", "chaintest5".into())]);
     same("v5 behind v7, by name", &base, &alone, &chained, "5");
