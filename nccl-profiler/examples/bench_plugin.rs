@@ -302,9 +302,6 @@ fn chaining(chained: &str, cdylib: &str, n: u64) {
     let [(ec, ep), (sc, sp), (cc, cp), (wc, wp)] = best;
     println!("chaining (STEPWISE_PROFILER_CHAIN={chained}, asking for the same events), best of 3 × 5 × {n} (ns):");
     for (what, e, s, c, w) in [("calling thread", ec, sc, cc, wc), ("proxy thread  ", ep, sp, cp, wp)] {
-        println!(
-            "  {what}: empty {e:7.1}  stepwise {s:7.1}  chained alone {c:7.1}  stepwise+chained {w:7.1}  forwarding cost {:7.1}",
-            w - s - (c - e)
-        );
+        println!("  {what}: empty {e:7.1}  stepwise {s:7.1}  chained alone {c:7.1}  stepwise+chained {w:7.1}  forwarding cost {:7.1}", w - s - (c - e));
     }
 }

@@ -298,9 +298,10 @@ unsafe fn start_common<T>(ctx: *mut c_void, out: *mut *mut c_void, ty: u64, d: &
         // SAFETY: with chaining on, every context given to NCCL is a chain context.
         unsafe { chain::start(ctx, (d as *const Descr<T>).cast()) }
     } else {
-        // SAFETY: the context init returned (or null); parentObj is null or a handle this
-        // plugin returned for the same communicator.
+        // SAFETY: the context init returned (or null).
         match unsafe { (ctx as *const Context).as_ref() } {
+            // SAFETY: NCCL's descriptor of `ty`; parentObj is null or a handle this plugin
+            // returned for the same communicator.
             Some(c) => unsafe { own_start(c, ty, d.parent_obj as usize, d) as *mut c_void },
             None => std::ptr::null_mut(),
         }

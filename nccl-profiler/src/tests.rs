@@ -245,8 +245,8 @@ fn a_v7_collective_reads_as_v6() {
         type_: EV_COLL,
         parent_obj: null_mut(),
         rank: 0,
-        // SAFETY: a plain-data copy of the v6 test descriptor's `coll` member.
         coll: CollDescrV7 {
+            // SAFETY: a plain-data copy of the v6 test descriptor's `coll` member.
             base: unsafe { coll_descr(9, 1).u.coll },
             parent_group: null_mut(),
             kernel_variant: c"Default".as_ptr(),
