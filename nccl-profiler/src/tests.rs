@@ -265,3 +265,10 @@ fn a_v7_collective_reads_as_v6() {
         (ncclProfiler_v7.finalize)(ctx);
     }
 }
+
+#[test]
+fn chaining_preallocates_512_kib_per_communicator() {
+    assert_eq!(std::mem::size_of::<chain::Link>(), 32);
+    let bytes = (chain::PARENT_LINKS + chain::LEAF_LINKS) * std::mem::size_of::<chain::Link>();
+    assert_eq!(bytes, 512 << 10, "docs/profiler-plugin.md says 512 KiB");
+}
