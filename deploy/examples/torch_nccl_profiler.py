@@ -15,6 +15,9 @@ import os
 
 os.environ.setdefault("NCCL_PROFILER_PLUGIN", "/run/stepwise/libnccl-profiler-stepwise.so")
 os.environ.setdefault("STEPWISE_PROFILER_SOCKET", "/run/stepwise/profiler.sock")
+# NCCL loads one profiler plugin; to keep NCCL Inspector's output too, Stepwise's loads it:
+# os.environ.setdefault("STEPWISE_PROFILER_CHAIN", "/opt/nccl/libnccl-profiler-inspector.so")
+# os.environ.setdefault("NCCL_INSPECTOR_ENABLE", "1")
 
 import torch  # noqa: E402  (after the environment is set)
 import torch.distributed as dist  # noqa: E402

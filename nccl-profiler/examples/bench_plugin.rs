@@ -8,6 +8,13 @@
 //! - proxy thread, per collective of 2 channels: 2 × (KernelCh start, KernelChStop, stop) and
 //!   2 ProxyOps × 4 ProxySteps × (3 states + stop).
 //!
+//! Chaining (`--chain CHAINED.so --cdylib libnccl_profiler.so`): the same callbacks through a
+//! second copy of the plugin (the cdylib, dlopened as NCCL does) with
+//! `STEPWISE_PROFILER_CHAIN=CHAINED.so`, the chained plugin asking for the same events, and
+//! through the chained plugin alone, beside the empty plugin and Stepwise alone measured again
+//! in the same rounds: the forwarding cost is (Stepwise + chained) − Stepwise − (chained alone
+//! − empty).
+//!
 //! Throughput: collectives produced at a paced rate on one thread (calling + proxy callbacks),
 //! the plugin's sender thread sending to a Unix datagram socket this program reads with the
 //! agent's decoder (`nccl_profiler::wire::decode`); received records/s and the drop counts the
@@ -65,8 +72,22 @@ unsafe extern "C" fn e_fin(_: *mut c_void) -> c_int {
 static EMPTY: ProfilerV5 =
     ProfilerV5 { name: c"empty".as_ptr(), init: e_init, start_event: e_start, stop_event: e_stop, record_event_state: e_record, finalize: e_fin };
 
-fn coll(seq: u64) -> Descr<u64> {
-    Descr {
+/// A descriptor as large as NCCL's (v7: 136 bytes), the fields past `Descr` zero (a chained
+/// plugin reads `coll.parentGroup`; the chain copies the whole descriptor).
+#[repr(C)]
+struct Full {
+    d: Descr<u64>,
+    tail: [u64; 4],
+}
+
+impl Full {
+    fn ptr(&mut self) -> *mut Descr<u64> {
+        (self as *mut Full).cast()
+    }
+}
+
+fn coll(seq: u64) -> Full {
+    let d = Descr {
         type_: COLL,
         parent_obj: null_mut(),
         rank: 0,
@@ -85,11 +106,13 @@ fn coll(seq: u64) -> Descr<u64> {
                 proto: c"SIMPLE".as_ptr(),
             },
         },
-    }
+    };
+    Full { d, tail: [0; 4] }
 }
 
-fn child(ty: u64, parent: *mut c_void, t: u64) -> Descr<u64> {
-    Descr { type_: ty, parent_obj: parent, rank: 0, u: DescrUnion { kernel_ch: KernelChDescr { channel_id: 0, p_timer: t } } }
+fn child(ty: u64, parent: *mut c_void, t: u64) -> Full {
+    let d = Descr { type_: ty, parent_obj: parent, rank: 0, u: DescrUnion { kernel_ch: KernelChDescr { channel_id: 0, p_timer: t } } };
+    Full { d, tail: [0; 4] }
 }
 
 /// One collective's calling-thread callbacks; returns the Coll handle.
@@ -97,7 +120,7 @@ fn calling(p: &ProfilerV5, ctx: *mut c_void, seq: u64) -> *mut c_void {
     let mut h = null_mut();
     // SAFETY: NCCL's calling sequence on a context from `p.init`.
     unsafe {
-        (p.start_event)(ctx, &mut h, &mut coll(seq));
+        (p.start_event)(ctx, &mut h, coll(seq).ptr());
         (p.stop_event)(h);
     }
     h
@@ -109,10 +132,10 @@ fn proxy(p: &ProfilerV5, ctx: *mut c_void, h: *mut c_void, t: u64) {
     unsafe {
         for _ in 0..2 {
             let mut op = null_mut();
-            (p.start_event)(ctx, &mut op, &mut child(PROXY_OP, h, 0));
+            (p.start_event)(ctx, &mut op, child(PROXY_OP, h, 0).ptr());
             for _ in 0..4 {
                 let mut st = null_mut();
-                (p.start_event)(ctx, &mut st, &mut child(PROXY_STEP, op, 0));
+                (p.start_event)(ctx, &mut st, child(PROXY_STEP, op, 0).ptr());
                 for state in [8, 9, 10] {
                     (p.record_event_state)(st, state, null_mut());
                 }
@@ -122,7 +145,7 @@ fn proxy(p: &ProfilerV5, ctx: *mut c_void, h: *mut c_void, t: u64) {
         }
         for c in 0..2u64 {
             let mut k = null_mut();
-            (p.start_event)(ctx, &mut k, &mut child(KERNEL_CH, h, t + c));
+            (p.start_event)(ctx, &mut k, child(KERNEL_CH, h, t + c).ptr());
             let mut end = t + 1000 + c;
             (p.record_event_state)(k, 22, (&mut end as *mut u64).cast());
             (p.stop_event)(k);
@@ -239,5 +262,46 @@ fn main() {
     }
     // SAFETY: the context from init.
     unsafe { (ncclProfiler_v5.finalize)(ctx) };
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    if let (Some(chained), Some(cdylib)) = (arg("--chain"), arg("--cdylib")) {
+        chaining(&chained, &cdylib, n);
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `ncclProfiler_v6` table of a library opened as NCCL opens a plugin.
+fn dl_table(path: &str) -> &'static ProfilerV5 {
+    let c = std::ffi::CString::new(path).expect("path");
+    // SAFETY: dlopen/dlsym of a profiler plugin; the table has the v5/v6 layout and stays
+    // mapped (the library is never closed).
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!h.is_null(), "dlopen {path}: {:?}", std::ffi::CStr::from_ptr(libc::dlerror()));
+        let t = libc::dlsym(h, c"ncclProfiler_v6".as_ptr()) as *const ProfilerV5;
+        assert!(!t.is_null(), "{path} has no ncclProfiler_v6");
+        &*t
+    }
+}
+
+fn chaining(chained: &str, cdylib: &str, n: u64) {
+    // Read by the chained plugin's init and the cdylib's first init: every event to both.
+    std::env::set_var("CHAINTEST_MASK", "0x5a");
+    std::env::set_var("STEPWISE_PROFILER_CHAIN", chained);
+    let alone = dl_table(chained);
+    let both = dl_table(cdylib);
+    let arms: [&ProfilerV5; 4] = [&EMPTY, &ncclProfiler_v5, alone, both];
+    // Arms interleaved over 3 rounds (drift and the other threads on this machine fall on
+    // all of them alike), the best of each.
+    let mut best = [(f64::INFINITY, f64::INFINITY); 4];
+    for _ in 0..3 {
+        for (b, p) in best.iter_mut().zip(arms) {
+            let (c, q) = cost(p, n);
+            *b = (b.0.min(c), b.1.min(q));
+        }
+    }
+    let [(ec, ep), (sc, sp), (cc, cp), (wc, wp)] = best;
+    println!("chaining (STEPWISE_PROFILER_CHAIN={chained}, asking for the same events), best of 3 × 5 × {n} (ns):");
+    for (what, e, s, c, w) in [("calling thread", ec, sc, cc, wc), ("proxy thread  ", ep, sp, cp, wp)] {
+        println!("  {what}: empty {e:7.1}  stepwise {s:7.1}  chained alone {c:7.1}  stepwise+chained {w:7.1}  forwarding cost {:7.1}", w - s - (c - e));
+    }
 }

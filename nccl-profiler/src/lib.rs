@@ -2,11 +2,14 @@
 //!
 //! A job loads it with `NCCL_PROFILER_PLUGIN=/path/to/libnccl-profiler-stepwise.so` (cargo
 //! builds `libnccl_profiler.so`; `cargo xtask plugin` and the test harness copy it under the
-//! hyphenated name). NCCL looks up `ncclProfiler_v6`, then `_v5`, then `_v4`, … : those three
-//! are exported, with the layouts of the `profiler_v4.h`-`profiler_v6.h` headers of the NCCL
-//! sources this was written against (2.30.7; the v4 header first appears in NCCL 2.27.3, v5 in
-//! 2.28.3, v6 in 2.29.2, so older NCCLs, which look up v3 at most, do not load it). A
-//! `ncclProfiler_v7` is not exported: no v7 header was available to write it from.
+//! hyphenated name). NCCL looks up `ncclProfiler_v7`, then `_v6`, `_v5`, `_v4`, … : those four
+//! are exported, with the layouts of the `profiler_v4.h`-`profiler_v7.h` headers of NCCL's
+//! sources ([`abi`]; the v4 header first appears in NCCL 2.27.3, v5 in 2.28.3, v6 in 2.29.2,
+//! v7 in 2.31.2, so older NCCLs, which look up v3 at most, do not load it).
+//!
+//! `STEPWISE_PROFILER_CHAIN` names a second profiler plugin (NCCL Inspector, say) that this
+//! one loads and forwards every callback to, with that plugin's own context and handles
+//! ([`chain`]): NCCL loads only one.
 //!
 //! Per collective it records the communicator hash, rank, nranks, NCCL's sequence number, the
 //! function, bytes, algorithm, protocol, channels, the host enqueue time (CLOCK_REALTIME at the
@@ -22,6 +25,8 @@
 
 #![allow(non_upper_case_globals)]
 
+pub mod abi;
+pub mod chain;
 pub mod clock;
 pub mod events;
 pub mod gpu;
@@ -34,6 +39,7 @@ use std::{
     sync::{atomic::Ordering::Relaxed, OnceLock},
 };
 
+pub use abi::*;
 use events::{handle, CollInfo, Context, Handle, EV_COLL, EV_KERNEL_CH, EV_PROXY_OP, EV_PROXY_STEP, STATE_KERNEL_CH_STOP};
 
 /// `ncclSuccess`.
@@ -41,84 +47,13 @@ const OK: c_int = 0;
 /// Records the ring holds (about 1.2 MB).
 pub const RING_RECORDS: usize = 8192;
 
-/// NCCL's `coll` descriptor (v4-v6 agree up to `proto`; v5/v6 append `parentGroup`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CollDescr {
-    pub seq_number: u64,
-    pub func: *const c_char,
-    pub send_buff: *const c_void,
-    pub recv_buff: *mut c_void,
-    pub count: usize,
-    pub root: c_int,
-    pub datatype: *const c_char,
-    pub n_channels: u8,
-    pub n_warps: u8,
-    pub algo: *const c_char,
-    pub proto: *const c_char,
-}
-
-/// NCCL's `kernelCh` descriptor.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct KernelChDescr {
-    pub channel_id: u8,
-    pub p_timer: u64,
-}
-
-#[repr(C)]
-pub union DescrUnion {
-    pub coll: CollDescr,
-    pub kernel_ch: KernelChDescr,
-}
-
-/// `ncclProfilerEventDescr_vN_t`: `T` is `u8` in v4, `u64` in v5 and v6.
-#[repr(C)]
-pub struct Descr<T> {
-    pub type_: T,
-    pub parent_obj: *mut c_void,
-    pub rank: c_int,
-    pub u: DescrUnion,
-}
-
-type StartFn<T> = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut Descr<T>) -> c_int;
-type StopFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-type RecordFn = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
-type FinalizeFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-type InitV5 = unsafe extern "C" fn(*mut *mut c_void, u64, *mut c_int, *const c_char, c_int, c_int, c_int, *const c_void) -> c_int;
-type InitV4 = unsafe extern "C" fn(*mut *mut c_void, *mut c_int, *const c_char, u64, c_int, c_int, c_int, *const c_void) -> c_int;
-
-/// `ncclProfiler_v5_t` / `ncclProfiler_v6_t` (the same function table).
-#[repr(C)]
-pub struct ProfilerV5 {
-    pub name: *const c_char,
-    pub init: InitV5,
-    pub start_event: StartFn<u64>,
-    pub stop_event: StopFn,
-    pub record_event_state: RecordFn,
-    pub finalize: FinalizeFn,
-}
-
-/// `ncclProfiler_v4_t`.
-#[repr(C)]
-pub struct ProfilerV4 {
-    pub name: *const c_char,
-    pub init: InitV4,
-    pub start_event: StartFn<u8>,
-    pub stop_event: StopFn,
-    pub record_event_state: RecordFn,
-    pub finalize: FinalizeFn,
-}
-
-// SAFETY: immutable tables of a static string and functions.
-unsafe impl Sync for ProfilerV5 {}
-// SAFETY: as above.
-unsafe impl Sync for ProfilerV4 {}
-
 const NAME: &CStr = c"Stepwise";
 
 #[no_mangle]
-pub static ncclProfiler_v6: ProfilerV5 = ProfilerV5 { name: NAME.as_ptr(), init: init_v5, start_event: start_v5, stop_event, record_event_state, finalize };
+pub static ncclProfiler_v7: ProfilerV5 = ProfilerV5 { name: NAME.as_ptr(), init: init_v7, start_event: start_v5, stop_event, record_event_state, finalize };
+
+#[no_mangle]
+pub static ncclProfiler_v6: ProfilerV5 = ProfilerV5 { name: NAME.as_ptr(), init: init_v6, start_event: start_v5, stop_event, record_event_state, finalize };
 
 #[no_mangle]
 pub static ncclProfiler_v5: ProfilerV5 = ProfilerV5 { name: NAME.as_ptr(), init: init_v5, start_event: start_v5, stop_event, record_event_state, finalize };
@@ -205,13 +140,24 @@ pub fn choose_mask(version: u32, env: Option<&str>) -> u64 {
     }
 }
 
-fn init_common(context: *mut *mut c_void, comm: u64, mask_out: *mut c_int, nranks: c_int, rank: c_int, log: *const c_void) -> c_int {
+/// What NCCL passed to init (every version's arguments, in one order).
+pub struct InitArgs {
+    pub version: u8,
+    pub comm: u64,
+    pub name: *const c_char,
+    pub nnodes: c_int,
+    pub nranks: c_int,
+    pub rank: c_int,
+    pub log: *const c_void,
+}
+
+fn init_common(context: *mut *mut c_void, mask_out: *mut c_int, a: &InitArgs) -> c_int {
     if context.is_null() || mask_out.is_null() {
         return OK;
     }
     let g = global();
     if g.counters.nccl_version.load(Relaxed) == 0 {
-        g.counters.nccl_version.store(nccl_version(log), Relaxed);
+        g.counters.nccl_version.store(nccl_version(a.log), Relaxed);
     }
     if g.counters.gpu_pci.get().is_none() {
         if let Some(pci) = gpu::current_pci() {
@@ -222,39 +168,53 @@ fn init_common(context: *mut *mut c_void, comm: u64, mask_out: *mut c_int, nrank
     let env = std::env::var("STEPWISE_PROFILER_EVENTS").ok();
     let mask = choose_mask(g.counters.nccl_version.load(Relaxed), env.as_deref());
     g.counters.mask.store(mask as u32, Relaxed);
-    let ctx = Context::new(comm, rank, nranks, mask, &g.ring);
+    let ctx = Context::new(a.comm, a.rank, a.nranks, mask, &g.ring);
+    let (ctx, told) = if chain::setup(a.version, a.log) {
+        // SAFETY: NCCL's mask out-pointer (checked non-null) holds the mask so far.
+        let mask_in = unsafe { *mask_out };
+        chain::init(ctx, mask, mask_in, a)
+    } else {
+        (ctx.cast(), mask)
+    };
     // SAFETY: both checked non-null; NCCL passes valid out-pointers.
     unsafe {
-        *context = ctx.cast();
-        *mask_out = mask as c_int;
+        *context = ctx;
+        *mask_out = told as c_int;
     }
     OK
 }
 
-unsafe extern "C" fn init_v5(
-    context: *mut *mut c_void,
-    comm_id: u64,
-    mask: *mut c_int,
-    _name: *const c_char,
-    _nodes: c_int,
-    nranks: c_int,
-    rank: c_int,
-    log: *const c_void,
-) -> c_int {
-    init_common(context, comm_id, mask, nranks, rank, log)
+macro_rules! init_v5_like {
+    ($name:ident, $v:literal) => {
+        unsafe extern "C" fn $name(
+            context: *mut *mut c_void,
+            comm: u64,
+            mask: *mut c_int,
+            name: *const c_char,
+            nnodes: c_int,
+            nranks: c_int,
+            rank: c_int,
+            log: *const c_void,
+        ) -> c_int {
+            init_common(context, mask, &InitArgs { version: $v, comm, name, nnodes, nranks, rank, log })
+        }
+    };
 }
+init_v5_like!(init_v7, 7);
+init_v5_like!(init_v6, 6);
+init_v5_like!(init_v5, 5);
 
 unsafe extern "C" fn init_v4(
     context: *mut *mut c_void,
     mask: *mut c_int,
-    _name: *const c_char,
-    comm_hash: u64,
-    _nodes: c_int,
+    name: *const c_char,
+    comm: u64,
+    nnodes: c_int,
     nranks: c_int,
     rank: c_int,
     log: *const c_void,
 ) -> c_int {
-    init_common(context, comm_hash, mask, nranks, rank, log)
+    init_common(context, mask, &InitArgs { version: 4, comm, name, nnodes, nranks, rank, log })
 }
 
 /// A C string NCCL passed (empty for null).
@@ -270,21 +230,18 @@ unsafe fn cstr<'a>(p: *const c_char) -> &'a [u8] {
     }
 }
 
-/// Shared by every version once the type is read.
+/// Stepwise's own handling of a started event of type `ty` whose parent is Stepwise's handle
+/// `parent` (0: none): its handle, 0 when it is not recorded. Types outside the context's
+/// mask are not recorded (with a chained plugin NCCL also sends what that plugin asked for).
 ///
 /// # Safety
-/// NCCL's contract: a live context from init, a valid out-pointer, a descriptor of `ty`.
-unsafe fn start_common<T>(ctx: *mut c_void, out: *mut *mut c_void, ty: u64, d: &Descr<T>) -> c_int {
-    if out.is_null() {
-        return OK;
+/// NCCL's contract: a descriptor of `ty`; `parent` is 0 or a handle of this context.
+unsafe fn own_start<T>(ctx: &Context, ty: u64, parent: usize, d: &Descr<T>) -> usize {
+    if ty & ctx.mask == 0 {
+        return 0;
     }
-    // SAFETY: NCCL's out-pointer.
-    unsafe { *out = std::ptr::null_mut() };
-    // SAFETY: the context init returned (or null).
-    let Some(ctx) = (unsafe { (ctx as *const Context).as_ref() }) else { return OK };
-    // SAFETY: parentObj is null or a handle this plugin returned for the same communicator.
-    let parent = unsafe { handle(d.parent_obj as usize) };
-    let h = match (ty, parent) {
+    // SAFETY: per the contract.
+    match (ty, unsafe { handle(parent) }) {
         (EV_COLL, _) => {
             // SAFETY: a Coll descriptor: the `coll` member is the one NCCL filled.
             let c = unsafe { d.u.coll };
@@ -307,9 +264,50 @@ unsafe fn start_common<T>(ctx: *mut c_void, out: *mut *mut c_void, ty: u64, d: &
         (EV_PROXY_OP, Some(Handle::Coll(s))) => s.proxy_op_handle(),
         (EV_PROXY_STEP, Some(Handle::ProxyOp(s))) => ctx.step_start(s),
         _ => 0,
+    }
+}
+
+/// [`own_start`] on a descriptor of NCCL version `version` (a one-byte type in v4).
+///
+/// # Safety
+/// `ctx` is a live context from init or null; `d` a valid descriptor of that version;
+/// `parent` as for [`own_start`].
+pub(crate) unsafe fn own_start_raw(ctx: *const Context, version: u8, d: *const c_void, parent: usize) -> usize {
+    // SAFETY: per the contract.
+    unsafe {
+        let Some(ctx) = ctx.as_ref() else { return 0 };
+        if version == 4 {
+            let d = &*(d as *const Descr<u8>);
+            own_start(ctx, u64::from(d.type_), parent, d)
+        } else {
+            let d = &*(d as *const Descr<u64>);
+            own_start(ctx, d.type_, parent, d)
+        }
+    }
+}
+
+/// Shared by every version once the type is read.
+///
+/// # Safety
+/// NCCL's contract: a live context from init, a valid out-pointer, a descriptor of `ty`.
+unsafe fn start_common<T>(ctx: *mut c_void, out: *mut *mut c_void, ty: u64, d: &Descr<T>) -> c_int {
+    if out.is_null() {
+        return OK;
+    }
+    let h = if chain::active() {
+        // SAFETY: with chaining on, every context given to NCCL is a chain context.
+        unsafe { chain::start(ctx, (d as *const Descr<T>).cast()) }
+    } else {
+        // SAFETY: the context init returned (or null).
+        match unsafe { (ctx as *const Context).as_ref() } {
+            // SAFETY: NCCL's descriptor of `ty`; parentObj is null or a handle this plugin
+            // returned for the same communicator.
+            Some(c) => unsafe { own_start(c, ty, d.parent_obj as usize, d) as *mut c_void },
+            None => std::ptr::null_mut(),
+        }
     };
     // SAFETY: NCCL's out-pointer.
-    unsafe { *out = h as *mut c_void };
+    unsafe { *out = h };
     OK
 }
 
@@ -331,9 +329,13 @@ unsafe extern "C" fn start_v4(ctx: *mut c_void, out: *mut *mut c_void, d: *mut D
     }
 }
 
-unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
-    // SAFETY: a handle this plugin returned (or null).
-    match unsafe { handle(h as usize) } {
+/// Stepwise's own stop of one of its handles.
+///
+/// # Safety
+/// `h` is 0 or a handle this plugin returned whose context is alive.
+pub(crate) unsafe fn own_stop(h: usize) {
+    // SAFETY: per the contract.
+    match unsafe { handle(h) } {
         Some(Handle::Coll(s)) => {
             if let Some(c) = s.context() {
                 c.coll_stop(s);
@@ -347,12 +349,26 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
         Some(Handle::Step(st)) => events::step_state(st, None, None),
         Some(Handle::ProxyOp(_)) | None => {}
     }
+}
+
+unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
+    if chain::active() {
+        // SAFETY: with chaining on, every handle given to NCCL is a chain link (or null).
+        unsafe { chain::stop(h) };
+    } else {
+        // SAFETY: a handle this plugin returned (or null).
+        unsafe { own_stop(h as usize) };
+    }
     OK
 }
 
-unsafe extern "C" fn record_event_state(h: *mut c_void, state: c_int, args: *mut c_void) -> c_int {
-    // SAFETY: a handle this plugin returned (or null).
-    match unsafe { handle(h as usize) } {
+/// Stepwise's own state record on one of its handles.
+///
+/// # Safety
+/// As [`own_stop`]; `args` is null or NCCL's state arguments for `state`.
+pub(crate) unsafe fn own_record(h: usize, state: c_int, args: *mut c_void) {
+    // SAFETY: per the contract.
+    match unsafe { handle(h) } {
         Some(Handle::Kernel(s)) if state == STATE_KERNEL_CH_STOP && !args.is_null() => {
             // SAFETY: for KernelChStop the state args' `kernelCh.pTimer` (a u64 at offset 0) is set.
             let t = unsafe { *(args as *const u64) };
@@ -367,17 +383,41 @@ unsafe extern "C" fn record_event_state(h: *mut c_void, state: c_int, args: *mut
         }
         _ => {}
     }
+}
+
+unsafe extern "C" fn record_event_state(h: *mut c_void, state: c_int, args: *mut c_void) -> c_int {
+    if chain::active() {
+        // SAFETY: with chaining on, every handle given to NCCL is a chain link (or null).
+        unsafe { chain::record(h, state, args) };
+    } else {
+        // SAFETY: a handle this plugin returned (or null), NCCL's state arguments.
+        unsafe { own_record(h as usize, state, args) };
+    }
     OK
 }
 
-unsafe extern "C" fn finalize(ctx: *mut c_void) -> c_int {
-    // SAFETY: the context init returned; NCCL uses none of its handles after finalize.
-    unsafe { Context::free(ctx.cast()) };
+/// Stepwise's own finalize of a context from init.
+///
+/// # Safety
+/// `ctx` came from init (or is null); NCCL uses none of its handles after finalize.
+pub(crate) unsafe fn own_finalize(ctx: *mut Context) {
+    // SAFETY: per the contract.
+    unsafe { Context::free(ctx) };
     // The communicator's last records (its collectives are complete: ncclCommDestroy waited
     // for them) go out now: a process often exits right after destroying its communicators,
     // before the sender thread's next look at the ring. Non-blocking sends, bounded.
     if let Some(g) = GLOBAL.get() {
         sender::Sender::once(&sender::socket_path()).flush(&g.ring, &g.counters);
+    }
+}
+
+unsafe extern "C" fn finalize(ctx: *mut c_void) -> c_int {
+    if chain::active() {
+        // SAFETY: with chaining on, the context is a chain context from init.
+        unsafe { chain::finalize(ctx) };
+    } else {
+        // SAFETY: the context init returned; NCCL uses none of its handles after finalize.
+        unsafe { own_finalize(ctx.cast()) };
     }
     OK
 }

@@ -185,3 +185,90 @@ fn a_communicator_preallocates_640_kib() {
     assert_eq!(std::mem::size_of::<events::StepSlot>(), 64);
     assert_eq!(bytes, 640 << 10, "docs/profiler-plugin.md says 640 KiB");
 }
+
+#[test]
+fn the_v7_layouts_match_profiler_v7_h() {
+    assert_eq!(offset_of!(CollDescrV7, parent_group), 80);
+    assert_eq!(offset_of!(CollDescrV7, kernel_variant), 88);
+    assert_eq!(offset_of!(CollDescrV7, is_sym_coll), 96);
+    assert_eq!(offset_of!(CollDescrV7, user_tag), 104);
+    assert_eq!(std::mem::size_of::<CollDescrV7>(), 112);
+    assert_eq!(offset_of!(KernelPhaseDescr, phase_name), 8);
+    assert_eq!(offset_of!(KernelPhaseDescr, p_timer), 16);
+    // The descriptor sizes the chained plugin's copy relies on: header + largest member.
+    assert_eq!(descr_size(7), OFF_UNION + std::mem::size_of::<CollDescrV7>());
+    assert_eq!(descr_size(6), OFF_UNION + offset_of!(CollDescrV7, kernel_variant));
+    assert_eq!(descr_size(4), OFF_UNION + std::mem::size_of::<CollDescr>());
+    assert_eq!(OFF_COLL_PARENT_GROUP, OFF_UNION + offset_of!(CollDescrV7, parent_group));
+}
+
+#[test]
+fn each_version_knows_its_types_and_states() {
+    assert_eq!(types_of(4), 0xff, "Group..NetPlugin");
+    assert_eq!(types_of(5) & (1 << 9), 1 << 9, "CollApi from v5");
+    assert_eq!(types_of(6) & (1 << 12), 1 << 12, "CeColl from v6");
+    assert_eq!(types_of(6) & (1 << 15), 0, "KernelPhase only in v7");
+    assert_eq!(types_of(7) & (1 << 15), 1 << 15);
+    assert!(state_in(4, 22) && !state_in(4, 23) && state_in(5, 24) && !state_in(5, 25));
+    assert!(state_in(6, 30) && !state_in(6, 31) && state_in(7, 31));
+}
+
+#[test]
+fn a_chained_plugin_gets_the_parents_nccl_starts_for_its_mask() {
+    use chain::delivered;
+    // Coll: its Group and the API events above it; no P2p, no proxy or kernel events.
+    assert_eq!(delivered(EV_COLL), EV_COLL | 1 | (1 << 8) | (1 << 9));
+    // KernelCh: Coll and P2p tasks are its parents, with their Group and API events.
+    assert_eq!(delivered(EV_KERNEL_CH), EV_KERNEL_CH | EV_COLL | (1 << 2) | 1 | (1 << 8) | (1 << 9) | (1 << 10));
+    // ProxyStep: its ProxyOp too.
+    assert_eq!(delivered(EV_PROXY_STEP) & EV_PROXY_OP, EV_PROXY_OP);
+    // ProxyCtrl and KernelLaunch alone: themselves (KernelLaunch under a GroupApi).
+    assert_eq!(delivered(1 << 5), 1 << 5);
+    assert_eq!(delivered(1 << 11), (1 << 11) | (1 << 8));
+    assert_eq!(delivered(0), 0);
+}
+
+/// `ncclProfilerEventDescr_v7_t` with its `coll` member.
+#[repr(C)]
+struct DescrV7 {
+    type_: u64,
+    parent_obj: *mut c_void,
+    rank: i32,
+    coll: CollDescrV7,
+}
+
+#[test]
+fn a_v7_collective_reads_as_v6() {
+    let r = ring();
+    let ctx = Context::new(0xabc, 0, 2, EV_COLL, r).cast::<c_void>();
+    let mut d = DescrV7 {
+        type_: EV_COLL,
+        parent_obj: null_mut(),
+        rank: 0,
+        coll: CollDescrV7 {
+            // SAFETY: a plain-data copy of the v6 test descriptor's `coll` member.
+            base: unsafe { coll_descr(9, 1).u.coll },
+            parent_group: null_mut(),
+            kernel_variant: c"Default".as_ptr(),
+            is_sym_coll: true,
+            user_tag: u64::MAX,
+        },
+    };
+    assert_eq!(offset_of!(DescrV7, coll), OFF_UNION);
+    // SAFETY: the v7 table's callbacks with this test's context and a v7 descriptor.
+    unsafe {
+        let mut h = null_mut();
+        assert_eq!((ncclProfiler_v7.start_event)(ctx, &mut h, (&mut d as *mut DescrV7).cast()), 0);
+        (ncclProfiler_v7.stop_event)(h);
+        let rec = r.pop().expect("a Coll-only collective is sent at enqueue");
+        assert_eq!((rec.seq, rec.bytes, wire::name_of(&FUNC_OPS, rec.func)), (9, 4 << 20, "all_reduce"));
+        (ncclProfiler_v7.finalize)(ctx);
+    }
+}
+
+#[test]
+fn chaining_preallocates_512_kib_per_communicator() {
+    assert_eq!(std::mem::size_of::<chain::Link>(), 32);
+    let bytes = (chain::PARENT_LINKS + chain::LEAF_LINKS) * std::mem::size_of::<chain::Link>();
+    assert_eq!(bytes, 512 << 10, "docs/profiler-plugin.md says 512 KiB");
+}

@@ -103,7 +103,7 @@ fn nccl_finds_every_table_and_a_v4_communicator_reports_its_collectives() {
     let t = unsafe {
         let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         assert!(!h.is_null(), "dlopen: {:?}", CStr::from_ptr(libc::dlerror()));
-        for v in [c"ncclProfiler_v6", c"ncclProfiler_v5"] {
+        for v in [c"ncclProfiler_v7", c"ncclProfiler_v6", c"ncclProfiler_v5"] {
             assert!(!libc::dlsym(h, v.as_ptr()).is_null(), "{v:?} exported");
         }
         assert!(libc::dlsym(h, c"ncclProfiler_v3".as_ptr()).is_null(), "no v3 table");

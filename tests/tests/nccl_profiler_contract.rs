@@ -1,8 +1,8 @@
 //! The NCCL-ABI test library against NCCL's contracts (tests/workloads/nccl-abi, README
 //! "Asynchronous execution" and "Profiler plugins"), without the agent and without root:
 //! - `nccl_prof_test` on 3 local ranks with the contract-test plugin
-//!   (`libnccl-profiler-abitest*.so`): the newest exported table is used (v6, v5, v4), by
-//!   name or path; init arguments, the activation mask, parents, seqNumbers, KernelCh GPU
+//!   (`libnccl-profiler-abitest*.so`): the newest exported table is used (v7, v6, v5, v4), by
+//!   name or path, and each older one when the lookup starts lower; init arguments, the activation mask, parents, seqNumbers, KernelCh GPU
 //!   timers, ProxyOp/ProxyStep states (checked inside the program, see prof_check.c); a
 //!   plugin whose init fails, a missing one and "none" leave the job running;
 //! - asynchronous calls return before a late peer's data arrived (and with
@@ -25,7 +25,7 @@ fn run_local(bin: &str, n: usize, env: &[(&str, String)], args: &[&str]) -> Stri
     let mut c = Command::new("bash");
     c.arg(&script).args(["--bin", bin]).arg(n.to_string()).args(args);
     c.env("LD_LIBRARY_PATH", &build).env("NCCL_ABI_IFACE_ADDR", "127.0.0.1");
-    for v in ["NCCL_PROFILER_PLUGIN", "NCCL_PROFILE_EVENT_MASK", "CUDA_LAUNCH_BLOCKING", "NCCL_ABI_NCHANNELS"] {
+    for v in ["NCCL_PROFILER_PLUGIN", "NCCL_PROFILE_EVENT_MASK", "CUDA_LAUNCH_BLOCKING", "NCCL_ABI_NCHANNELS", "NCCL_ABI_PROFILER_VERSION"] {
         c.env_remove(v);
     }
     for (k, v) in env {
@@ -61,53 +61,67 @@ fn prof_job(lib: &Path, expect: &str, env: &[(&str, String)]) -> HashMap<String,
 #[test]
 fn profiler_plugin_newest_table_by_name_or_path() {
     let build = workloads::build().expect("workloads");
-    let v6 = build.join("libnccl-profiler-abitest.so");
+    let v7 = build.join("libnccl-profiler-abitest.so");
+    let v6 = build.join("libnccl-profiler-abitest6.so");
     let v5 = build.join("libnccl-profiler-abitest5.so");
     let v4 = build.join("libnccl-profiler-abitest4.so");
     // By name: libnccl-profiler-<name>.so through the library search path.
-    prof_job(&v6, "6", &[("NCCL_PROFILER_PLUGIN", "abitest".into())]);
+    prof_job(&v7, "7", &[("NCCL_PROFILER_PLUGIN", "abitest".into())]);
+    prof_job(&v6, "6", &[("NCCL_PROFILER_PLUGIN", "abitest6".into())]);
     prof_job(&v5, "5", &[("NCCL_PROFILER_PLUGIN", "abitest5".into())]);
     // As given: a file name, then a path.
     prof_job(&v5, "5", &[("NCCL_PROFILER_PLUGIN", "libnccl-profiler-abitest5.so".into())]);
     prof_job(&v4, "4", &[("NCCL_PROFILER_PLUGIN", v4.display().to_string())]);
 }
 
+/// NCCL_ABI_PROFILER_VERSION=N starts the lookup at vN (as an NCCL that knows no newer table):
+/// the same library then serves each older table, checked as above; below v4 nothing loads.
+#[test]
+fn profiler_plugin_each_older_table_when_the_lookup_starts_lower() {
+    let all = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
+    let name = ("NCCL_PROFILER_PLUGIN", "abitest".to_string());
+    for v in ["6", "5", "4"] {
+        prof_job(&all, v, &[name.clone(), ("NCCL_ABI_PROFILER_VERSION", v.into())]);
+    }
+    prof_job(&all, "none", &[name, ("NCCL_ABI_PROFILER_VERSION", "3".into())]);
+}
+
 #[test]
 fn profiler_plugin_mask_and_channels() {
-    let v6 = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
+    let v7 = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
     let name = ("NCCL_PROFILER_PLUGIN", "abitest".to_string());
     // Coll | KernelCh: no ProxyOp/ProxyStep/P2p-only events (prof_check.c enable_bits).
-    prof_job(&v6, "6", &[name.clone(), ("NCCL_PROFILE_EVENT_MASK", "0x42".into())]);
+    prof_job(&v7, "7", &[name.clone(), ("NCCL_PROFILE_EVENT_MASK", "0x42".into())]);
     // ProxyOp only: tasks are still started as its parents, no ProxyStep, no KernelCh.
-    prof_job(&v6, "6", &[name.clone(), ("NCCL_PROFILE_EVENT_MASK", "8".into())]);
+    prof_job(&v7, "7", &[name.clone(), ("NCCL_PROFILE_EVENT_MASK", "8".into())]);
     // Nothing enabled: no event at all.
-    prof_job(&v6, "6", &[name.clone(), ("NCCL_PROFILE_EVENT_MASK", "0".into())]);
-    prof_job(&v6, "6", &[name, ("NCCL_ABI_NCHANNELS", "4".into())]);
+    prof_job(&v7, "7", &[name.clone(), ("NCCL_PROFILE_EVENT_MASK", "0".into())]);
+    prof_job(&v7, "7", &[name, ("NCCL_ABI_NCHANNELS", "4".into())]);
 }
 
 #[test]
 fn profiler_plugin_failing_missing_or_off_leaves_the_job_running() {
-    let v6 = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
-    prof_job(&v6, "initfail", &[("NCCL_PROFILER_PLUGIN", "abitest".into()), ("ABITEST_INIT_FAIL", "1".into())]);
-    prof_job(&v6, "none", &[("NCCL_PROFILER_PLUGIN", "no-such-plugin".into())]);
-    prof_job(&v6, "none", &[("NCCL_PROFILER_PLUGIN", "NONE".into())]);
-    prof_job(&v6, "none", &[]);
+    let all = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
+    prof_job(&all, "initfail", &[("NCCL_PROFILER_PLUGIN", "abitest".into()), ("ABITEST_INIT_FAIL", "1".into())]);
+    prof_job(&all, "none", &[("NCCL_PROFILER_PLUGIN", "no-such-plugin".into())]);
+    prof_job(&all, "none", &[("NCCL_PROFILER_PLUGIN", "NONE".into())]);
+    prof_job(&all, "none", &[]);
 }
 
 #[test]
 fn async_calls_return_before_a_late_peer_and_blocking_restores_waiting() {
-    let v6 = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
+    let all = workloads::build().expect("workloads").join("libnccl-profiler-abitest.so");
     let name = ("NCCL_PROFILER_PLUGIN", "abitest".to_string());
-    let t = prof_job(&v6, "6", std::slice::from_ref(&name));
+    let t = prof_job(&all, "7", std::slice::from_ref(&name));
     let late = t["late_ms"];
     assert_eq!(t["blocking"], 0.0);
     assert!(t["call_ms"] < late * 0.1, "async call took {} ms with a peer {late} ms late", t["call_ms"]);
     assert!(t["call_ms"] + t["sync_ms"] >= late * 0.8, "{t:?}");
-    let b = prof_job(&v6, "6", &[name, ("CUDA_LAUNCH_BLOCKING", "1".into())]);
+    let b = prof_job(&all, "7", &[name, ("CUDA_LAUNCH_BLOCKING", "1".into())]);
     assert_eq!(b["blocking"], 1.0);
     assert!(b["call_ms"] >= late * 0.8, "blocking call returned after {} ms, peer {late} ms late", b["call_ms"]);
     // A failure: at the synchronize, or (blocking) from the call itself (prof_test.c async_error).
-    prof_job(&v6, "none", &[("NCCL_PROFILER_PLUGIN", "none".into()), ("CUDA_LAUNCH_BLOCKING", "1".into())]);
+    prof_job(&all, "none", &[("NCCL_PROFILER_PLUGIN", "none".into()), ("CUDA_LAUNCH_BLOCKING", "1".into())]);
     for blocking in ["0", "1"] {
         let out = run_local("nccl_abi_test", RANKS, &[("CUDA_LAUNCH_BLOCKING", blocking.into())], &[]);
         assert_eq!(out.lines().filter(|l| l.contains("abi_test rank=") && l.ends_with(" ok")).count(), RANKS, "{out}");

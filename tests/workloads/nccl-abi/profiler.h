@@ -1,7 +1,7 @@
 /*
  * The NCCL profiler-plugin ABI, written for this project: the struct layouts, enum values
  * and function-table shapes of NCCL's src/include/plugin/nccl_profiler.h and
- * profiler/profiler_v4.h, _v5.h, _v6.h (NCCL 2.23+), so that a plugin built against
+ * profiler/profiler_v4.h, _v5.h, _v6.h, _v7.h (v7: NCCL 2.31.2+), so that a plugin built against
  * NCCL's headers loads into this library unchanged. Shared by the library (profiler*.c)
  * and the contract-test plugin (test_plugin.c).
  */
@@ -32,6 +32,7 @@ enum {
   ncclProfileCeColl = 1 << 12,
   ncclProfileCeSync = 1 << 13,
   ncclProfileCeBatch = 1 << 14,
+  ncclProfileKernelPhase = 1 << 15, /* v7: kernel barrier phases, children of KernelCh */
 };
 
 /* Event states (recordEventState), one enum for every version as in NCCL. */
@@ -59,6 +60,7 @@ typedef enum {
   ncclProfilerCeSyncComplete = 28,
   ncclProfilerCeBatchStart = 29,
   ncclProfilerCeBatchComplete = 30,
+  ncclProfilerKernelPhaseStop = 31, /* v7 */
 } ncclProfilerEventState_t;
 
 typedef enum { NCCL_LOG_NONE = 0, NCCL_LOG_VERSION = 1, NCCL_LOG_WARN = 2, NCCL_LOG_INFO = 3,
@@ -121,7 +123,53 @@ struct abi_prof_net {
   struct abi_prof_kernel_ch kernelCh;                                                \
   struct abi_prof_net netPlugin;
 
-/* v6 (the library's own "current" descriptor, as ncclProfilerEventDescr_t is in NCCL). */
+/* v7: the v6 members with fields appended (userTag, and kernelVariant/isSymColl in coll), and
+ * kernelPhase. The library builds v6 descriptors and converts them for a v7 plugin. */
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct { bool graphCaptured; int groupDepth; } groupApi;
+    struct { const char* func; size_t count; const char* datatype; int root; void* stream;
+             bool graphCaptured; uint64_t userTag; } collApi;
+    struct { const char* func; size_t count; const char* datatype; void* stream;
+             bool graphCaptured; uint64_t userTag; } p2pApi;
+    struct { void* stream; } kernelLaunch;
+    struct { uint64_t seqNumber; const char* func; void const* sendBuff; void* recvBuff;
+             size_t count; int root; const char* datatype; uint8_t nChannels; uint8_t nWarps;
+             const char* algo; const char* proto; void* parentGroup; const char* kernelVariant;
+             bool isSymColl; uint64_t userTag; } coll;
+    struct { const char* func; void* buff; const char* datatype; size_t count; int peer;
+             uint8_t nChannels; void* parentGroup; uint64_t userTag; } p2p;
+    struct abi_prof_proxy_op proxyOp;
+    struct { int step; } proxyStep;
+    struct abi_prof_kernel_ch kernelCh;
+    struct abi_prof_net netPlugin;
+    struct { uint64_t seqNumber; const char* func; void const* sendBuff; void* recvBuff;
+             size_t count; int root; const char* datatype; const char* syncStrategy;
+             bool intraBatchSync; uint32_t batchSize; uint32_t numBatches; uint32_t ceSeqNum;
+             void* stream; uint64_t userTag; } ceColl;
+    struct { bool isComplete; int nRanks; } ceCollSync;
+    struct { int numOps; size_t totalBytes; bool useIntraSync; } ceCollBatch;
+    struct { uint8_t channelId; uint8_t phaseId; const char* phaseName; uint64_t pTimer; }
+        kernelPhase;
+  };
+} ncclProfilerEventDescr_v7_t;
+
+/* The offsets of profiler_v7.h on LP64 (what a plugin built against it reads). */
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll) == 24, "v7 union");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll.parentGroup) == 24 + 80, "v7 coll");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll.kernelVariant) == 24 + 88, "v7 coll");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll.isSymColl) == 24 + 96, "v7 coll");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll.userTag) == 24 + 104, "v7 coll");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, p2p.parentGroup) == 24 + 40, "v7 p2p");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, p2p.userTag) == 24 + 48, "v7 p2p");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, collApi.userTag) == 24 + 48, "v7 collApi");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, kernelPhase.pTimer) == 24 + 16, "v7 phase");
+_Static_assert(sizeof(ncclProfilerEventDescr_v7_t) == 136, "v7 size");
+
+/* v6 (the library's own "current" descriptor). */
 typedef struct {
   uint64_t type;
   void* parentObj;
@@ -172,6 +220,7 @@ typedef union {
 } ncclProfilerEventStateArgs_v4_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v5_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
+typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v7_t; /* KernelPhaseStop: kernelCh */
 
 #define ABI_PROF_TABLE(ver, init_args)                                                    \
   typedef struct {                                                                        \
@@ -185,7 +234,9 @@ typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
     ncclResult_t (*finalize)(void* context);                                              \
   } ncclProfiler_##ver##_t;
 
-/* v5/v6 init: (ctx, commId, mask, commName, nNodes, nranks, rank, logfn). */
+/* v5-v7 init: (ctx, commId, mask, commName, nNodes, nranks, rank, logfn). */
+ABI_PROF_TABLE(v7, (void** context, uint64_t commId, int* eActivationMask, const char* commName,
+                    int nNodes, int nranks, int rank, ncclDebugLogger_t logfn))
 ABI_PROF_TABLE(v6, (void** context, uint64_t commId, int* eActivationMask, const char* commName,
                     int nNodes, int nranks, int rank, ncclDebugLogger_t logfn))
 ABI_PROF_TABLE(v5, (void** context, uint64_t commId, int* eActivationMask, const char* commName,

@@ -1,15 +1,19 @@
 /*
  * Profiler-plugin loader, following NCCL's src/plugin/profiler.cc, plugin_open.cc and
- * profiler/profiler_v4..v6.cc (rewritten here, not copied):
+ * profiler/profiler_v4..v7.cc (rewritten here, not copied):
  *  - NCCL_PROFILER_PLUGIN unset: dlopen("libnccl-profiler.so"); "none" (any case): no plugin;
  *    otherwise dlopen(value) as given, then, when the value has no '/' and is not already a
  *    "lib*.so" name, dlopen("libnccl-profiler-<value>.so"). RTLD_NOW | RTLD_LOCAL. A library
  *    that is missing or exports no known table just means "no profiler"; the job goes on.
- *  - Symbol lookup newest first: ncclProfiler_v6, _v5, _v4 (v1..v3 are not supported).
+ *  - Symbol lookup newest first: ncclProfiler_v7, _v6, _v5, _v4 (v1..v3 are not supported).
+ *    NCCL_ABI_PROFILER_VERSION=N (this library only; NCCL has no such variable) starts the
+ *    lookup at vN, as an older NCCL would, so that each table of a plugin can be tested.
  *  - Loaded once per process, reference-counted per communicator; dlclose at the last.
  *  - The activation mask is one process-wide int that init writes through its pointer (as
- *    NCCL's ncclProfilerEventMask); v5 has the CE bits cleared after init.
- *  - Events reach a v5/v4 plugin converted from the v6 descriptor as NCCL converts them; v4
+ *    NCCL's ncclProfilerEventMask); v5 has the CE bits cleared after init, v4-v6 the
+ *    KernelPhase bit; a v7 mask with KernelPhase gets KernelCh too (NCCL needs it for phases).
+ *  - Events reach a v7 plugin as a v7 descriptor (the v6 members, the appended fields zero),
+ *    a v5/v4 plugin converted from the v6 descriptor as NCCL converts them; v4
  *    receives only Group, Coll, P2p, Proxy events, KernelCh, NetPlugin, Coll/P2p with the Group event
  *    as parent, and its init gets (ctx, mask, commName, commHash, ...).
  */
@@ -27,7 +31,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_status;   /* 0 not tried, 1 loaded, -1 failed (never retried, as NCCL) */
 static int g_refs;
 static void* g_lib;
-static int g_version;  /* 6, 5 or 4 */
+static int g_version;  /* 7, 6, 5 or 4 */
+static const ncclProfiler_v7_t* g_v7;
 static const ncclProfiler_v6_t* g_v6;
 static const ncclProfiler_v5_t* g_v5;
 static const ncclProfiler_v4_t* g_v4;
@@ -59,14 +64,20 @@ static void* open_plugin(const char* name) {
 }
 
 static int pick_table(void* lib) {
-  if ((g_v6 = dlsym(lib, "ncclProfiler_v6")) != NULL) return 6;
-  if ((g_v5 = dlsym(lib, "ncclProfiler_v5")) != NULL) return 5;
-  if ((g_v4 = dlsym(lib, "ncclProfiler_v4")) != NULL) return 4;
+  const char* env = getenv("NCCL_ABI_PROFILER_VERSION");
+  int max = env != NULL && *env ? atoi(env) : 7;
+  if (max >= 7 && (g_v7 = dlsym(lib, "ncclProfiler_v7")) != NULL) return 7;
+  if (max >= 6 && (g_v6 = dlsym(lib, "ncclProfiler_v6")) != NULL) return 6;
+  if (max >= 5 && (g_v5 = dlsym(lib, "ncclProfiler_v5")) != NULL) return 5;
+  if (max >= 4 && (g_v4 = dlsym(lib, "ncclProfiler_v4")) != NULL) return 4;
   return 0;
 }
 
 static const char* table_name(void) {
-  const char* n = g_version == 6 ? g_v6->name : g_version == 5 ? g_v5->name : g_v4->name;
+  const char* n = g_version == 7   ? g_v7->name
+                  : g_version == 6 ? g_v6->name
+                  : g_version == 5 ? g_v5->name
+                                   : g_v4->name;
   return n ? n : "(unnamed)";
 }
 
@@ -86,7 +97,7 @@ static int load_locked(void) {
   g_version = g_lib ? pick_table(g_lib) : 0;
   if (g_version == 0) {
     if (g_lib) {
-      abi_log("PROFILER/Plugin: %s exports no ncclProfiler_v6/v5/v4, not used", name);
+      abi_log("PROFILER/Plugin: %s exports no ncclProfiler_v7/v6/v5/v4, not used", name);
       dlclose(g_lib);
     }
     g_lib = NULL;
@@ -105,6 +116,7 @@ static void unload_locked(void) {
   __atomic_store_n(&g_loaded, 0, __ATOMIC_RELEASE);
   dlclose(g_lib);
   g_lib = NULL;
+  g_v7 = NULL;
   g_v6 = NULL;
   g_v5 = NULL;
   g_v4 = NULL;
@@ -135,7 +147,11 @@ void prof_comm_init(struct ncclComm* c, const char* comm_name) {
   uint64_t hash = c->magic;
   int err;
   int nnodes = c->nhosts > 0 ? c->nhosts : 1;
-  if (g_version == 6)
+  if (g_version == 7) {
+    err = g_v7->init(&c->prof_ctx, hash, &g_mask, comm_name, nnodes, c->nranks, c->rank,
+                     plugin_log);
+    if (err == ncclSuccess && (g_mask & ncclProfileKernelPhase)) g_mask |= ncclProfileKernelCh;
+  } else if (g_version == 6)
     err = g_v6->init(&c->prof_ctx, hash, &g_mask, comm_name, nnodes, c->nranks, c->rank,
                      plugin_log);
   else if (g_version == 5) {
@@ -146,6 +162,7 @@ void prof_comm_init(struct ncclComm* c, const char* comm_name) {
     err = g_v4->init(&c->prof_ctx, &g_mask, comm_name, hash, nnodes, c->nranks, c->rank,
                      plugin_log);
   }
+  if (g_version < 7) g_mask &= ~ncclProfileKernelPhase;
   if (err != ncclSuccess) {
     abi_warn("profiler %s: init failed with error %d (%s), continuing without profiler",
              table_name(), err, strerror(errno));
@@ -162,7 +179,8 @@ void prof_comm_init(struct ncclComm* c, const char* comm_name) {
 void prof_comm_finalize(struct ncclComm* c) {
   if (!c->prof_ref) return;
   if (c->prof_ctx != NULL) {
-    if (g_version == 6) g_v6->finalize(c->prof_ctx);
+    if (g_version == 7) g_v7->finalize(c->prof_ctx);
+    else if (g_version == 6) g_v6->finalize(c->prof_ctx);
     else if (g_version == 5) g_v5->finalize(c->prof_ctx);
     else g_v4->finalize(c->prof_ctx);
   }
@@ -171,6 +189,15 @@ void prof_comm_finalize(struct ncclComm* c) {
   pthread_mutex_lock(&g_mu);
   unload_locked();
   pthread_mutex_unlock(&g_mu);
+}
+
+/* The v7 union members are the v6 ones with fields appended: the v6 union is copied whole. */
+static void to_v7(const ncclProfilerEventDescr_v6_t* d, ncclProfilerEventDescr_v7_t* o) {
+  memset(o, 0, sizeof *o);
+  o->type = d->type;
+  o->parentObj = d->parentObj;
+  o->rank = d->rank;
+  memcpy(&o->coll, &d->coll, sizeof *d - offsetof(ncclProfilerEventDescr_v6_t, coll));
 }
 
 static int to_v5(const ncclProfilerEventDescr_v6_t* d, ncclProfilerEventDescr_v5_t* o) {
@@ -224,7 +251,11 @@ static int to_v4(const ncclProfilerEventDescr_v6_t* d, ncclProfilerEventDescr_v4
 void* prof_start(void* ctx, ncclProfilerEventDescr_v6_t* d) {
   void* h = NULL;
   if (!prof_loaded()) return NULL;
-  if (g_version == 6) {
+  if (g_version == 7) {
+    ncclProfilerEventDescr_v7_t o;
+    to_v7(d, &o);
+    g_v7->startEvent(ctx, &h, &o);
+  } else if (g_version == 6) {
     g_v6->startEvent(ctx, &h, d);
   } else if (g_version == 5) {
     ncclProfilerEventDescr_v5_t o;
@@ -238,7 +269,8 @@ void* prof_start(void* ctx, ncclProfilerEventDescr_v6_t* d) {
 
 void prof_stop(void* h) {
   if (h == NULL || !prof_loaded()) return;
-  if (g_version == 6) g_v6->stopEvent(h);
+  if (g_version == 7) g_v7->stopEvent(h);
+  else if (g_version == 6) g_v6->stopEvent(h);
   else if (g_version == 5) g_v5->stopEvent(h);
   else g_v4->stopEvent(h);
 }
@@ -246,13 +278,15 @@ void prof_stop(void* h) {
 void prof_record(void* h, ncclProfilerEventState_t s, ncclProfilerEventStateArgs_v6_t* a) {
   if (h == NULL || !prof_loaded()) return;
   if (s >= ncclProfilerCeCollStart && g_version < 6) return;
+  if (s == ncclProfilerKernelPhaseStop && g_version < 7) return;
   /* v4 knows neither the group API states. */
   if (g_version == 4 && (s == ncclProfilerGroupStartApiStop || s == ncclProfilerGroupEndApiStart))
     return;
   ncclProfilerEventStateArgs_v4_t copy;
   memset(&copy, 0, sizeof copy);
   if (a != NULL) copy = *a;
-  if (g_version == 6) g_v6->recordEventState(h, s, &copy);
+  if (g_version == 7) g_v7->recordEventState(h, s, &copy);
+  else if (g_version == 6) g_v6->recordEventState(h, s, &copy);
   else if (g_version == 5) g_v5->recordEventState(h, s, &copy);
   else g_v4->recordEventState(h, s, &copy);
 }

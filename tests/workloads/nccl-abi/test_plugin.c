@@ -1,7 +1,8 @@
 /*
  * Contract-test NCCL profiler plugin: records every call it receives (test_plugin.h) so
- * that nccl_prof_test can check what the library did. Built three ways:
- *   libnccl-profiler-abitest.so   exports ncclProfiler_v6, _v5 and _v4 (ABITEST_MAX_V=6)
+ * that nccl_prof_test can check what the library did. Built four ways:
+ *   libnccl-profiler-abitest.so   exports ncclProfiler_v7, _v6, _v5 and _v4 (ABITEST_MAX_V=7)
+ *   libnccl-profiler-abitest6.so  exports _v6, _v5 and _v4
  *   libnccl-profiler-abitest5.so  exports _v5 and _v4
  *   libnccl-profiler-abitest4.so  exports _v4 only
  * Environment: NCCL_PROFILE_EVENT_MASK (the mask it answers at init, as NCCL's example
@@ -178,6 +179,15 @@ static void fill_v5(struct abitest_ev* e, const ncclProfilerEventDescr_v5_t* d) 
 }
 #endif
 
+#if ABITEST_MAX_V >= 7
+static ncclResult_t start_v7(void* ctx, void** h, ncclProfilerEventDescr_v7_t* d) {
+  (void)ctx;
+  struct abitest_ev* e = new_event(7, d->type, d->parentObj, d->rank, h);
+  if (e) fill_v5(e, (const ncclProfilerEventDescr_v5_t*)d); /* v7 members extend v5's */
+  return ncclSuccess;
+}
+#endif
+
 #if ABITEST_MAX_V >= 6
 static ncclResult_t start_v6(void* ctx, void** h, ncclProfilerEventDescr_v6_t* d) {
   (void)ctx;
@@ -226,6 +236,12 @@ static ncclResult_t record_any(void* h, ncclProfilerEventState_t s,
   return ncclSuccess;
 }
 
+#if ABITEST_MAX_V >= 7
+static ncclResult_t init_v7(void** c, uint64_t id, int* m, const char* n, int nn, int nr, int r,
+                            ncclDebugLogger_t l) {
+  return do_init(7, c, id, m, n, nn, nr, r, l);
+}
+#endif
 #if ABITEST_MAX_V >= 6
 static ncclResult_t init_v6(void** c, uint64_t id, int* m, const char* n, int nn, int nr, int r,
                             ncclDebugLogger_t l) {
@@ -243,6 +259,10 @@ static ncclResult_t init_v4(void** c, int* m, const char* n, uint64_t id, int nn
   return do_init(4, c, id, m, n, nn, nr, r, l);
 }
 
+#if ABITEST_MAX_V >= 7
+EXPORT const ncclProfiler_v7_t ncclProfiler_v7 = {"abitest-v7", init_v7, start_v7, stop_any,
+                                                  record_any, do_finalize};
+#endif
 #if ABITEST_MAX_V >= 6
 EXPORT const ncclProfiler_v6_t ncclProfiler_v6 = {"abitest-v6", init_v6, start_v6, stop_any,
                                                   record_any, do_finalize};

@@ -12,7 +12,7 @@
 #define ABITEST_MAX_STATES 8
 
 struct abitest_init {
-  int version;       /* table that was called: 6, 5 or 4 */
+  int version;       /* table that was called: 7, 6, 5 or 4 */
   uint64_t comm_id;
   int mask_in, mask_out;
   char comm_name[64]; /* "" for NULL */

@@ -232,12 +232,10 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("fast") => bench_fast(),
         Some("cluster") => bench_cluster(),
         // The NCCL profiler plugin: ns per collective on NCCL's calling and proxy threads
-        // against an empty plugin, and records/s reaching a receiver (docs/profiler-plugin.md).
-        // Then the step-time overhead of the asynchronous NCCL-ABI job with and without it.
-        Some("plugin") => {
-            sh(cargo().args(["run", "--release", "-p", "nccl-profiler", "--example", "bench_plugin"]))?;
-            plugin_bench::step_overhead()
-        }
+        // against an empty plugin, with and without a chained plugin, and records/s reaching a
+        // receiver (docs/profiler-plugin.md). Then the step-time overhead of the asynchronous
+        // NCCL-ABI job without it, with it, and with a plugin chained behind it.
+        Some("plugin") => plugin_bench::callbacks().and_then(|_| plugin_bench::step_overhead()),
         Some("probes") => {
             build_agent(true).and_then(|_| sh(cargo().args(["run", "--release", "-p", "agent", "--example", "bench_probes", "--"]).args(&args[1..])))
         }
