@@ -34,7 +34,7 @@ use std::{
     sync::{atomic::Ordering::Relaxed, OnceLock},
 };
 
-use events::{handle, CollInfo, Context, Handle, EV_COLL, EV_KERNEL_CH, EV_PROXY_OP, EV_PROXY_STEP, STATE_KERNEL_CH_STOP};
+use events::{handle, CollInfo, Context, Handle, EV_COLL, EV_COLL_API, EV_KERNEL_CH, EV_PROXY_OP, EV_PROXY_STEP, STATE_KERNEL_CH_STOP};
 
 /// `ncclSuccess`.
 const OK: c_int = 0;
@@ -66,9 +66,22 @@ pub struct KernelChDescr {
     pub p_timer: u64,
 }
 
+/// NCCL's `collApi` descriptor (v5, v6).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CollApiDescr {
+    pub func: *const c_char,
+    pub count: usize,
+    pub datatype: *const c_char,
+    pub root: c_int,
+    pub stream: *mut c_void,
+    pub graph_captured: bool,
+}
+
 #[repr(C)]
 pub union DescrUnion {
     pub coll: CollDescr,
+    pub coll_api: CollApiDescr,
     pub kernel_ch: KernelChDescr,
 }
 
@@ -284,6 +297,7 @@ unsafe fn start_common<T>(ctx: *mut c_void, out: *mut *mut c_void, ty: u64, d: &
     let Some(ctx) = (unsafe { (ctx as *const Context).as_ref() }) else { return OK };
     // SAFETY: parentObj is null or a handle this plugin returned for the same communicator.
     let parent = unsafe { handle(d.parent_obj as usize) };
+    let graph = matches!(parent, Some(Handle::CollApi(true)));
     let h = match (ty, parent) {
         (EV_COLL, _) => {
             // SAFETY: a Coll descriptor: the `coll` member is the one NCCL filled.
@@ -298,10 +312,13 @@ unsafe fn start_common<T>(ctx: *mut c_void, out: *mut *mut c_void, ty: u64, d: &
                     n_channels: c.n_channels,
                     algo: cstr(c.algo),
                     proto: cstr(c.proto),
+                    graph,
                 }
             };
             ctx.coll_start(&info)
         }
+        // SAFETY: a CollApi descriptor (v5+ only: a v4 type byte cannot hold the bit).
+        (EV_COLL_API, _) => events::coll_api_handle(unsafe { d.u.coll_api.graph_captured }),
         // SAFETY: a KernelCh descriptor: the `kernelCh` member is the one NCCL filled.
         (EV_KERNEL_CH, Some(Handle::Coll(s))) => ctx.kernel_start(s, unsafe { d.u.kernel_ch.p_timer }),
         (EV_PROXY_OP, Some(Handle::Coll(s))) => s.proxy_op_handle(),
@@ -345,7 +362,7 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
             }
         }
         Some(Handle::Step(st)) => events::step_state(st, None, None),
-        Some(Handle::ProxyOp(_)) | None => {}
+        Some(Handle::ProxyOp(_)) | Some(Handle::CollApi(_)) | None => {}
     }
     OK
 }
