@@ -299,6 +299,7 @@ pub(crate) mod fixtures {
             notes: vec![],
             timing: String::new(),
             desyncs: Vec::new(),
+            graph_replay: None,
         }
     }
 
