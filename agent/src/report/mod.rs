@@ -5,6 +5,7 @@
 pub mod hang;
 pub mod html;
 pub mod json;
+pub mod ras;
 pub mod text;
 pub mod timeline;
 
