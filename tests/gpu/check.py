@@ -38,6 +38,7 @@ import threading
 import time
 
 import graph
+import ras
 
 HEADER = struct.Struct("<IHHHHIIIQQQ16s")  # 64 bytes (docs/profiler-plugin.md)
 RECORD = struct.Struct("<QQiiQQQQQqQ6Q")  # the first 128 bytes of a record
@@ -163,7 +164,7 @@ def median(v):
 def start_agent(a, tmp):
     paths = {k: os.path.join(tmp, k) for k in ("agent.sock", "markers.sock", "agent.db", "agent.log", "agent.toml")}
     with open(paths["agent.toml"], "w") as f:
-        f.write('[steps]\ngrace = "500ms"\n\n[hang]\nfloor = "2s"\nk = 3.0\n')
+        f.write('[steps]\ngrace = "500ms"\n\n[hang]\nfloor = "2s"\nk = 3.0\n\n[collectives]\nras_every = "1s"\n')
     check = subprocess.run([a.agent, "check"], capture_output=True, text=True, timeout=60)
     with open(os.path.join(a.out, "agent-check.txt"), "w") as f:
         f.write(check.stdout + check.stderr)
@@ -333,15 +334,18 @@ def events_per_call():
 
 
 def hang_report(a):
+    seen = ras.query()
     r = subprocess.run([a.agent, "diagnose", "--hang", "--agent", API, "--json"], capture_output=True, text=True, timeout=30)
     t = subprocess.run([a.agent, "diagnose", "--hang", "--agent", API], capture_output=True, text=True, timeout=30)
     text = f"\n== diagnose --hang, {HANG_S / 2:.0f} s into the hang (exit {t.returncode})\n" + t.stdout + t.stderr
     try:
-        hangs = json.loads(r.stdout).get("hangs", [])
+        rep = json.loads(r.stdout)
+        hangs = rep.get("hangs", [])
     except ValueError:
-        return {"exit": r.returncode, "error": (r.stderr or r.stdout)[-1000:], "text": text}
+        return {"exit": r.returncode, "error": (r.stderr or r.stdout)[-1000:], "text": text, "ras": seen}
     sus = [h for h in hangs if h.get("suspected")]
-    return {"exit": r.returncode, "suspected": len(sus), "op": [h.get("op") for h in sus],
+    return {"exit": r.returncode, "suspected": len(sus), "op": [h.get("op") for h in sus], "ras": seen, "ras_checks": ras.checks(seen, rep),
+            "agent_ras": rep.get("ras"), "agent_ras_findings": rep.get("ras_findings"),
             "inside": sorted({i.get("rank") for h in sus for i in h.get("inside", [])}, key=str),
             "missing": sorted({m.get("rank") for h in sus for m in h.get("missing", [])}, key=str),
             "open_seconds": [h.get("open_seconds") for h in sus], "text": text}
@@ -396,6 +400,7 @@ def checks_of(a, jobs, per_rank, skew, agent):
             v["paired_after_alone"] == 0 and v["alone"] >= 0.9 * v["calls"] for v in pp)
         h = agent["hang"] or {}
         c["agent_hang_suspected_rank_1_missing"] = h.get("exit") == 4 and h.get("missing") == [1] and 0 in h.get("inside", [])
+        c.update(h.get("ras_checks") or {"agent_ras_state_matches_the_scripts_query": False})
     return c
 
 
