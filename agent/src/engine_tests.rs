@@ -24,6 +24,7 @@ fn one_step(ranks: Vec<crate::attribution::RankTime>) -> Attribution {
         notes: Vec::new(),
         timing: String::new(),
         desyncs: Vec::new(),
+        graph_replay: None,
     }
 }
 

@@ -58,9 +58,22 @@ pub struct KernelPhaseDescr {
     pub p_timer: u64,
 }
 
+/// NCCL's `collApi` descriptor (v5+; v7 appends `userTag`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CollApiDescr {
+    pub func: *const c_char,
+    pub count: usize,
+    pub datatype: *const c_char,
+    pub root: c_int,
+    pub stream: *mut c_void,
+    pub graph_captured: bool,
+}
+
 #[repr(C)]
 pub union DescrUnion {
     pub coll: CollDescr,
+    pub coll_api: CollApiDescr,
     pub kernel_ch: KernelChDescr,
 }
 

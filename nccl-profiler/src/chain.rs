@@ -365,7 +365,8 @@ pub unsafe fn start(ctx: *mut c_void, d: *const c_void) -> *mut c_void {
     };
     // SAFETY: parentObj (offset 8 in every version) is null or a link of this context.
     let parent = unsafe { (*d.cast::<u8>().add(OFF_PARENT_OBJ).cast::<*const Link>()).as_ref() };
-    let own = if ty & c.own_mask != 0 {
+    // CollApi too: its handle marks graph capture for the Coll events of later replays.
+    let own = if ty & (c.own_mask | crate::events::EV_COLL_API) != 0 {
         // SAFETY: Stepwise's context and NCCL's descriptor; the parent's Stepwise handle.
         unsafe { crate::own_start_raw(c.own, c.nccl, d, parent.map_or(0, |l| l.own.load(Acquire))) }
     } else {

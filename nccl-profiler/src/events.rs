@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*
 use crate::{
     clock::{monotonic_ns, realtime_ns, OffsetEstimator},
     ring::Ring,
-    wire::{self, Record, FLAG_COMPLETE, FLAG_EVICTED, FLAG_NO_KERNEL, FLAG_STARTED},
+    wire::{self, Record, FLAG_COMPLETE, FLAG_EVICTED, FLAG_GRAPH, FLAG_NO_KERNEL, FLAG_STARTED},
 };
 
 /// NCCL's event types (`nccl_profiler.h`).
@@ -25,6 +25,9 @@ pub const EV_COLL: u64 = 1 << 1;
 pub const EV_PROXY_OP: u64 = 1 << 3;
 pub const EV_PROXY_STEP: u64 = 1 << 4;
 pub const EV_KERNEL_CH: u64 = 1 << 6;
+/// `ncclProfileCollApi` (v5+): NCCL starts it for every collective API call when Coll (or a
+/// child event) is in the mask, whether or not this bit is.
+pub const EV_COLL_API: u64 = 1 << 9;
 /// `ncclProfilerKernelChStop`.
 pub const STATE_KERNEL_CH_STOP: i32 = 22;
 
@@ -37,6 +40,21 @@ const TAG_MASK: usize = 3;
 const TAG_PROXY_OP: usize = 1;
 const TAG_KERNEL: usize = 2;
 const TAG_STEP: usize = 3;
+
+/// What a CollApi handle says: two static marks, never freed. NCCL keeps the handle in the
+/// task and names it as the Coll event's parent at every replay of a captured graph, long
+/// after the CollApi event stopped, so the handle must outlive any slot.
+#[repr(align(64))]
+struct ApiMark(#[allow(dead_code)] u8);
+static API_CAPTURED: ApiMark = ApiMark(1);
+static API_PLAIN: ApiMark = ApiMark(0);
+
+/// The handle of a CollApi event: non-null (so that NCCL advances `seqNumber` at graph
+/// replays, docs/profiler-plugin.md), and whether the call was captured into a graph.
+pub fn coll_api_handle(graph_captured: bool) -> usize {
+    let m = if graph_captured { &API_CAPTURED } else { &API_PLAIN };
+    m as *const ApiMark as usize
+}
 
 #[repr(align(64))]
 pub struct CollSlot {
@@ -89,6 +107,8 @@ pub struct CollInfo<'a> {
     pub n_channels: u8,
     pub algo: &'a [u8],
     pub proto: &'a [u8],
+    /// Its parent CollApi was captured into a CUDA graph: this is a replay.
+    pub graph: bool,
 }
 
 impl Context {
@@ -165,7 +185,7 @@ impl Context {
             wire::code_of(&wire::ALGOS, c.algo),
             wire::code_of(&wire::PROTOS, c.proto),
             c.n_channels,
-            0,
+            u8::from(c.graph),
             0,
             0,
         ]);
@@ -225,7 +245,7 @@ impl Context {
             proto: m[3],
             n_channels: m[4],
             kernel_stops: s.kernel_stops.load(Relaxed).min(255) as u8,
-            flags,
+            flags: if m[5] & 1 != 0 { flags | FLAG_GRAPH } else { flags },
         };
         for (o, w) in r.proxy_wait_ns.iter_mut().zip(&s.waits) {
             *o = w.load(Relaxed);
@@ -319,6 +339,8 @@ pub enum Handle<'a> {
     ProxyOp(&'a CollSlot),
     Kernel(&'a CollSlot),
     Step(&'a StepSlot),
+    /// A CollApi event; `true`: captured into a CUDA graph.
+    CollApi(bool),
 }
 
 /// Reads a handle this plugin gave NCCL.
@@ -328,6 +350,9 @@ pub enum Handle<'a> {
 pub unsafe fn handle<'a>(h: usize) -> Option<Handle<'a>> {
     if h == 0 {
         return None;
+    }
+    if h == coll_api_handle(true) || h == coll_api_handle(false) {
+        return Some(Handle::CollApi(h == coll_api_handle(true)));
     }
     let p = h & !TAG_MASK;
     // SAFETY: per the contract, `p` is a live slot of the kind the tag says.

@@ -40,7 +40,7 @@ use std::{
 };
 
 pub use abi::*;
-use events::{handle, CollInfo, Context, Handle, EV_COLL, EV_KERNEL_CH, EV_PROXY_OP, EV_PROXY_STEP, STATE_KERNEL_CH_STOP};
+use events::{handle, CollInfo, Context, Handle, EV_COLL, EV_COLL_API, EV_KERNEL_CH, EV_PROXY_OP, EV_PROXY_STEP, STATE_KERNEL_CH_STOP};
 
 /// `ncclSuccess`.
 const OK: c_int = 0;
@@ -237,11 +237,15 @@ unsafe fn cstr<'a>(p: *const c_char) -> &'a [u8] {
 /// # Safety
 /// NCCL's contract: a descriptor of `ty`; `parent` is 0 or a handle of this context.
 unsafe fn own_start<T>(ctx: &Context, ty: u64, parent: usize, d: &Descr<T>) -> usize {
-    if ty & ctx.mask == 0 {
+    // NCCL starts CollApi for every collective call when Coll is in the mask, whether or not
+    // its own bit is: its handle is kept (not recorded) whatever the mask.
+    if ty & ctx.mask == 0 && ty != EV_COLL_API {
         return 0;
     }
     // SAFETY: per the contract.
-    match (ty, unsafe { handle(parent) }) {
+    let parent = unsafe { handle(parent) };
+    let graph = matches!(parent, Some(Handle::CollApi(true)));
+    match (ty, parent) {
         (EV_COLL, _) => {
             // SAFETY: a Coll descriptor: the `coll` member is the one NCCL filled.
             let c = unsafe { d.u.coll };
@@ -255,10 +259,13 @@ unsafe fn own_start<T>(ctx: &Context, ty: u64, parent: usize, d: &Descr<T>) -> u
                     n_channels: c.n_channels,
                     algo: cstr(c.algo),
                     proto: cstr(c.proto),
+                    graph,
                 }
             };
             ctx.coll_start(&info)
         }
+        // SAFETY: a CollApi descriptor (v5+ only: a v4 type byte cannot hold the bit).
+        (EV_COLL_API, _) => events::coll_api_handle(unsafe { d.u.coll_api.graph_captured }),
         // SAFETY: a KernelCh descriptor: the `kernelCh` member is the one NCCL filled.
         (EV_KERNEL_CH, Some(Handle::Coll(s))) => ctx.kernel_start(s, unsafe { d.u.kernel_ch.p_timer }),
         (EV_PROXY_OP, Some(Handle::Coll(s))) => s.proxy_op_handle(),
@@ -347,7 +354,7 @@ pub(crate) unsafe fn own_stop(h: usize) {
             }
         }
         Some(Handle::Step(st)) => events::step_state(st, None, None),
-        Some(Handle::ProxyOp(_)) | None => {}
+        Some(Handle::ProxyOp(_)) | Some(Handle::CollApi(_)) | None => {}
     }
 }
 

@@ -26,6 +26,46 @@ fn descriptor_layouts_match_the_headers() {
     assert_eq!(offset_of!(CollDescr, algo), 64);
     assert_eq!(offset_of!(CollDescr, proto), 72);
     assert_eq!(offset_of!(KernelChDescr, p_timer), 8);
+    // profiler_v5.h / _v6.h collApi: func, count, datatype, root, stream, graphCaptured.
+    assert_eq!(offset_of!(CollApiDescr, root), 24);
+    assert_eq!(offset_of!(CollApiDescr, stream), 32);
+    assert_eq!(offset_of!(CollApiDescr, graph_captured), 40);
+}
+
+fn coll_api(graph_captured: bool) -> Descr<u64> {
+    let api = CollApiDescr { func: c"AllReduce".as_ptr(), count: 1 << 20, datatype: c"ncclFloat32".as_ptr(), root: 0, stream: null_mut(), graph_captured };
+    Descr { type_: events::EV_COLL_API, parent_obj: null_mut(), rank: 0, u: DescrUnion { coll_api: api } }
+}
+
+/// NCCL 2.30.7 under CUDA graphs: the CollApi event at capture (graphCaptured), stopped; at
+/// each replay a Coll event whose parent is that same CollApi handle, then its kernel.
+#[test]
+fn a_replayed_collective_is_flagged_graph_and_an_ordinary_one_is_not() {
+    let r = ring();
+    let ctx = Context::new(7, 0, 2, EV_COLL | EV_KERNEL_CH, r).cast::<c_void>();
+    // SAFETY: the callbacks with this test's context, in NCCL's order.
+    unsafe {
+        let captured = start(ctx, &mut coll_api(true));
+        let plain = start(ctx, &mut coll_api(false));
+        assert!(!captured.is_null() && !plain.is_null() && captured != plain, "non-null: NCCL advances seqNumber at replay only then");
+        (ncclProfiler_v5.stop_event)(captured);
+        (ncclProfiler_v5.stop_event)(plain);
+        for (seq, parent, want) in [(0, captured, FLAG_GRAPH), (1, captured, FLAG_GRAPH), (2, plain, 0)] {
+            let mut d = coll_descr(seq, 1);
+            d.parent_obj = parent;
+            let coll = start(ctx, &mut d);
+            (ncclProfiler_v5.stop_event)(coll);
+            let k = start(ctx, &mut child(EV_KERNEL_CH, coll, 1_000 + seq));
+            let started = r.pop().expect("progress record");
+            assert_eq!(started.flags, FLAG_STARTED | want, "seq {seq}");
+            let mut end = 2_000 + seq;
+            (ncclProfiler_v5.record_event_state)(k, STATE_KERNEL_CH_STOP, (&mut end as *mut u64).cast());
+            (ncclProfiler_v5.stop_event)(k);
+            let rec = r.pop().expect("record");
+            assert_eq!((rec.seq, rec.flags), (seq, FLAG_COMPLETE | want));
+        }
+        (ncclProfiler_v5.finalize)(ctx);
+    }
 }
 
 fn coll_descr(seq: u64, n_channels: u8) -> Descr<u64> {

@@ -47,6 +47,10 @@ pub const FLAG_NO_KERNEL: u8 = 4;
 /// set, no end); its full record follows when the last channel stops. A rank whose GPU never
 /// starts a collective that its peers' GPUs are inside is what a GPU-side hang looks like.
 pub const FLAG_STARTED: u8 = 8;
+/// The collective was launched by a CUDA graph replay: its Coll event's parent is a CollApi
+/// event that NCCL reported with `graphCaptured` (v5+; docs/profiler-plugin.md, "CUDA
+/// graphs"). No host NCCL call ran for it; `enqueue_ns` is when the graph's host node ran.
+pub const FLAG_GRAPH: u8 = 16;
 
 /// One collective on one rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

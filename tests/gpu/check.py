@@ -14,6 +14,8 @@ then one all-reduce of 16 MiB bracketed by CUDA events, step markers sent to the
   cpu_late  rank 1's CPU sleeps 10 ms before the all-reduce, its GPU still busy (not late);
 then a hang: rank 1 stays away for 8 s from one more all-reduce that rank 0 entered.
 Job 2, without the plugin: gpu_late steps only (step ids from 100).
+Job 3, with the plugin: an all-reduce captured into a CUDA graph and replayed each step, rank
+1's GPU late (step ids from 200; tests/gpu/graph.py).
 
 The truth that does not come from the plugin: rank 0's CUDA events around its all-reduce
 (it waits inside for rank 1's data), and the host's own enqueue times. The script receives
@@ -34,6 +36,9 @@ import sys
 import tempfile
 import threading
 import time
+
+import graph
+import ras
 
 HEADER = struct.Struct("<IHHHHIIIQQQ16s")  # 64 bytes (docs/profiler-plugin.md)
 RECORD = struct.Struct("<QQiiQQQQQqQ6Q")  # the first 128 bytes of a record
@@ -84,21 +89,27 @@ def mark(sock, path, rank, step, phase):
             pass
 
 
+def per_ms_of(torch):
+    """Calibrates torch.cuda._sleep: cycles per ms."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(100_000_000)
+    e1.record()
+    torch.cuda.synchronize()
+    return 100_000_000 / e0.elapsed_time(e1)
+
+
 def rank_main(a):
     """One rank: runs the steps, writes its CUDA-event and host timings to a.result."""
+    if a.job == "graph":
+        return graph.rank_main(a, per_ms_of, mark, BYTES, COMPUTE_MS, GPU_LATE_MS)
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=a.rank, world_size=2, device_id=torch.device("cuda", 0))
     x = torch.ones(BYTES // 4, device="cuda")
-    # Calibrate _sleep: cycles per ms.
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    torch.cuda._sleep(100_000_000)
-    e1.record()
-    torch.cuda.synchronize()
-    per_ms = 100_000_000 / e0.elapsed_time(e1)
+    per_ms = per_ms_of(torch)
     for _ in range(5):
         dist.all_reduce(x)
     torch.cuda.synchronize()
@@ -153,7 +164,7 @@ def median(v):
 def start_agent(a, tmp):
     paths = {k: os.path.join(tmp, k) for k in ("agent.sock", "markers.sock", "agent.db", "agent.log", "agent.toml")}
     with open(paths["agent.toml"], "w") as f:
-        f.write('[steps]\ngrace = "500ms"\n\n[hang]\nfloor = "2s"\nk = 3.0\n')
+        f.write('[steps]\ngrace = "500ms"\n\n[hang]\nfloor = "2s"\nk = 3.0\n\n[collectives]\nras_every = "1s"\n')
     check = subprocess.run([a.agent, "check"], capture_output=True, text=True, timeout=60)
     with open(os.path.join(a.out, "agent-check.txt"), "w") as f:
         f.write(check.stdout + check.stderr)
@@ -171,10 +182,10 @@ def start_agent(a, tmp):
 
 def run_ranks(a, tmp, job, prof_sock, markers, hang=None):
     """Both ranks of one job; with `hang`, calls it (in this thread) once rank 0 entered the hung call."""
-    env = dict(os.environ, STEPWISE_PROFILER_SOCKET=prof_sock, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29517 + (job == "noplugin")),
+    env = dict(os.environ, STEPWISE_PROFILER_SOCKET=prof_sock, MASTER_ADDR="127.0.0.1", MASTER_PORT=str({"plugin": 29517, "noplugin": 29518}.get(job, 29519)),
                NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo", NCCL_DEBUG="INFO",
                NCCL_DEBUG_SUBSYS="INIT,ENV,NET,PROFILE", PYTHONUNBUFFERED="1", STEPWISE_PROFILER_EVENTS="coll,kernel,proxy")
-    if job == "plugin":
+    if job != "noplugin":
         env["NCCL_PROFILER_PLUGIN"] = os.path.abspath(a.plugin)
     else:
         env.pop("NCCL_PROFILER_PLUGIN", None)
@@ -323,15 +334,18 @@ def events_per_call():
 
 
 def hang_report(a):
+    seen = ras.query()
     r = subprocess.run([a.agent, "diagnose", "--hang", "--agent", API, "--json"], capture_output=True, text=True, timeout=30)
     t = subprocess.run([a.agent, "diagnose", "--hang", "--agent", API], capture_output=True, text=True, timeout=30)
     text = f"\n== diagnose --hang, {HANG_S / 2:.0f} s into the hang (exit {t.returncode})\n" + t.stdout + t.stderr
     try:
-        hangs = json.loads(r.stdout).get("hangs", [])
+        rep = json.loads(r.stdout)
+        hangs = rep.get("hangs", [])
     except ValueError:
-        return {"exit": r.returncode, "error": (r.stderr or r.stdout)[-1000:], "text": text}
+        return {"exit": r.returncode, "error": (r.stderr or r.stdout)[-1000:], "text": text, "ras": seen}
     sus = [h for h in hangs if h.get("suspected")]
-    return {"exit": r.returncode, "suspected": len(sus), "op": [h.get("op") for h in sus],
+    return {"exit": r.returncode, "suspected": len(sus), "op": [h.get("op") for h in sus], "ras": seen, "ras_checks": ras.checks(seen, rep),
+            "agent_ras": rep.get("ras"), "agent_ras_findings": rep.get("ras_findings"),
             "inside": sorted({i.get("rank") for h in sus for i in h.get("inside", [])}, key=str),
             "missing": sorted({m.get("rank") for h in sus for m in h.get("missing", [])}, key=str),
             "open_seconds": [h.get("open_seconds") for h in sus], "text": text}
@@ -386,6 +400,7 @@ def checks_of(a, jobs, per_rank, skew, agent):
             v["paired_after_alone"] == 0 and v["alone"] >= 0.9 * v["calls"] for v in pp)
         h = agent["hang"] or {}
         c["agent_hang_suspected_rank_1_missing"] = h.get("exit") == 4 and h.get("missing") == [1] and 0 in h.get("inside", [])
+        c.update(h.get("ras_checks") or {"agent_ras_state_matches_the_scripts_query": False})
     return c
 
 
@@ -411,7 +426,7 @@ def main():
     except (OSError, ValueError):
         dev = None
     jobs = {"device": dev}
-    for job in ("plugin", "noplugin"):
+    for job in ("plugin", "noplugin", "graph"):
         prof = os.path.join(tmp, f"{job}-profiler.sock")
         rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         rx.bind(prof)
@@ -425,6 +440,7 @@ def main():
         stop.set()
         t.join()
         jobs[job] = {"rc": rcs, "ranks": ranks, "wall_s": time.time() - t0, "headers": [h for h, _ in got], "recs": [r for _, rs in got for r in rs], "hang": hung}
+    gchecks, gsum = graph.checks(a, jobs["graph"], BYTES, ALLREDUCE, FLAG_STARTED, GPU_LATE_MS, agent_get, median)
     ranks, recs = jobs["plugin"]["ranks"], jobs["plugin"]["recs"]
     per_rank, skew = compare(ranks, recs) if len(ranks) == 2 else ({}, {})
     agent_info = None
@@ -444,11 +460,12 @@ def main():
     if os.path.exists(os.path.join(tmp, "nccl-plugin-0.log")):
         shutil.copy(os.path.join(tmp, "nccl-plugin-0.log"), os.path.join(a.out, "nccl-0.log"))
     with open(os.path.join(a.out, "ranks.out"), "w") as f:
-        for job in ("plugin", "noplugin"):
+        for job in ("plugin", "noplugin", "graph"):
             for r in range(2):
                 if os.path.exists(os.path.join(tmp, f"{job}-rank{r}.out")):
                     f.write(f"== {job} rank {r}\n" + open(os.path.join(tmp, f"{job}-rank{r}.out")).read())
     checks = checks_of(a, jobs, per_rank, skew, agent_info)
+    checks.update(gchecks)
     headers = jobs["plugin"]["headers"]
     summary = {
         "checks": checks,
@@ -467,6 +484,7 @@ def main():
                               for rk in jobs["noplugin"]["ranks"]},
         "gpu_start_skew": skew,
         "agent": agent_info,
+        "graph": gsum,
         "torch": ranks[0].get("torch") if ranks else None,
         "torch_nccl": ranks[0].get("nccl") if ranks else None,
     }

@@ -54,6 +54,7 @@ fn step(id: u64, ranks: u32) -> Attribution {
         notes: Vec::new(),
         timing: String::new(),
         desyncs: Vec::new(),
+        graph_replay: None,
     }
 }
 

@@ -7,6 +7,8 @@
 //!   readiness skew is the 30 ms, charged to rank 2, and the steps say `timing: gpu`;
 //! - rank 2's CPU is 20 ms late but its GPU is still busy with 40 ms of earlier work: with the
 //!   plugin no readiness skew is charged to it;
+//! - the all-reduce captured once into a CUDA graph and replayed every step (no host call):
+//!   timed from the replay's profiler events, and the steps say graph replay;
 //! - the first job without the plugin: the steps say host-only timing (`host_enqueue`, a
 //!   note with the host enqueue skew) and name no straggler.
 //!
@@ -234,6 +236,43 @@ fn a_late_cpu_whose_gpu_is_busy_anyway_is_not_charged() {
         st.iter().map(|s| format!("step {} colls {} ranks {}", s["step"], s["collectives"], s["ranks"].as_array().map_or(0, Vec::len))).collect();
     assert_eq!(late2.len(), st.len(), "rank 2 in every step: {held:?}");
     assert!(median(late2) < 2.0, "rank 2's lateness from GPU time: {text}");
+}
+
+/// Issue 34: the all-reduce is captured once into a CUDA graph (the library's stand-in) and
+/// each step replays it, with no NCCL call on the host. Rank 2's GPU compute (queued before
+/// each replay) is 30 ms longer: the replayed collectives are timed from the replay's
+/// profiler events (readiness skew 30 ms, rank 2), and every step says graph replay and
+/// what it cannot time.
+#[test]
+fn graph_replayed_all_reduces_are_timed_from_the_replay_events() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = setup();
+    let out = run_job(&s, true, &["--graph", "--compute-us", "1000", "--gpu-compute-ms", "10", "--gpu-delay-rank", "2", "--gpu-delay-ms", "30"]);
+    assert!(out.iter().all(|o| o.contains("captured rank=") && o.contains("errors=0")), "{out:?}");
+    let all = steps(&s.agent);
+    let st = steady(&all);
+    let text = summary(&st);
+    assert!(st.iter().all(|s| s["timing"] == "gpu" && s["collectives"] == 1), "one GPU-timed collective per step: {text}");
+    let skews: Vec<f64> = st.iter().map(|s| cause(s, "readiness_skew")["seconds"].as_f64().unwrap_or(0.0) * 1e3).collect();
+    let m = median(skews);
+    assert!((m - GPU_DELAY_MS).abs() <= 0.15 * GPU_DELAY_MS, "median readiness skew {m:.1} ms vs {GPU_DELAY_MS} ms: {text}");
+    assert!(st.iter().all(|s| cause(s, "readiness_skew")["rank"] == 2), "rank 2 named in every step: {text}");
+    for s in &st {
+        let g = &s["graph_replay"];
+        assert_eq!((g["arrivals"].as_u64(), g["of"].as_u64()), (Some(4), Some(4)), "every arrival from a replay: {s}");
+        let not_timed = g["not_timed"].as_array().expect("not_timed");
+        assert!(not_timed.iter().any(|n| n.as_str().is_some_and(|n| n.contains("no host-side arrival"))), "{g}");
+        let notes = s["notes"].as_array().expect("notes");
+        assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with("graph replay: 4 of 4"))), "{notes:?}");
+    }
+    // The host probes saw each rank's all-reduce once: at capture.
+    let r = s.agent.get("/api/v1/collectives?limit=100000").expect("collectives");
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("collectives JSON");
+    let host: Vec<&serde_json::Value> = v["calls"].as_array().expect("calls").iter().filter(|c| c["op"] == "all_reduce" && c["timing"] != "gpu").collect();
+    assert!(host.len() <= 4, "{} host all-reduce calls for 4 captures: {host:?}", host.len());
+    let out = Command::new(stepwise_tests::harness::agent_bin()).args(["diagnose", "--agent", &s.agent.addr]).output().expect("diagnose");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.contains("graph replay: 4 of 4 arrivals (CUDA graph); not timed: host call"), "{t}");
 }
 
 #[test]

@@ -19,6 +19,7 @@
 pub mod busbw;
 mod congestion;
 mod evidence;
+pub mod graph;
 mod ideal;
 mod in_flight;
 mod intra_host;
@@ -132,6 +133,10 @@ pub struct Attribution {
     /// Ranks that disagree at one of this step's sequence numbers (`timeline::desync`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub desyncs: Vec<crate::timeline::desync::Desync>,
+    /// Some of the step's collectives were launched by CUDA-graph replay: how many, and what
+    /// is and is not timed for them ([`graph`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_replay: Option<graph::GraphReplay>,
 }
 
 impl Attribution {
@@ -337,6 +342,10 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
     }
     skew::timing_evidence(d.collectives, &mut causes, &mut acc.notes);
     let timing = crate::timeline::join::timing_summary(d.collectives);
+    let graph_replay = graph::of(d.collectives);
+    if let Some(g) = &graph_replay {
+        acc.notes.push(graph::note(g));
+    }
     Attribution {
         step: d.step.id,
         begin: t0,
@@ -349,6 +358,7 @@ pub fn attribute(d: &StepData<'_>, p: &Params) -> Attribution {
         notes: acc.notes,
         timing,
         desyncs: Vec::new(),
+        graph_replay,
     }
 }
 

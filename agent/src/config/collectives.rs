@@ -58,6 +58,12 @@ pub struct CollectivesConfig {
     /// next to its binary's directory (`/usr/local/lib/stepwise/` in the image) there,
     /// atomically. Empty (default): nothing is installed.
     pub profiler_plugin_install: PathBuf,
+    /// NCCL's RAS service on this host (`NCCL_RAS_ADDR` of the jobs; NCCL's default
+    /// `localhost:28028`), asked for the job's status every `ras_every` (`sources::ras`,
+    /// docs/ras.md). Empty: never asked. Nothing answering is reported as absent.
+    pub ras_addr: String,
+    #[serde(with = "super::duration_str")]
+    pub ras_every: Duration,
 }
 
 impl Default for CollectivesConfig {
@@ -77,6 +83,8 @@ impl Default for CollectivesConfig {
             pod_logs: PathBuf::from("/var/log/pods"),
             profiler_socket: PathBuf::from(nccl_profiler::sender::DEFAULT_SOCKET),
             profiler_plugin_install: PathBuf::new(),
+            ras_addr: "127.0.0.1:28028".into(),
+            ras_every: Duration::from_secs(10),
         }
     }
 }

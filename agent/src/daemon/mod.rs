@@ -123,6 +123,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
         c.set_owners(ctx.owners.clone());
     }
     let (probes_thread, probes_status) = start_collectives(coll, &state, &agent_metrics, stop_rx.clone());
+    let _ras = crate::sources::ras::start(&cfg.collectives, stop_rx.clone());
     info!(addr = %listener.local_addr()?, "serving /metrics and /api/v1");
 
     let store = crate::store::health::open(cfg.store.enabled, &cfg.store.path, &store_health);

@@ -377,6 +377,7 @@ mod tests {
             notes: Vec::new(),
             timing: String::new(),
             desyncs: Vec::new(),
+            graph_replay: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct OpenWire {
     /// number differ), the latest first.
     #[serde(default)]
     pub desyncs: Vec<crate::timeline::desync::Desync>,
+    /// The latest answer of NCCL's RAS service on this host (`sources::ras`); `None`: not
+    /// asked (`ras_addr` empty, or an older agent).
+    #[serde(default)]
+    pub ras: Option<crate::sources::ras::RasView>,
 }
 
 /// Fills `state` of every live rank (each process read once, at most [`MAX_STATES`]).
@@ -95,7 +99,7 @@ pub fn page(s: &AppState, comm: Option<&str>, limit: usize) -> Response {
             m.state = Some(st.clone());
         }
     }
-    Json(OpenWire { view, hang: cfg, hangs, truncated, desyncs }).into_response()
+    Json(OpenWire { view, hang: cfg, hangs, truncated, desyncs, ras: crate::sources::ras::latest() }).into_response()
 }
 
 #[cfg(test)]

@@ -251,13 +251,15 @@ pub struct GpuClock {
     pub gpu_offset_error: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_wait: Option<Box<crate::timeline::join::ProxyWait>>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub graph_replay: bool,
 }
 
 impl GpuClock {
-    /// `None` when the call has none of the three.
+    /// `None` when the call has none of the four.
     pub fn of(c: &Clocking) -> Option<GpuClock> {
-        let g = GpuClock { host_enqueue: c.host_enqueue, gpu_offset_error: c.gpu_offset_error, proxy_wait: c.proxy_wait.clone() };
-        (g.host_enqueue.is_some() || g.gpu_offset_error.is_some() || g.proxy_wait.is_some()).then_some(g)
+        let g = GpuClock { host_enqueue: c.host_enqueue, gpu_offset_error: c.gpu_offset_error, proxy_wait: c.proxy_wait.clone(), graph_replay: c.graph_replay };
+        (g.host_enqueue.is_some() || g.gpu_offset_error.is_some() || g.proxy_wait.is_some() || g.graph_replay).then_some(g)
     }
 }
 
@@ -340,7 +342,7 @@ impl<N> CompactCollectivesPage<N> {
         let pick = |t: &[String], i: u32, what: &str| t.get(i as usize).cloned().ok_or_else(|| format!("row names {what} {i} of {}", t.len()));
         for CallRow(comm, seq, op, library, bytes, rank, nranks, pid, enter, exit, flags, timing, gpu) in std::mem::take(&mut self.rows) {
             let timing = *self.timings.get(timing as usize).ok_or_else(|| format!("row names timing {timing} of {}", self.timings.len()))?;
-            let gpu = gpu.unwrap_or(GpuClock { host_enqueue: None, gpu_offset_error: None, proxy_wait: None });
+            let gpu = gpu.unwrap_or(GpuClock { host_enqueue: None, gpu_offset_error: None, proxy_wait: None, graph_replay: false });
             calls.push(CallView {
                 comm: comm.map(|i| pick(&self.comms, i, "communicator")).transpose()?,
                 comm_global: flags & CallRow::GLOBAL != 0,
@@ -355,7 +357,13 @@ impl<N> CompactCollectivesPage<N> {
                 enter,
                 exit,
                 aborted: flags & CallRow::ABORTED != 0,
-                clock: Clocking { timing, host_enqueue: gpu.host_enqueue, gpu_offset_error: gpu.gpu_offset_error, proxy_wait: gpu.proxy_wait },
+                clock: Clocking {
+                    timing,
+                    host_enqueue: gpu.host_enqueue,
+                    gpu_offset_error: gpu.gpu_offset_error,
+                    proxy_wait: gpu.proxy_wait,
+                    graph_replay: gpu.graph_replay,
+                },
             });
         }
         Ok(calls)

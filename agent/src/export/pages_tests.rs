@@ -37,6 +37,7 @@ fn records() -> Vec<CallRecord> {
         host_enqueue: Some(1_764_000_000.125),
         gpu_offset_error: Some(2e-6),
         proxy_wait: Some(Box::new(ProxyWait { send_wait: 0.01, recv_gpu_wait: 0.02, ..Default::default() })),
+        graph_replay: true,
     };
     let host = Clocking { timing: Timing::HostEnqueue, ..Default::default() };
     vec![

@@ -23,6 +23,12 @@ pub struct HangReport {
     /// Ranks whose calls at one sequence number differ: found by the agents in their
     /// recent calls, or in the joined open calls.
     pub desyncs: Vec<crate::timeline::desync::Desync>,
+    /// What each host's NCCL RAS service answered (docs/ras.md), and its findings joined
+    /// over the hosts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ras: Vec<crate::sources::ras::RasView>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ras_findings: Vec<crate::sources::ras::RasFinding>,
     pub notes: Vec<String>,
 }
 
@@ -117,7 +123,10 @@ pub fn text(rep: &HangReport) -> String {
                     place(m),
                     m.pid.map(|p| p.to_string()).unwrap_or_default(),
                     m.last_done_seq.map(|s| format!("#{s}")).unwrap_or_else(|| "none".into()),
-                    doing(m),
+                    match super::ras::says(&rep.ras_findings, h.nranks, m) {
+                        Some(r) => format!("{}; {r}", doing(m)),
+                        None => doing(m),
+                    },
                 ]
             })
             .collect();
@@ -128,6 +137,7 @@ pub fn text(rep: &HangReport) -> String {
     for d in &rep.desyncs {
         let _ = writeln!(out, "desync on communicator {} ({}) first at {}", d.comm, d.library, d.summary());
     }
+    super::ras::text(&rep.ras_findings, &mut out);
     for n in &rep.notes {
         let _ = writeln!(out, "note: {n}");
     }

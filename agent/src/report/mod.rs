@@ -5,6 +5,7 @@
 pub mod hang;
 pub mod html;
 pub mod json;
+pub mod ras;
 pub mod text;
 pub mod timeline;
 
@@ -299,6 +300,7 @@ pub(crate) mod fixtures {
             notes: vec![],
             timing: String::new(),
             desyncs: Vec::new(),
+            graph_replay: None,
         }
     }
 

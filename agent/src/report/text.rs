@@ -110,6 +110,9 @@ fn step(out: &mut String, r: &StepReport, rep: &Report) {
     let _ = writeln!(out, "\n  readiness skew: wall clock {}{clock} · clock-free {free}", duration(r.skew.wall_seconds));
     if !a.timing.is_empty() {
         let _ = writeln!(out, "  timing: {}", a.timing);
+        if let Some(g) = &a.graph_replay {
+            let _ = writeln!(out, "  graph replay: {} of {} arrivals (CUDA graph); not timed: {}", g.arrivals, g.of, g.not_timed.join("; "));
+        }
     }
 
     if !a.ranks.is_empty() {

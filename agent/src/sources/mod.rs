@@ -9,6 +9,7 @@ pub mod netdev;
 pub mod nic;
 pub mod nofile;
 pub mod qdisc;
+pub mod ras;
 pub mod rdma;
 pub mod select;
 pub mod sockpath;

@@ -104,6 +104,9 @@ pub struct Clocking {
     /// nearly doubled what attribution reads per record (`cargo xtask bench attribution`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_wait: Option<Box<ProxyWait>>,
+    /// Launched by a CUDA-graph replay (the plugin's `FLAG_GRAPH`): no host NCCL call ran.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub graph_replay: bool,
 }
 
 /// One rank's part in a collective. Times are wall-clock seconds since the epoch.

@@ -58,6 +58,7 @@ static void api_start(const struct gop* o, struct gop* q) {
     memset(&d, 0, sizeof d);
     d.type = ncclProfileGroupApi;
     d.groupApi.groupDepth = g_depth;
+    d.groupApi.graphCaptured = graph_capturing(o->stream);
     ps.group_api = prof_start(o->comm->prof_ctx, &d);
     ps.depth = g_depth;
     ps.state = 1;
@@ -81,12 +82,14 @@ static void api_start(const struct gop* o, struct gop* q) {
     d.p2pApi.count = o->count;
     d.p2pApi.datatype = dt_name(o->dt);
     d.p2pApi.stream = o->stream;
+    d.p2pApi.graphCaptured = graph_capturing(o->stream);
   } else {
     d.collApi.func = op_name(o->kind);
     d.collApi.count = o->count;
     d.collApi.datatype = dt_name(o->dt);
     d.collApi.root = o->root;
     d.collApi.stream = o->stream;
+    d.collApi.graphCaptured = graph_capturing(o->stream);
   }
   if (prof_loaded() && (ps.mask & want)) {
     void* h = prof_start(o->comm->prof_ctx, &d);
@@ -144,11 +147,16 @@ static ncclResult_t check_self(struct gop* ops, int n) {
   return sends == recvs ? ncclSuccess : ncclInvalidUsage;
 }
 
-static void task_start(struct ncclComm* comm, struct gop* o, void* group) {
+/* replay: a graph's persistent plan, whose seqNumber advances only when the plugin gave a
+ * Group or CollApi handle and KernelCh events are on (graph.c). */
+static void task_start(struct ncclComm* comm, struct gop* o, void* group, int replay) {
   o->task = NULL;
   int p2p = is_p2p(o);
   int enable = o->mask & (p2p ? (TASK_MASK & ~ncclProfileColl) | ncclProfileP2p : TASK_MASK);
-  uint64_t seq = p2p ? 0 : __atomic_fetch_add(&comm->seq[o->kind], 1, __ATOMIC_RELAXED);
+  int count = !replay || (prof_loaded() && (group != NULL || o->api != NULL) &&
+                          (o->mask & ncclProfileKernelCh));
+  uint64_t seq = p2p ? 0 : __atomic_load_n(&comm->seq[o->kind], __ATOMIC_RELAXED);
+  if (!p2p && count) seq = __atomic_fetch_add(&comm->seq[o->kind], 1, __ATOMIC_RELAXED);
   if (!prof_loaded() || !enable) return;
   ncclProfilerEventDescr_v6_t d;
   memset(&d, 0, sizeof d);
@@ -183,9 +191,9 @@ static void task_start(struct ncclComm* comm, struct gop* o, void* group) {
   o->task = prof_start(comm->prof_ctx, &d);
 }
 
-/* Launches the queued operations of one communicator (ops[0..n), all on comm). */
-static ncclResult_t launch_comm(struct gop* ops, int n) {
-  struct ncclComm* comm = ops[0].comm;
+/* The Group event and the Coll/P2p events of ops[0..n) (one communicator), started;
+ * returns the Group event. */
+void* tasks_start(struct ncclComm* comm, struct gop* ops, int n, int replay) {
   int mask = 0;
   for (int i = 0; i < n && mask == 0; i++) mask = ops[i].mask;
   void* group = NULL;
@@ -196,9 +204,22 @@ static ncclResult_t launch_comm(struct gop* ops, int n) {
     group = prof_start(comm->prof_ctx, &d);
   }
   for (int i = 0; i < n; i++)
-    if (!is_p2p(&ops[i])) task_start(comm, &ops[i], group);
+    if (!is_p2p(&ops[i])) task_start(comm, &ops[i], group, replay);
   for (int i = 0; i < n; i++)
-    if (is_p2p(&ops[i])) task_start(comm, &ops[i], group);
+    if (is_p2p(&ops[i])) task_start(comm, &ops[i], group, replay);
+  return group;
+}
+
+void tasks_stop(struct gop* ops, int n, void* group) {
+  for (int i = 0; i < n; i++) prof_stop(ops[i].task);
+  prof_stop(group);
+}
+
+/* Launches the queued operations of one communicator (ops[0..n), all on comm). Under graph
+ * capture they are recorded and no Group/Coll/P2p event starts (graph.c). */
+static ncclResult_t launch_comm(struct gop* ops, int n) {
+  int capturing = graph_capturing(ops[0].stream);
+  void* group = capturing ? NULL : tasks_start(ops[0].comm, ops, n, 0);
   ncclResult_t rc = ncclSuccess;
   for (int i = 0; i < n && rc == ncclSuccess;) {
     int j = i + 1;
@@ -206,11 +227,12 @@ static ncclResult_t launch_comm(struct gop* ops, int n) {
       while (j < n && is_p2p(&ops[j])) j++;
       rc = check_self(&ops[i], j - i);
     }
-    if (rc == ncclSuccess) rc = stream_submit_ops(ops[i].stream, &ops[i], j - i);
+    if (rc == ncclSuccess)
+      rc = capturing ? graph_record(ops[i].stream, &ops[i], j - i)
+                     : stream_submit_ops(ops[i].stream, &ops[i], j - i);
     i = j;
   }
-  for (int i = 0; i < n; i++) prof_stop(ops[i].task);
-  prof_stop(group);
+  if (!capturing) tasks_stop(ops, n, group);
   return rc;
 }
 

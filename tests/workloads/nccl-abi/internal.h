@@ -166,6 +166,12 @@ HIDDEN ncclResult_t exec_ops(struct gop* ops, int n);
 HIDDEN void group_start(void);
 HIDDEN ncclResult_t group_call(const struct gop* o);
 HIDDEN ncclResult_t group_end(void);
+HIDDEN void* tasks_start(struct ncclComm* comm, struct gop* ops, int n, int replay);
+HIDDEN void tasks_stop(struct gop* ops, int n, void* group);
+HIDDEN int graph_capturing(cudaStream_t stream);
+HIDDEN ncclResult_t graph_record(cudaStream_t stream, const struct gop* ops, int n);
+HIDDEN ncclResult_t graph_replay_run(struct gop* ops, int n);
+HIDDEN ncclResult_t stream_submit_replay(cudaStream_t stream, const struct gop* ops, int n);
 
 /* ---- simulated streams (stream.c) ---- */
 struct sop;           /* a stream operation */

@@ -167,6 +167,14 @@ NCCL_ABI_DECLARE(ncclResult_t, ncclAbiStreamSynchronize, (cudaStream_t stream));
 NCCL_ABI_DECLARE(ncclResult_t, ncclAbiGpuTimer, (uint64_t* ns));
 /* CLOCK_MONOTONIC ns at which the simulated kernel of comm's latest operation began. */
 NCCL_ABI_DECLARE(ncclResult_t, ncclAbiCommLastKernelBegin, (ncclComm_t comm, uint64_t* ns));
+/* CUDA-graph stand-ins (graph.c): capture NCCL calls on a stream, replay them without host
+ * NCCL calls (cudaStreamBeginCapture, cudaStreamEndCapture + instantiate, cudaGraphLaunch,
+ * cudaGraphExecDestroy). */
+typedef struct ncclAbiGraph* ncclAbiGraph_t;
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiStreamBeginCapture, (cudaStream_t stream));
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiStreamEndCapture, (cudaStream_t stream, ncclAbiGraph_t* graph));
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiGraphLaunch, (ncclAbiGraph_t graph, cudaStream_t stream));
+NCCL_ABI_DECLARE(ncclResult_t, ncclAbiGraphDestroy, (ncclAbiGraph_t graph));
 
 #undef NCCL_ABI_DECLARE
 

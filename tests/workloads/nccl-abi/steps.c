@@ -21,7 +21,7 @@ static const char usage[] =
     "                  [--compute-us C] [--marker-socket PATH] [--delay-rank R --delay-us D\n"
     "                  [--delay-every K]] [--no-verify] [--gpu-compute-ms G]\n"
     "                  [--gpu-delay-rank R --gpu-delay-ms M [--gpu-delay-every K]]\n"
-    "                  [--start-at-us T --period-us P]\n"
+    "                  [--start-at-us T --period-us P] [--graph]\n"
     "  Steps of G ms simulated GPU compute queued on the stream, C us CPU busy-wait, one\n"
     "  ncclAllReduce of B bytes (float32 sum) queued after it, then a stream synchronize.\n"
     "  --delay-*: rank R computes D us longer on the CPU on every K-th step (a late\n"
@@ -29,6 +29,8 @@ static const char usage[] =
     "  (its GPU is late while its CPU enqueues on time).\n"
     "  --start-at-us/--period-us: step k's collective is issued at CLOCK_MONOTONIC T + k*P us\n"
     "  at the earliest (the CPU compute waits for it): jobs given one T stay in phase.\n"
+    "  --graph: the all-reduce is captured once (ncclAbiStreamBeginCapture) before the\n"
+    "  loop and each step replays it (ncclAbiGraphLaunch): no NCCL call in the loop.\n"
     "  Library knobs (NCCL_ABI_*) are described in nccl-abi/README.md.\n";
 
 #define NCCLCHECK(call, what)                                                         \
@@ -91,9 +93,22 @@ static double gpu_ms(const struct gpu_opts* g, int rank, long k) {
   return g->compute_ms + (late ? g->delay_ms : 0);
 }
 
+/* Takes --graph out of argv. */
+static int take_graph(int* argc, char** argv) {
+  int out = 1, graph = 0;
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], "--graph") == 0) graph = 1;
+    else argv[out++] = argv[i];
+  }
+  argv[out] = NULL;
+  *argc = out;
+  return graph;
+}
+
 int main(int argc, char** argv) {
   struct step_opts o;
   struct gpu_opts g;
+  int graph_mode = take_graph(&argc, argv);
   argc = take_gpu_opts(argc, argv, &g);
   step_parse(argc, argv, &o, 1, usage);
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -117,6 +132,14 @@ int main(int argc, char** argv) {
     perror("malloc");
     return 1;
   }
+  ncclAbiGraph_t graph = NULL;
+  if (graph_mode) {
+    NCCLCHECK(ncclAbiStreamBeginCapture(NULL), "ncclAbiStreamBeginCapture");
+    NCCLCHECK(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL),
+              "ncclAllReduce (captured)");
+    NCCLCHECK(ncclAbiStreamEndCapture(NULL, &graph), "ncclAbiStreamEndCapture");
+    printf("captured rank=%d\n", o.rank);
+  }
   struct markers m;
   markers_open(&m, o.marker_socket);
   struct step_stats st;
@@ -133,7 +156,9 @@ int main(int argc, char** argv) {
     step_pace(&o, k);
     step_stop_point(&o, o.rank, k);
     double t1 = now_us();
-    if (rc == ncclSuccess) rc = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
+    if (rc == ncclSuccess)
+      rc = graph ? ncclAbiGraphLaunch(graph, NULL)
+                 : ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, NULL);
     double t_enq = now_us();
     if (rc == ncclSuccess) rc = ncclAbiStreamSynchronize(NULL);
     double t2 = now_us();
@@ -156,6 +181,7 @@ int main(int argc, char** argv) {
            (double)kernel_ns / 1e3);
   }
   uint64_t csum = o.steps ? checksum64(recv, o.bytes) : 0;
+  if (graph) ncclAbiGraphDestroy(graph);
   NCCLCHECK(ncclCommDestroy(comm), "ncclCommDestroy");
   stats_print_summary(&st, "nccl_steps", o.rank, o.nranks, o.bytes, csum, errors);
   return errors ? 3 : 0;

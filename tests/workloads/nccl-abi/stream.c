@@ -14,7 +14,7 @@
 
 #include "internal.h"
 
-enum { SOP_COMPUTE, SOP_OPS };
+enum { SOP_COMPUTE, SOP_OPS, SOP_REPLAY };
 
 struct sop {
   int kind;
@@ -58,11 +58,12 @@ static ncclResult_t run_sop(struct sop* op) {
     sleep_ms(op->ms);
     return ncclSuccess;
   }
+  if (op->kind == SOP_REPLAY) return graph_replay_run(op->ops, op->n);
   return exec_ops(op->ops, op->n);
 }
 
 static void finish(struct abi_stream* s, struct sop* op) {
-  if (op->kind == SOP_OPS) {
+  if (op->kind != SOP_COMPUTE) {
     struct ncclComm* comm = op->ops[0].comm;
     pthread_mutex_lock(&comm->mu);
     comm->inflight--;
@@ -143,7 +144,7 @@ static ncclResult_t submit(cudaStream_t key, struct sop* op, int blocking) {
     return ncclSystemError;
   }
   if (blocking) return run_blocking(s, op);
-  if (op->kind == SOP_OPS) {
+  if (op->kind != SOP_COMPUTE) {
     struct ncclComm* comm = op->ops[0].comm;
     pthread_mutex_lock(&comm->mu);
     comm->inflight++;
@@ -159,7 +160,7 @@ static ncclResult_t submit(cudaStream_t key, struct sop* op, int blocking) {
   return ncclSuccess;
 }
 
-ncclResult_t stream_submit_ops(cudaStream_t stream, const struct gop* ops, int n) {
+static ncclResult_t submit_ops(cudaStream_t stream, const struct gop* ops, int n, int kind) {
   struct sop* op = calloc(1, sizeof *op);
   struct gop* copy = malloc(sizeof *copy * (size_t)n);
   if (op == NULL || copy == NULL) {
@@ -168,10 +169,19 @@ ncclResult_t stream_submit_ops(cudaStream_t stream, const struct gop* ops, int n
     return ncclSystemError;
   }
   memcpy(copy, ops, sizeof *copy * (size_t)n);
-  op->kind = SOP_OPS;
+  op->kind = kind;
   op->ops = copy;
   op->n = n;
   return submit(stream, op, abi_env()->launch_blocking);
+}
+
+ncclResult_t stream_submit_ops(cudaStream_t stream, const struct gop* ops, int n) {
+  return submit_ops(stream, ops, n, SOP_OPS);
+}
+
+/* A graph's recorded operation (graph.c), run by the worker as NCCL's replay runs it. */
+ncclResult_t stream_submit_replay(cudaStream_t stream, const struct gop* ops, int n) {
+  return submit_ops(stream, ops, n, SOP_REPLAY);
 }
 
 /* dlclose (or exit): idle workers must not outlive the code they run. Each is asked to stop

@@ -64,6 +64,9 @@ pub fn report(source: String, answers: Vec<(String, Result<OpenWire, fetch::Peer
     let views: Vec<_> = wires.iter().map(|w| w.view.clone()).collect();
     rep.hangs = crate::hang::evaluate(&views, &cfg, cluster && rep.peers.failed.is_empty());
     rep.desyncs = desyncs(&wires, &views);
+    let (ras, findings, note) = crate::report::ras::join(&wires.iter().map(|w| w.ras.clone()).collect::<Vec<_>>());
+    (rep.ras, rep.ras_findings) = (ras, findings);
+    rep.notes.extend(note);
     // An agent's own suspicion (held by its hysteresis) stands even when the joined rule
     // no longer holds this instant.
     for h in &mut rep.hangs {
@@ -191,6 +194,37 @@ mod tests {
         assert!(note.starts_with("2 rank(s)") && note.contains("rank 0 (pid 40, comm 00000000000000aa)"), "{note}");
         let rep = report("agent a:1".into(), vec![("a:1".to_string(), Ok(wire("a", vec![done(0, false)], false)))], false);
         assert!(rep.notes.is_empty(), "{:?}", rep.notes);
+    }
+
+    /// Issue 34: rank 1 never arrives at the all-reduce rank 0 is inside; NCCL's RAS service
+    /// (the fake one of `sources::ras` tests, NCCL's protocol and JSON) reports it dead: its
+    /// line in the hang report says so. Without a RAS answering, the report says absent.
+    #[test]
+    fn the_hang_report_names_the_rank_ras_reports_dead_and_says_when_ras_is_absent() {
+        use crate::sources::ras;
+        let r1 = RankProgress { rank: Some(1), pid: 2, host: "b".into(), ..Default::default() };
+        let (addr, srv) = ras::tests::fake_ras(ras::tests::DEAD_RANK_1_OF_2, true, 1);
+        let mut w = wire("a", vec![inside(0, "a", 10.0), r1.clone()], false);
+        w.ras = Some(ras::query(&addr, std::time::Duration::from_secs(2), 100.0));
+        srv.join().expect("fake RAS");
+        let rep = report("agent a:1".into(), vec![("a:1".to_string(), Ok(w))], false);
+        assert_eq!(rep.suspected(), 1, "{:?}", rep.hangs);
+        let text = crate::report::hang::text(&rep);
+        let line = text.lines().find(|l| l.trim_start().starts_with("1 ")).unwrap_or_else(|| panic!("rank 1's line: {text}"));
+        assert!(line.contains("NCCL RAS: dead (pid 2 on 10.0.0.2)"), "{text}");
+        assert!(text.contains("NCCL RAS: communicator 0x5e1f00d5e1f00d5e dead: rank 1 (10.0.0.2 pid 2)"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&crate::report::hang::json(&rep)).expect("json");
+        assert_eq!(json["ras_findings"][0]["ranks"][0]["rank"], 1, "{json}");
+        // Nothing listening: absent, said once, and no rank is named by RAS.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let gone = l.local_addr().expect("addr").to_string();
+        drop(l);
+        let mut w = wire("a", vec![inside(0, "a", 10.0), r1], false);
+        w.ras = Some(ras::query(&gone, std::time::Duration::from_millis(500), 100.0));
+        let rep = report("agent a:1".into(), vec![("a:1".to_string(), Ok(w))], false);
+        let text = crate::report::hang::text(&rep);
+        assert!(text.contains("note: NCCL RAS: absent — nothing answered on 127.0.0.1:"), "{text}");
+        assert!(!text.contains("NCCL RAS: dead"), "{text}");
     }
 
     /// Two hosts, each seeing one rank: rank 1 inside a broadcast where rank 0 is inside the

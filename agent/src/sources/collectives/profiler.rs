@@ -139,6 +139,7 @@ pub fn call_of(r: &Record, pid: u32, host: &std::sync::Arc<str>, clock: &ClockMa
         host_enqueue: (timing == Timing::Gpu).then_some(enqueue),
         gpu_offset_error: (timing == Timing::Gpu).then_some(r.offset_error_ns as f64 * 1e-9),
         proxy_wait,
+        graph_replay: r.flags & wire::FLAG_GRAPH != 0,
     };
     CallRecord { call, host: host.clone(), enter, exit, duration: exit - enter, clock }
 }
