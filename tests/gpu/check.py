@@ -16,6 +16,8 @@ then a hang: rank 1 stays away for 8 s from one more all-reduce that rank 0 ente
 Job 2, without the plugin: gpu_late steps only (step ids from 100).
 Job 3, with the plugin: an all-reduce captured into a CUDA graph and replayed each step, rank
 1's GPU late (step ids from 200; tests/gpu/graph.py).
+Job 4 (with --chain): job 1's steps without the hang, a second plugin chained behind the
+plugin (STEPWISE_PROFILER_CHAIN; tests/gpu/chain.py).
 
 The truth that does not come from the plugin: rank 0's CUDA events around its all-reduce
 (it waits inside for rank 1's data), and the host's own enqueue times. The script receives
@@ -23,7 +25,7 @@ the plugin's datagrams itself and forwards each one to the agent, then asks the 
 (diagnose, diagnose --hang, /api/v1/status). Prints one JSON summary (also
 OUT/gpu-check.json); exit 1 on a failed check.
 
-Usage: python3 tests/gpu/check.py --plugin libnccl_profiler.so [--agent BIN] [--out DIR]
+Usage: python3 tests/gpu/check.py --plugin libnccl_profiler.so [--agent BIN] [--chain SO] [--out DIR]
 """
 import argparse
 import json
@@ -37,6 +39,7 @@ import tempfile
 import threading
 import time
 
+import chain
 import graph
 import ras
 
@@ -182,9 +185,11 @@ def start_agent(a, tmp):
 
 def run_ranks(a, tmp, job, prof_sock, markers, hang=None):
     """Both ranks of one job; with `hang`, calls it (in this thread) once rank 0 entered the hung call."""
-    env = dict(os.environ, STEPWISE_PROFILER_SOCKET=prof_sock, MASTER_ADDR="127.0.0.1", MASTER_PORT=str({"plugin": 29517, "noplugin": 29518}.get(job, 29519)),
+    env = dict(os.environ, STEPWISE_PROFILER_SOCKET=prof_sock, MASTER_ADDR="127.0.0.1", MASTER_PORT=str({"plugin": 29517, "noplugin": 29518, "chain": 29520}.get(job, 29519)),
                NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo", NCCL_DEBUG="INFO",
                NCCL_DEBUG_SUBSYS="INIT,ENV,NET,PROFILE", PYTHONUNBUFFERED="1", STEPWISE_PROFILER_EVENTS="coll,kernel,proxy")
+    if job == "chain":
+        env.update(chain.env(a, tmp))
     if job != "noplugin":
         env["NCCL_PROFILER_PLUGIN"] = os.path.abspath(a.plugin)
     else:
@@ -408,6 +413,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plugin", required=True)
     ap.add_argument("--agent")
+    ap.add_argument("--chain", help="a second profiler plugin to chain behind Stepwise's (job 4)")
     ap.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
     ap.add_argument("--steps", type=int, default=10, help="steps per phase")
     ap.add_argument("--timeout", type=float, default=180)
@@ -426,7 +432,7 @@ def main():
     except (OSError, ValueError):
         dev = None
     jobs = {"device": dev}
-    for job in ("plugin", "noplugin", "graph"):
+    for job in ("plugin", "noplugin", "graph") + (("chain",) if a.chain else ()):
         prof = os.path.join(tmp, f"{job}-profiler.sock")
         rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         rx.bind(prof)
@@ -441,6 +447,7 @@ def main():
         t.join()
         jobs[job] = {"rc": rcs, "ranks": ranks, "wall_s": time.time() - t0, "headers": [h for h, _ in got], "recs": [r for _, rs in got for r in rs], "hang": hung}
     gchecks, gsum = graph.checks(a, jobs["graph"], BYTES, ALLREDUCE, FLAG_STARTED, GPU_LATE_MS, agent_get, median)
+    cchecks, csum = chain.checks(jobs["chain"], tmp, a.steps * len(PHASES), BYTES, ALLREDUCE, FLAG_STARTED) if a.chain else ({}, None)
     ranks, recs = jobs["plugin"]["ranks"], jobs["plugin"]["recs"]
     per_rank, skew = compare(ranks, recs) if len(ranks) == 2 else ({}, {})
     agent_info = None
@@ -460,12 +467,13 @@ def main():
     if os.path.exists(os.path.join(tmp, "nccl-plugin-0.log")):
         shutil.copy(os.path.join(tmp, "nccl-plugin-0.log"), os.path.join(a.out, "nccl-0.log"))
     with open(os.path.join(a.out, "ranks.out"), "w") as f:
-        for job in ("plugin", "noplugin", "graph"):
+        for job in ("plugin", "noplugin", "graph", "chain"):
             for r in range(2):
                 if os.path.exists(os.path.join(tmp, f"{job}-rank{r}.out")):
                     f.write(f"== {job} rank {r}\n" + open(os.path.join(tmp, f"{job}-rank{r}.out")).read())
     checks = checks_of(a, jobs, per_rank, skew, agent_info)
     checks.update(gchecks)
+    checks.update(cchecks)
     headers = jobs["plugin"]["headers"]
     summary = {
         "checks": checks,
@@ -485,6 +493,7 @@ def main():
         "gpu_start_skew": skew,
         "agent": agent_info,
         "graph": gsum,
+        "chain": csum,
         "torch": ranks[0].get("torch") if ranks else None,
         "torch_nccl": ranks[0].get("nccl") if ranks else None,
     }

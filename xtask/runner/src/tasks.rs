@@ -257,9 +257,14 @@ pub fn gpu_check(args: &[String]) -> Result<()> {
     sh(cargo().args(["build", "--release", "-p", "nccl-profiler"]))?;
     let agent = build_agent(true)?;
     let plugin = root().join("target/release/libnccl_profiler.so");
+    // The second plugin of the chained job (tests/gpu/chain.py).
+    sh(Command::new("make").args(["-C", "tests/workloads", "build/libnccl-profiler-chaintest.so"]).current_dir(root()))?;
+    let chain = root().join("tests/workloads/build/libnccl-profiler-chaintest.so");
     let out = tempdir("gpu-check")?;
     println!("gpu-check: output in {}", out.display());
-    sh(Command::new("python3").arg(root().join("tests/gpu/check.py")).arg("--plugin").arg(&plugin).arg("--agent").arg(&agent).arg("--out").arg(&out).args(args))
+    let mut c = Command::new("python3");
+    c.arg(root().join("tests/gpu/check.py")).arg("--plugin").arg(&plugin).arg("--agent").arg(&agent).arg("--chain").arg(&chain).arg("--out").arg(&out);
+    sh(c.args(args))
 }
 
 /// `agent diagnose --peers` over 128 agents × 8 ranks × 1 000 steps served on loopback by
