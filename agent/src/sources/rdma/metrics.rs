@@ -5,6 +5,7 @@
 //! resets or the port vanishes, and a series whose labels change (netdev renamed, rail
 //! override) restarts from the port's full cumulative value instead of from zero.
 
+use crate::export::reference::RegisterSampled as _;
 use std::sync::{
     atomic::{AtomicU64, Ordering},
     Arc,
@@ -24,7 +25,7 @@ use prometheus_client::{
 use super::spec::Typed;
 
 /// `{device,port,netdev,rail}`: one NIC port.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PortLabels {
     pub device: String,
     pub port: String,
@@ -33,7 +34,7 @@ pub struct PortLabels {
 }
 
 /// `{device,port,netdev,rail,reason}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RetransmitLabels {
     pub device: String,
     pub port: String,
@@ -43,7 +44,7 @@ pub struct RetransmitLabels {
 }
 
 /// `{device,port,counter}`: generic counters; `counter` is a file name, capped in number.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CounterLabels {
     pub device: String,
     pub port: String,
@@ -149,7 +150,7 @@ impl Metrics {
             port_up: Family::default(),
             link_rate: Family::default(),
         };
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_transmit_wait_seconds",
             "Time with data pending but not sent: PMA port_xmit_wait ticks x [steps.params] xmit_wait_tick_seconds (default 4 ns)",
             m.transmit_wait.clone(),
@@ -169,17 +170,21 @@ impl Metrics {
             ("stepwise_nic_out_of_buffer_drops", "Packets dropped for lack of a posted receive WQE (out_of_buffer)", &m.out_of_buffer_drops),
         ];
         for (name, help, fam) in counters {
-            registry.register(name, help, fam.clone());
+            registry.register_sampled(name, help, fam.clone());
         }
-        registry.register("stepwise_nic_retransmit_events", "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)", m.retransmit_events.clone());
-        registry.register("stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)", m.hw_counter.clone());
-        registry.register(
+        registry.register_sampled(
+            "stepwise_nic_retransmit_events",
+            "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)",
+            m.retransmit_events.clone(),
+        );
+        registry.register_sampled("stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)", m.hw_counter.clone());
+        registry.register_sampled(
             "stepwise_rdma_port_stat",
             "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
             m.port_counter.clone(),
         );
-        registry.register("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
-        registry.register("stepwise_nic_link_rate_bytes_per_second", "RDMA port link rate (from the rate file, Gb/s x 125000000)", m.link_rate.clone());
+        registry.register_sampled("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
+        registry.register_sampled("stepwise_nic_link_rate_bytes_per_second", "RDMA port link rate (from the rate file, Gb/s x 125000000)", m.link_rate.clone());
         m
     }
 
