@@ -245,8 +245,16 @@ impl StepMetrics {
         for c in CauseKind::ALL {
             let _ = m.attributed.get_or_create(&CauseLabel { cause: c.as_str() });
         }
-        r.register_sampled("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
-        r.register_sampled("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
+        r.register_sampled(
+            "stepwise_rank_wait_seconds",
+            "Seconds each rank on this host waited inside its collectives for the communicator's last rank to arrive",
+            m.rank_wait.clone(),
+        );
+        r.register_sampled(
+            "stepwise_rank_late_seconds",
+            "Seconds each rank on this host arrived after the first rank of its collectives (its lateness)",
+            m.rank_late.clone(),
+        );
         r.register_sampled("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
         r.register_sampled(
             "stepwise_rail_imbalance_ratio",

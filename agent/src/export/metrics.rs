@@ -41,7 +41,7 @@ impl AgentMetrics {
     pub fn register(registry: &mut Registry, ebpf_embedded: bool) -> Self {
         let build: Family<BuildLabels, Gauge> = Family::default();
         build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION"), ebpf: if ebpf_embedded { "embedded" } else { "missing" } }).set(1);
-        registry.register_sampled("stepwise_build_info", "Build information (always 1)", build);
+        registry.register_sampled("stepwise_build_info", "The agent's version and whether its eBPF object is embedded or missing (always 1)", build);
         let source_up = Family::<SourceLabel, Gauge>::default();
         registry.register_sampled("stepwise_source_up", "1 if the source's last sweep succeeded or found nothing to read, 0 if it failed", source_up.clone());
         let source_devices = Family::<SourceLabel, Gauge>::default();

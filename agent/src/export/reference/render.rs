@@ -10,11 +10,14 @@ pub fn unit(name: &str) -> &'static str {
     let base = name.strip_suffix("_total").unwrap_or(name);
     const UNITS: &[(&str, &str)] = &[
         ("_bytes_per_second", "bytes/s"),
+        ("_byte_seconds", "byte-seconds"),
         ("_seconds", "seconds"),
         ("_bytes", "bytes"),
         ("_packets", "packets"),
         ("_ratio", "ratio"),
         ("_info", "info (value 1)"),
+        ("_up", "0 or 1"),
+        ("_suspected", "0 or 1"),
     ];
     UNITS.iter().find(|(s, _)| base.ends_with(s)).map_or(if name.ends_with("_total") { "events" } else { "count" }, |(_, u)| u)
 }

@@ -130,7 +130,11 @@ impl CollectiveMetrics {
         r.register_sampled("stepwise_collective_calls", "Collective library calls seen, by library and operation", m.calls.clone());
         r.register_sampled("stepwise_collective_bytes", "Payload bytes of collective calls (count x element size)", m.bytes.clone());
         r.register_sampled("stepwise_collective_duration_seconds", "Time inside one collective call (entry to return)", m.duration.clone());
-        r.register_sampled("stepwise_rank_collective_seconds", "Time spent inside collective calls per local rank", m.rank_seconds.clone());
+        r.register_sampled(
+            "stepwise_rank_collective_seconds",
+            "Seconds inside collective calls, by global rank of the processes on this host",
+            m.rank_seconds.clone(),
+        );
         r.register_sampled("stepwise_collective_aborted_calls", "Calls still open when their process exited (killed inside a collective)", m.aborted.clone());
         r.register_sampled("stepwise_probe_attached", "Probed functions currently attached, by library", m.attached.clone());
         r.register_sampled("stepwise_probe_decode_errors", "Probe events that could not be decoded, by kind", m.decode_errors.clone());

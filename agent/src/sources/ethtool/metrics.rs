@@ -138,7 +138,11 @@ impl Metrics {
             "Link-level MAC control (pause) frames, all priorities (ethtool -S rx/tx_pause_ctrl_phy)",
             m.pause_ctrl.clone(),
         );
-        registry.register_sampled("stepwise_ethtool_stat", "Other driver statistics by name (ethtool -S), per-queue names excluded", m.generic.clone());
+        registry.register_sampled(
+            "stepwise_ethtool_stat",
+            "Other driver statistics by name (ethtool -S), per-queue names excluded; the unit (bytes, packets, events) depends on the name",
+            m.generic.clone(),
+        );
         m
     }
 

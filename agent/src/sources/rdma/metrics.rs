@@ -177,10 +177,14 @@ impl Metrics {
             "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)",
             m.retransmit_events.clone(),
         );
-        registry.register_sampled("stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)", m.hw_counter.clone());
+        registry.register_sampled(
+            "stepwise_rdma_hw_stat",
+            "Every other RDMA hw_counters entry, by file name (at most 256 names); the unit (packets, events) depends on the name",
+            m.hw_counter.clone(),
+        );
         registry.register_sampled(
             "stepwise_rdma_port_stat",
-            "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
+            "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name; the unit depends on the name",
             m.port_counter.clone(),
         );
         registry.register_sampled("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
