@@ -1,6 +1,7 @@
 //! Inputs. One folder per source; each owns its parsing, its metrics and its tests, and
 //! adding one touches nothing central beyond its line in [`build_sources`].
 
+pub mod by_unit;
 pub mod collectives;
 pub mod counter;
 pub mod ethtool;

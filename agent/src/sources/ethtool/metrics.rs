@@ -1,6 +1,7 @@
 //! Prometheus families of the ethtool source, and where each statistic's deltas go.
 
 use crate::export::reference::RegisterSampled as _;
+use crate::sources::by_unit::ByUnit;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
@@ -88,7 +89,7 @@ pub struct Metrics {
     vport_bytes: Family<DirLabels, Counter>,
     vport_packets: Family<DirLabels, Counter>,
     pause_ctrl: Family<DirLabels, Counter>,
-    generic: Family<StatLabels, Counter>,
+    generic: ByUnit<StatLabels>,
 }
 
 impl Metrics {
@@ -138,11 +139,7 @@ impl Metrics {
             "Link-level MAC control (pause) frames, all priorities (ethtool -S rx/tx_pause_ctrl_phy)",
             m.pause_ctrl.clone(),
         );
-        registry.register_sampled(
-            "stepwise_ethtool_stat",
-            "Other driver statistics by name (ethtool -S), per-queue names excluded; the unit (bytes, packets, events) depends on the name",
-            m.generic.clone(),
-        );
+        m.generic.register(registry, "stepwise_ethtool_stat", "Other driver statistics by name (ethtool -S), per-queue names excluded");
         m
     }
 
@@ -154,7 +151,7 @@ impl Metrics {
         let dir = |direction: &'static str| DirLabels { netdev: nd(), direction };
         match class {
             Class::PerQueue | Class::NotCounter => Sink::None,
-            Class::Generic if generic_ok => Sink::Count(self.generic.get_or_create_owned(&StatLabels { netdev: nd(), stat: name.to_string() })),
+            Class::Generic if generic_ok => Sink::Count(self.generic.family(name).get_or_create_owned(&StatLabels { netdev: nd(), stat: name.to_string() })),
             Class::Generic => Sink::None,
             Class::Typed(f) => match f {
                 Field::PauseFrames { direction, priority } => Sink::Count(self.pause_frames.get_or_create_owned(&dp(direction.as_str(), priority.label()))),

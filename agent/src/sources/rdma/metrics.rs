@@ -6,6 +6,7 @@
 //! override) restarts from the port's full cumulative value instead of from zero.
 
 use crate::export::reference::RegisterSampled as _;
+use crate::sources::by_unit::ByUnit;
 use std::sync::{
     atomic::{AtomicU64, Ordering},
     Arc,
@@ -119,8 +120,8 @@ pub struct Metrics {
     pub out_of_sequence_packets: Family<PortLabels, Counter>,
     pub out_of_buffer_drops: Family<PortLabels, Counter>,
     pub retransmit_events: Family<RetransmitLabels, Counter>,
-    pub hw_counter: Family<CounterLabels, Counter>,
-    pub port_counter: Family<CounterLabels, Counter>,
+    pub hw_counter: ByUnit<CounterLabels>,
+    pub port_counter: ByUnit<CounterLabels>,
     pub port_up: Family<PortLabels, Gauge>,
     pub link_rate: Family<PortLabels, FloatGauge>,
 }
@@ -145,8 +146,8 @@ impl Metrics {
             out_of_sequence_packets: Family::default(),
             out_of_buffer_drops: Family::default(),
             retransmit_events: Family::default(),
-            hw_counter: Family::default(),
-            port_counter: Family::default(),
+            hw_counter: ByUnit::default(),
+            port_counter: ByUnit::default(),
             port_up: Family::default(),
             link_rate: Family::default(),
         };
@@ -177,15 +178,11 @@ impl Metrics {
             "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)",
             m.retransmit_events.clone(),
         );
-        registry.register_sampled(
-            "stepwise_rdma_hw_stat",
-            "Every other RDMA hw_counters entry, by file name (at most 256 names); the unit (packets, events) depends on the name",
-            m.hw_counter.clone(),
-        );
-        registry.register_sampled(
+        m.hw_counter.register(registry, "stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)");
+        m.port_counter.register(
+            registry,
             "stepwise_rdma_port_stat",
-            "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name; the unit depends on the name",
-            m.port_counter.clone(),
+            "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
         );
         registry.register_sampled("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
         registry.register_sampled("stepwise_nic_link_rate_bytes_per_second", "RDMA port link rate (from the rate file, Gb/s x 125000000)", m.link_rate.clone());
