@@ -65,6 +65,11 @@ are absent. `histogram` families also have `_bucket{le}`, `_sum` and `_count` se
 The unit is the one the name ends in (`_seconds`, `_bytes`, …); `events` is a plain count.
 The integration tier checks a running agent's `/metrics` against this table: a family without
 a row, or with another type or other labels, fails.
+
+Interface names are the `netdev` label. node_exporter calls the same name `device`, but on the
+`stepwise_nic_*` RDMA series `device` is the RDMA device (`mlx5_0`), so the agent cannot use it
+for the interface; to join with node_exporter, copy the label:
+`label_replace(rate(stepwise_netdev_receive_bytes_total[5m]), \"device\", \"$1\", \"netdev\", \"(.+)\")`.
 ";
 
 /// A row of the document's tables: (family, type, label names).
