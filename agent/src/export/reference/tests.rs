@@ -86,3 +86,51 @@ fn exposition_parsing_finds_histograms_counters_and_escaped_values() {
     assert_eq!(e["h"].kind, "histogram");
     assert_eq!(e["c_total"].labels, [vec!["v".to_string(), "w".to_string()]]);
 }
+
+/// The agent's sources outside their test modules.
+fn sources(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if name.ends_with(".rs") && !name.ends_with("tests.rs") && !name.contains("_tests") {
+            let text = std::fs::read_to_string(&p).expect("read");
+            let code = text.split("#[cfg(test)]\nmod ").next().unwrap_or_default().to_string();
+            out.push((p, code));
+        }
+    }
+}
+
+/// The registrations of a family in `code` that bypass `register_sampled`.
+fn plain_registrations(code: &str) -> Vec<String> {
+    let mut plain = Vec::new();
+    for (i, _) in code.match_indices(".register") {
+        let rest = &code[i + ".register".len()..];
+        let call = rest.trim_start_matches(['(', '_', 'w', 'i', 't', 'h', 'u', 'n']).trim_start();
+        let takes_name = rest.starts_with('(') || rest.starts_with("_with_unit(");
+        if takes_name && (call.starts_with('"') || call.starts_with("name")) {
+            plain.push(rest.lines().next().unwrap_or_default().to_string());
+        }
+    }
+    plain
+}
+
+#[test]
+fn a_plain_registration_is_found() {
+    let code = "r.register_sampled(\"a\", \"A\", c.clone());\nself.decoder.register(id, info);\nr.register(\n    \"stepwise_b\", \"B\", g);\nr.register_with_unit(\"c\", \"C\", Unit::Seconds, h);\n";
+    assert_eq!(plain_registrations(code), ["(", "_with_unit(\"c\", \"C\", Unit::Seconds, h);"]);
+}
+
+/// A family registered with plain `Registry::register` has no sample series while the reference
+/// is built, so it would be missing from docs/metrics.md: every registration goes through
+/// `register_sampled`.
+#[test]
+fn every_registration_in_the_agent_goes_through_register_sampled() {
+    let mut files = Vec::new();
+    sources(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+    assert!(files.len() > 100, "{} files", files.len());
+    let plain: Vec<String> =
+        files.iter().flat_map(|(path, code)| plain_registrations(code).into_iter().map(move |l| format!("{}: {l}", path.display()))).collect();
+    assert!(plain.is_empty(), "families registered without register_sampled (missing from docs/metrics.md):\n{}", plain.join("\n"));
+}
