@@ -3,6 +3,7 @@
 //! store). One `Engine` lives behind a mutex; the sampler thread feeds it samples and calls
 //! [`Engine::tick`] after every sweep; HTTP handlers read it.
 
+use crate::export::reference::RegisterSampled as _;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use prometheus_client::{metrics::counter::Counter, registry::Registry};
@@ -24,8 +25,8 @@ struct MarkerMetrics {
 impl MarkerMetrics {
     fn register(r: &mut Registry) -> MarkerMetrics {
         let m = MarkerMetrics { markers: Counter::default(), marker_errors: Counter::default() };
-        r.register("stepwise_markers", "Step markers received", m.markers.clone());
-        r.register("stepwise_marker_errors", "Malformed step markers refused", m.marker_errors.clone());
+        r.register_sampled("stepwise_markers", "Step markers received", m.markers.clone());
+        r.register_sampled("stepwise_marker_errors", "Malformed step markers refused", m.marker_errors.clone());
         m
     }
 }

@@ -349,3 +349,8 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// `docs/metrics.md`, the metrics reference.
+pub fn metrics_reference() -> String {
+    std::fs::read_to_string(workspace_root().join("docs/metrics.md")).expect("docs/metrics.md")
+}

@@ -188,3 +188,42 @@ fn invalid_config_is_a_clear_error_with_exit_code_2() {
     let out = Command::new(agent_bin()).args(["run"]).env("STEPWISE_INTERVAL", "5ms").output().expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Every family an agent on the dgx8 fixture exposes (all counter sources, the probes, the
+/// engine fed with step markers) has its entry in docs/metrics.md, with its type and labels;
+/// and the same exposition with one entry taken out of the document fails, naming it.
+#[test]
+fn every_exposed_family_has_its_entry_in_the_metrics_reference() {
+    let dir = tmp("reference");
+    let (cfg, sock) = (dir.path().join("agent.toml"), dir.path().join("markers.sock"));
+    std::fs::write(&cfg, format!("interval = \"200ms\"\n[steps]\nmarker_socket = \"{}\"\n", sock.display())).expect("write config");
+    let sys = fixture("dgx8");
+    let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8"), "--sysfs-root", sys.to_str().expect("utf8")]).expect("agent starts");
+    let s = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+    for step in 1..=6 {
+        for phase in ["begin", "end"] {
+            s.send_to(format!(r#"{{"rank":0,"step":{step},"phase":"{phase}"}}"#).as_bytes(), &sock).expect("send marker");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let doc = harness::metrics_reference();
+    let text = agent.metrics().expect("scrape");
+    let om =
+        harness::http_request_with(&agent.addr, "GET", "/metrics", &[("Accept", "application/openmetrics-text; version=1.0.0")], None).expect("scrape").body;
+    for (what, exposition) in [("text 0.0.4", &text), ("OpenMetrics", &om)] {
+        let problems = stepwise::export::reference::check::against_exposition(&doc, exposition);
+        assert!(problems.is_empty(), "{what} /metrics against docs/metrics.md:\n  {}", problems.join("\n  "));
+    }
+    let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    assert!(families >= 40, "only {families} families exposed:\n{text}");
+    for must in ["stepwise_nic_transmit_bytes_total", "stepwise_markers_total", "stepwise_source_up"] {
+        assert!(text.contains(&format!("# TYPE {must} ")), "{must} not exposed:\n{text}");
+    }
+
+    let without: String = doc.lines().filter(|l| !l.starts_with("| `stepwise_nic_transmit_bytes_total` ")).map(|l| format!("{l}\n")).collect();
+    assert_eq!(
+        stepwise::export::reference::check::against_exposition(&without, &text),
+        ["stepwise_nic_transmit_bytes_total: on /metrics but has no entry in docs/metrics.md"]
+    );
+}

@@ -353,6 +353,15 @@ fn every_panel_query_returns_series_from_real_agents() {
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
+    // Every family the two agents expose (probes, profiler, ethtool, TCP, per-rank series
+    // included) has its entry in the metrics reference, with its type and labels.
+    let doc = stepwise_tests::harness::metrics_reference();
+    for (host, agent) in [("A", &agent_a), ("B", &agent_b)] {
+        let text = agent.metrics().expect("scrape");
+        let problems = stepwise::export::reference::check::against_exposition(&doc, &text);
+        assert!(problems.is_empty(), "host {host}'s /metrics against docs/metrics.md:\n  {}", problems.join("\n  "));
+        eprintln!("host {host}: {} families on /metrics, each with its entry in docs/metrics.md", text.lines().filter(|l| l.starts_with("# TYPE ")).count());
+    }
 
     let mut report = Vec::new();
     let mut failures = Vec::new();

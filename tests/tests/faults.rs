@@ -573,6 +573,7 @@ fn counter_reset_wrap_and_saturation_inside_steps_never_invent_or_lose_bytes() {
     // by 2^32 (a 32-bit "wrap" of a reset counter).
     let events = [
         "stepwise_rdma_hw_stat_total",
+        "stepwise_rdma_hw_stat_packets_total",
         "stepwise_nic_retransmit_events_total",
         "stepwise_nic_out_of_sequence_packets_total",
         "stepwise_nic_out_of_buffer_drops_total",

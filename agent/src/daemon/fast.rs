@@ -14,6 +14,7 @@
 //! seconds of the sampler thread's CPU is followed by the next no sooner than c / budget
 //! later, whatever the period.
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     collections::BTreeSet,
     sync::{Arc, Mutex},
@@ -65,9 +66,13 @@ impl FastLane {
             cpu: Counter::default(),
             skipped: Counter::default(),
         };
-        registry.register("stepwise_fast_lane_reads", "Fast-lane reads of the traced jobs' NIC counters between full sweeps", lane.reads.clone());
-        registry.register("stepwise_fast_lane_cpu_seconds", "CPU time (user + system) of the fast lane, its checks between reads included", lane.cpu.clone());
-        registry.register(
+        registry.register_sampled("stepwise_fast_lane_reads", "Fast-lane reads of the traced jobs' NIC counters between full sweeps", lane.reads.clone());
+        registry.register_sampled(
+            "stepwise_fast_lane_cpu_seconds",
+            "CPU time (user + system) of the fast lane, its checks between reads included",
+            lane.cpu.clone(),
+        );
+        registry.register_sampled(
             "stepwise_fast_lane_skipped",
             "Fast-lane reads left out: the job idle, or to stay within [sources] fast_cpu_budget",
             lane.skipped.clone(),

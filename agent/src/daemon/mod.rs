@@ -14,6 +14,7 @@ mod markers;
 pub mod reload;
 mod sampler;
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -81,9 +82,7 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = StopOnDrop(stop_tx);
     let mut registry = Registry::default();
-    let (reloads, reload_errors) = (Counter::default(), Counter::default());
-    registry.register("stepwise_config_reloads", "Config reloads (SIGHUP) applied", reloads.clone());
-    registry.register("stepwise_config_reload_errors", "Config reloads (SIGHUP) refused: the file did not load or validate", reload_errors.clone());
+    let (reloads, reload_errors) = reload_counters(&mut registry);
     let errors = Errors::register(&mut registry);
     let agent_metrics = AgentMetrics::register(&mut registry, crate::ebpf::embedded());
     let store_health = crate::store::Health::register(&mut registry);
@@ -165,6 +164,14 @@ pub async fn run(cfg: Config, reload: Reload) -> anyhow::Result<()> {
         t.abort();
     }
     Ok(())
+}
+
+/// `stepwise_config_reloads_total` and `stepwise_config_reload_errors_total`.
+pub fn reload_counters(registry: &mut Registry) -> (Counter, Counter) {
+    let (reloads, reload_errors) = (Counter::default(), Counter::default());
+    registry.register_sampled("stepwise_config_reloads", "Config reloads (SIGHUP) applied", reloads.clone());
+    registry.register_sampled("stepwise_config_reload_errors", "Config reloads (SIGHUP) refused: the file did not load or validate", reload_errors.clone());
+    (reloads, reload_errors)
 }
 
 /// The engine with its `[steps]` and `[hang]`, and the history store's sink (steps queue under

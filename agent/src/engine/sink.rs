@@ -4,6 +4,7 @@
 //! implement. Sinks run under the engine lock, so none may
 //! block: the store's sink only queues, OTLP try-sends into a bounded channel.
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{
@@ -135,12 +136,12 @@ impl StepSink for StoreQueue {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabel {
     cause: &'static str,
 }
 /// A per-rank series: the global rank and who its process is ([`RankIdentity`]).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RankLabel {
     rank: String,
     local_rank: String,
@@ -154,11 +155,11 @@ impl RankLabel {
         RankLabel { rank, local_rank: id.local_rank, namespace: id.namespace, pod: id.pod, gpu: id.gpu }
     }
 }
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RailLabel {
     rail: String,
 }
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NicLabel {
     /// The NIC's name as attribution knows it: its netdev, or `device/port` for an RDMA port
     /// without one.
@@ -230,30 +231,42 @@ impl StepMetrics {
             slow_step,
             recent: VecDeque::new(),
         };
-        r.register("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
-        r.register(
+        r.register_sampled("stepwise_step_duration_seconds", "Duration of attributed training steps", m.duration.clone());
+        r.register_sampled(
             "stepwise_nic_rate_bytes_per_second",
             "Nominal rate of each NIC as attribution uses it: [steps] nic_rates, else the rate its source reports (netdev speed, RDMA port rate)",
             m.nic_rate.clone(),
         );
-        r.register("stepwise_steps", "Training steps attributed", m.steps.clone());
-        r.register("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
-        r.register("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
+        r.register_sampled("stepwise_steps", "Training steps attributed", m.steps.clone());
+        r.register_sampled("stepwise_slow_steps", "Steps longer than the slow-step threshold", m.slow.clone());
+        r.register_sampled("stepwise_step_attributed_seconds", "Step seconds attributed to each cause", m.attributed.clone());
         // Every cause from the start, at 0: a healthy node's dashboards and alerts see 0, not
         // an absent series.
         for c in CauseKind::ALL {
             let _ = m.attributed.get_or_create(&CauseLabel { cause: c.as_str() });
         }
-        r.register("stepwise_rank_wait_seconds", "Seconds a local rank waited inside collectives for the last rank", m.rank_wait.clone());
-        r.register("stepwise_rank_late_seconds", "Seconds a local rank arrived after the first rank of its collectives", m.rank_late.clone());
-        r.register("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
-        r.register("stepwise_rail_imbalance_ratio", "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)", m.imbalance.clone());
-        r.register(
+        r.register_sampled(
+            "stepwise_rank_wait_seconds",
+            "Seconds each rank on this host waited inside its collectives for the communicator's last rank to arrive",
+            m.rank_wait.clone(),
+        );
+        r.register_sampled(
+            "stepwise_rank_late_seconds",
+            "Seconds each rank on this host arrived after the first rank of its collectives (its lateness)",
+            m.rank_late.clone(),
+        );
+        r.register_sampled("stepwise_rail_bytes_ratio", "Share of the step's NIC bytes carried by each rail (0 to 1)", m.rail_share.clone());
+        r.register_sampled(
+            "stepwise_rail_imbalance_ratio",
+            "Busiest rail's bytes over the mean rail's bytes in the last step (1 = balanced)",
+            m.imbalance.clone(),
+        );
+        r.register_sampled(
             "stepwise_step_algorithm_bandwidth_bytes_per_second",
             "The last step's collectives' data size over their transfer time (nccl-tests algbw)",
             m.algbw.clone(),
         );
-        r.register(
+        r.register_sampled(
             "stepwise_step_bus_bandwidth_bytes_per_second",
             "The last step's collectives' algbw times the operation's bus factor, e.g. 2(n-1)/n for all_reduce (nccl-tests busbw)",
             m.busbw.clone(),

@@ -1,18 +1,19 @@
 //! Agent-level metrics (build info, source health, sweep durations). Sources register their
 //! own counters; this module owns only what is common to all of them.
 
+use crate::export::reference::RegisterSampled as _;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     pub source: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
     pub ebpf: &'static str,
@@ -40,13 +41,17 @@ impl AgentMetrics {
     pub fn register(registry: &mut Registry, ebpf_embedded: bool) -> Self {
         let build: Family<BuildLabels, Gauge> = Family::default();
         build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION"), ebpf: if ebpf_embedded { "embedded" } else { "missing" } }).set(1);
-        registry.register("stepwise_build_info", "Build information (always 1)", build);
+        registry.register_sampled("stepwise_build_info", "The agent's version and whether its eBPF object is embedded or missing (always 1)", build);
         let source_up = Family::<SourceLabel, Gauge>::default();
-        registry.register("stepwise_source_up", "1 if the source's last sweep succeeded or found nothing to read, 0 if it failed", source_up.clone());
+        registry.register_sampled("stepwise_source_up", "1 if the source's last sweep succeeded or found nothing to read, 0 if it failed", source_up.clone());
         let source_devices = Family::<SourceLabel, Gauge>::default();
-        registry.register("stepwise_source_devices", "Devices the source's last sweep read (0: absent on this host, or failed)", source_devices.clone());
+        registry.register_sampled(
+            "stepwise_source_devices",
+            "Devices the source's last sweep read (0: absent on this host, or failed)",
+            source_devices.clone(),
+        );
         let sweep_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(sweep_histogram as fn() -> Histogram);
-        registry.register("stepwise_source_sweep_duration_seconds", "Time taken by one sweep of a source", sweep_seconds.clone());
+        registry.register_sampled("stepwise_source_sweep_duration_seconds", "Time taken by one sweep of a source", sweep_seconds.clone());
         AgentMetrics { source_up, source_devices, sweep_seconds }
     }
 }

@@ -7,6 +7,7 @@ pub mod metrics;
 pub mod open;
 pub mod otlp;
 pub mod pages;
+pub mod reference;
 pub mod replay;
 pub mod stream;
 pub mod synthetic;

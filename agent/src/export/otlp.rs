@@ -15,6 +15,7 @@ pub mod spans;
 pub mod tls;
 pub mod transport;
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     collections::BTreeMap,
     sync::{mpsc, Arc, Mutex},
@@ -65,14 +66,14 @@ impl OtlpConfig {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SignalLabel {
     signal: &'static str,
 }
 
 /// The exporter's own counters (on `/metrics`, and exported like every other family).
 #[derive(Clone, Default)]
-struct Metrics {
+pub(crate) struct Metrics {
     errors: Family<SignalLabel, Counter>,
     dropped: Family<SignalLabel, Counter>,
     exports: Family<SignalLabel, Counter>,
@@ -82,11 +83,11 @@ const METRICS: SignalLabel = SignalLabel { signal: "metrics" };
 const TRACES: SignalLabel = SignalLabel { signal: "traces" };
 
 impl Metrics {
-    fn register(r: &mut Registry) -> Metrics {
+    pub(crate) fn register(r: &mut Registry) -> Metrics {
         let m = Metrics::default();
-        r.register("stepwise_otlp_export_errors", "OTLP export requests that failed (collector down, slow, or refusing)", m.errors.clone());
-        r.register("stepwise_otlp_dropped", "Steps not exported: the queue was full or their export failed", m.dropped.clone());
-        r.register("stepwise_otlp_exports", "OTLP export requests the collector accepted", m.exports.clone());
+        r.register_sampled("stepwise_otlp_export_errors", "OTLP export requests that failed (collector down, slow, or refusing)", m.errors.clone());
+        r.register_sampled("stepwise_otlp_dropped", "Steps not exported: the queue was full or their export failed", m.dropped.clone());
+        r.register_sampled("stepwise_otlp_exports", "OTLP export requests the collector accepted", m.exports.clone());
         // Zero-valued series from the start, so rate() and alerts work before the first error.
         for l in [METRICS, TRACES] {
             drop(m.errors.get_or_create(&l));

@@ -5,6 +5,7 @@
 //! naming the source. Before, a sampler blocked in a read left `/readyz` "ready" and
 //! `source_up` 1 while `/metrics` served stale values.
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -36,7 +37,11 @@ pub struct Watchdog {
 impl Watchdog {
     pub fn register(registry: &mut Registry, metrics: &AgentMetrics, deadline: Duration) -> Watchdog {
         let stalls = Family::<SourceLabel, Counter>::default();
-        registry.register("stepwise_source_stalls", "Sweeps of a source that did not finish within the deadline (10 intervals, at least 5 s)", stalls.clone());
+        registry.register_sampled(
+            "stepwise_source_stalls",
+            "Sweeps of a source that did not finish within the deadline (10 intervals, at least 5 s)",
+            stalls.clone(),
+        );
         Watchdog { state: Arc::default(), up: metrics.source_up.clone(), stalls, deadline }
     }
 

@@ -8,6 +8,7 @@
 //! first diverging number must not count it again. The first diverging number reported
 //! stays the one served.
 
+use crate::export::reference::RegisterSampled as _;
 use std::collections::HashMap;
 
 use prometheus_client::{
@@ -23,7 +24,7 @@ use crate::timeline::desync::Desync;
 /// Desyncs remembered at most (the oldest seen are forgotten first).
 pub const MAX_REMEMBERED: usize = 1024;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LibLabels {
     library: String,
 }
@@ -39,7 +40,7 @@ pub struct Watch {
 impl Watch {
     pub fn new(r: &mut Registry) -> Watch {
         let total = Family::default();
-        r.register(
+        r.register_sampled(
             "stepwise_collective_desyncs",
             "Desyncs found: ranks of a communicator whose calls at one sequence number differ in operation or bytes",
             total.clone(),

@@ -6,6 +6,7 @@
 //! job's series are removed [`LINGER_SECONDS`] after its last process here) and
 //! `stepwise_hang_suspicions_total`.
 
+use crate::export::reference::RegisterSampled as _;
 use std::{collections::HashMap, sync::atomic::AtomicU64};
 
 use prometheus_client::{
@@ -23,7 +24,7 @@ pub const MAX_COMM_LABELS: usize = 32;
 /// How long a communicator none of whose processes lives here keeps its series (at 0).
 pub const LINGER_SECONDS: f64 = 600.0;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CommLabels {
     comm: String,
     library: String,
@@ -56,14 +57,18 @@ pub struct Detector {
 impl Detector {
     pub fn new(cfg: HangConfig, r: &mut Registry) -> Detector {
         let metrics = Metrics { open: Family::default(), suspected: Family::default(), missing: Family::default(), raised: Counter::default() };
-        r.register("stepwise_collective_open_seconds", "Seconds the oldest open call of a communicator has been open (0: none open)", metrics.open.clone());
-        r.register("stepwise_hang_suspected", "1 while a communicator is suspected hung ([hang] rule, with hysteresis)", metrics.suspected.clone());
-        r.register(
+        r.register_sampled(
+            "stepwise_collective_open_seconds",
+            "Seconds the oldest open call of a communicator has been open (0: none open)",
+            metrics.open.clone(),
+        );
+        r.register_sampled("stepwise_hang_suspected", "1 while a communicator is suspected hung ([hang] rule, with hysteresis)", metrics.suspected.clone());
+        r.register_sampled(
             "stepwise_hang_missing_ranks",
             "Ranks of a communicator not in its oldest open call (not arrived or exited) as seen on this host",
             metrics.missing.clone(),
         );
-        r.register("stepwise_hang_suspicions", "Hang suspicions raised", metrics.raised.clone());
+        r.register_sampled("stepwise_hang_suspicions", "Hang suspicions raised", metrics.raised.clone());
         Detector { cfg, state: HashMap::new(), last: Vec::new(), labelled: Vec::new(), metrics }
     }
 

@@ -1,6 +1,7 @@
 //! Inputs. One folder per source; each owns its parsing, its metrics and its tests, and
 //! adding one touches nothing central beyond its line in [`build_sources`].
 
+pub mod by_unit;
 pub mod collectives;
 pub mod counter;
 pub mod ethtool;
@@ -15,6 +16,7 @@ pub mod select;
 pub mod sockpath;
 pub mod tcp;
 
+use crate::export::reference::RegisterSampled as _;
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
 use prometheus_client::{
@@ -26,7 +28,7 @@ use prometheus_client::{
 pub use select::Selector;
 
 /// Labels of `stepwise_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub source: &'static str,
     pub kind: &'static str,
@@ -40,7 +42,7 @@ pub struct Errors(Family<ErrorLabels, Counter>);
 impl Errors {
     pub fn register(registry: &mut Registry) -> Self {
         let e = Errors::default();
-        registry.register("stepwise_errors", "Errors by source and kind (bad values, failed reads, vanished devices)", e.0.clone());
+        registry.register_sampled("stepwise_errors", "Errors by source and kind (bad values, failed reads, vanished devices)", e.0.clone());
         e
     }
     pub fn inc(&self, source: &'static str, kind: &'static str) {

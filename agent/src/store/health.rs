@@ -2,6 +2,7 @@
 //! (`stepwise_store_up`, `stepwise_store_errors_total`): an unusable store no longer leaves
 //! the agent looking healthy while nothing is kept.
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     path::Path,
     sync::{Arc, Mutex},
@@ -35,9 +36,13 @@ pub struct Health {
 impl Health {
     pub fn register(registry: &mut Registry) -> Health {
         let h = Health::default();
-        registry.register("stepwise_store_up", "1 while the history store is open and its last write succeeded; 0 when unusable or disabled", h.up.clone());
-        registry.register("stepwise_store_errors", "History store failures (open, write, retention)", h.errors.clone());
-        registry.register("stepwise_store_reopened", "History store files found deleted or replaced while open, and reopened", h.reopened.clone());
+        registry.register_sampled(
+            "stepwise_store_up",
+            "1 while the history store is open and its last write succeeded; 0 when unusable or disabled",
+            h.up.clone(),
+        );
+        registry.register_sampled("stepwise_store_errors", "History store failures (open, write, retention)", h.errors.clone());
+        registry.register_sampled("stepwise_store_reopened", "History store files found deleted or replaced while open, and reopened", h.reopened.clone());
         h
     }
 

@@ -15,6 +15,7 @@
 //!
 //! What is refused is counted in `stepwise_markers_dropped_total{reason}` and dropped.
 
+use crate::export::reference::RegisterSampled as _;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use prometheus_client::{
@@ -70,7 +71,7 @@ impl Refusal {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -126,7 +127,11 @@ pub struct Admission {
 impl Admission {
     pub fn register(registry: &mut Registry, limits: Limits) -> Admission {
         let dropped = Family::<ReasonLabel, Counter>::default();
-        registry.register("stepwise_markers_dropped", "Markers refused by admission control (too many ranks, a rank's or new steps' rate)", dropped.clone());
+        registry.register_sampled(
+            "stepwise_markers_dropped",
+            "Markers refused by admission control (too many ranks, a rank's or new steps' rate)",
+            dropped.clone(),
+        );
         Admission {
             limits,
             ranks: HashMap::new(),

@@ -5,6 +5,7 @@
 //! (issue 33: it was also this series' `rate_bytes_per_second` label). node_exporter's `node_infiniband_info` and DCGM's `pci_bus_id`/`gpu` labels join
 //! on `device` and on `gpu` (the GPU's PCI address).
 
+use crate::export::reference::RegisterSampled as _;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{family::Family, gauge::Gauge},
@@ -13,7 +14,7 @@ use prometheus_client::{
 
 use super::Topology;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NicInfoLabels {
     pub device: String,
     pub port: String,
@@ -34,7 +35,7 @@ pub struct NicInfo {
 impl NicInfo {
     pub fn register(r: &mut Registry) -> NicInfo {
         let m = NicInfo::default();
-        r.register(
+        r.register_sampled(
             "stepwise_nic_info",
             "A NIC port: RDMA device and port, netdev, rail, PCI address, NUMA node, nearest GPU and link layer (1)",
             m.family.clone(),

@@ -276,7 +276,7 @@ mod tests {
     };
     use std::sync::atomic::AtomicU64;
 
-    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    #[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     struct L {
         cause: String,
     }

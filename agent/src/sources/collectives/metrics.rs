@@ -2,6 +2,7 @@
 //! tables (user ops are capped), ranks are capped at [`crate::labels::MAX_RANK_LABELS`] distinct values, communicators are
 //! never labels.
 
+use crate::export::reference::RegisterSampled as _;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
@@ -14,30 +15,30 @@ use super::decode::Call;
 
 const MAX_USER_OPS: usize = 32;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     pub library: &'static str,
     pub op: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RankLabels {
     pub rank: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LibLabels {
     pub library: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
 }
 
 /// `stepwise_rank_info`: who a traced process is (one series per process, removed when it
 /// exits, so bounded by the processes on the node).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RankInfoLabels {
     pub rank: String,
     pub local_rank: String,
@@ -126,25 +127,29 @@ impl CollectiveMetrics {
             rank_labels: Default::default(),
             user_ops: Default::default(),
         };
-        r.register("stepwise_collective_calls", "Collective library calls seen, by library and operation", m.calls.clone());
-        r.register("stepwise_collective_bytes", "Payload bytes of collective calls (count x element size)", m.bytes.clone());
-        r.register("stepwise_collective_duration_seconds", "Time inside one collective call (entry to return)", m.duration.clone());
-        r.register("stepwise_rank_collective_seconds", "Time spent inside collective calls per local rank", m.rank_seconds.clone());
-        r.register("stepwise_collective_aborted_calls", "Calls still open when their process exited (killed inside a collective)", m.aborted.clone());
-        r.register("stepwise_probe_attached", "Probed functions currently attached, by library", m.attached.clone());
-        r.register("stepwise_probe_decode_errors", "Probe events that could not be decoded, by kind", m.decode_errors.clone());
-        r.register("stepwise_probe_events", "Probe events received from the kernel", m.events.clone());
-        r.register("stepwise_probe_drops", "Probe events dropped in the kernel because the ring buffer was full", m.drops.clone());
-        r.register("stepwise_net_requests", "Completed requests of NCCL's network transport seen in sampled windows", m.net_requests.clone());
-        r.register(
+        r.register_sampled("stepwise_collective_calls", "Collective library calls seen, by library and operation", m.calls.clone());
+        r.register_sampled("stepwise_collective_bytes", "Payload bytes of collective calls (count x element size)", m.bytes.clone());
+        r.register_sampled("stepwise_collective_duration_seconds", "Time inside one collective call (entry to return)", m.duration.clone());
+        r.register_sampled(
+            "stepwise_rank_collective_seconds",
+            "Seconds inside collective calls, by global rank of the processes on this host",
+            m.rank_seconds.clone(),
+        );
+        r.register_sampled("stepwise_collective_aborted_calls", "Calls still open when their process exited (killed inside a collective)", m.aborted.clone());
+        r.register_sampled("stepwise_probe_attached", "Probed functions currently attached, by library", m.attached.clone());
+        r.register_sampled("stepwise_probe_decode_errors", "Probe events that could not be decoded, by kind", m.decode_errors.clone());
+        r.register_sampled("stepwise_probe_events", "Probe events received from the kernel", m.events.clone());
+        r.register_sampled("stepwise_probe_drops", "Probe events dropped in the kernel because the ring buffer was full", m.drops.clone());
+        r.register_sampled("stepwise_net_requests", "Completed requests of NCCL's network transport seen in sampled windows", m.net_requests.clone());
+        r.register_sampled(
             "stepwise_net_requests_unsampled",
             "Requests of NCCL's network transport seen while a closed window's probes were torn down (posted outside any sampled window): not counted",
             m.net_requests_unsampled.clone(),
         );
-        r.register("stepwise_clock_error_seconds", "Error bound of monotonic to wall-clock conversion (adjtimex maxerror)", m.clock_error.clone());
-        r.register("stepwise_collective_communicators", "Communicators currently tracked", m.comms.clone());
-        r.register("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());
-        r.register(
+        r.register_sampled("stepwise_clock_error_seconds", "Error bound of monotonic to wall-clock conversion (adjtimex maxerror)", m.clock_error.clone());
+        r.register_sampled("stepwise_collective_communicators", "Communicators currently tracked", m.comms.clone());
+        r.register_sampled("stepwise_probe_processes", "Traced processes currently selected", m.processes.clone());
+        r.register_sampled(
             "stepwise_rank_info",
             "A traced process: its global and local rank, job, Kubernetes pod, namespace and container, the NIC its traffic uses, its GPU's PCI address (sysfs and dcgm-exporter spellings) and UUID (1 while it runs)",
             m.rank_info.clone(),

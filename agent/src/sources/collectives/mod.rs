@@ -134,6 +134,12 @@ pub enum CollectivesError {
     Glob(String),
 }
 
+/// Registers the families [`Collectives::new`] registers, without loading the probes: for the
+/// metrics reference ([`crate::export::reference`]).
+pub fn register_metrics(registry: &mut Registry) {
+    let _ = (CollectiveMetrics::register(registry), net_metrics::NetMetrics::register(registry));
+}
+
 impl Collectives {
     pub fn new(cfg: CollectivesConfig, registry: &mut Registry) -> Result<Collectives, CollectivesError> {
         let mut targets: Vec<Target> = Vec::new();

@@ -24,6 +24,7 @@
 //! second. `comm` is NCCL's communicator hash (16 hex digits), at most
 //! [`crate::labels::MAX_COMM_LABELS`] at a time per host, then `other`.
 
+use crate::export::reference::RegisterSampled as _;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
@@ -34,13 +35,13 @@ use prometheus_client::{
 
 use super::decode::NetRequest;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirLabel {
     pub direction: &'static str,
     pub nic: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CommDir {
     pub comm: String,
     pub direction: &'static str,
@@ -80,14 +81,14 @@ impl NetMetrics {
             occupancy: Family::default(),
             sampled: Counter::default(),
         };
-        r.register("stepwise_net_request_seconds", "Occupancy T of a sampled NCCL network request (post to first successful test)", m.seconds.clone());
-        r.register("stepwise_net_request_bytes", "Bytes of the sampled NCCL network requests that completed", m.bytes.clone());
-        r.register(
+        r.register_sampled("stepwise_net_request_seconds", "Occupancy T of a sampled NCCL network request (post to first successful test)", m.seconds.clone());
+        r.register_sampled("stepwise_net_request_bytes", "Bytes of the sampled NCCL network requests that completed", m.bytes.clone());
+        r.register_sampled(
             "stepwise_net_request_occupancy_seconds",
             "Sum of the sampled requests' occupancy; divided by stepwise_net_sampled_seconds_total it is the mean number in flight",
             m.occupancy.clone(),
         );
-        r.register("stepwise_net_sampled_seconds", "Time the sampled NCCL network probes were attached", m.sampled.clone());
+        r.register_sampled("stepwise_net_sampled_seconds", "Time the sampled NCCL network probes were attached", m.sampled.clone());
         m
     }
 
@@ -120,13 +121,13 @@ pub struct ProxyMetrics {
 impl ProxyMetrics {
     pub fn register(r: &mut Registry) -> ProxyMetrics {
         let m = ProxyMetrics::default();
-        r.register(
+        r.register_sampled(
             "stepwise_proxy_requests",
             "Network requests NCCL's proxy completed (profiler plugin: send steps that entered SendWait, receives that left RecvWait)",
             m.requests.clone(),
         );
-        r.register("stepwise_proxy_request_bytes", "Bytes of those requests (NCCL's transSize)", m.bytes.clone());
-        r.register(
+        r.register_sampled("stepwise_proxy_request_bytes", "Bytes of those requests (NCCL's transSize)", m.bytes.clone());
+        r.register_sampled(
             "stepwise_proxy_request_occupancy_seconds",
             "Time those requests were posted to the network (SendWait / RecvWait); rate() is the mean number in flight",
             m.occupancy.clone(),

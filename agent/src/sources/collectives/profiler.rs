@@ -8,6 +8,7 @@
 //! the API's identity and progress views) and the plugin's calls stand in, with `enter` = GPU
 //! start and `exit` = GPU end on the host clock (`timing: "gpu"`).
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     collections::{BTreeMap, VecDeque},
     os::{
@@ -233,11 +234,11 @@ impl PluginStore {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TimingLabel {
     timing: &'static str,
 }
@@ -265,24 +266,24 @@ impl ProfilerMetrics {
             offset_error: Gauge::default(),
             proxy: super::net_metrics::ProxyMetrics::register(r),
         };
-        r.register("stepwise_profiler_records", "Collective records received from the NCCL profiler plugin", m.records.clone());
-        r.register("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
-        r.register(
+        r.register_sampled("stepwise_profiler_records", "Collective records received from the NCCL profiler plugin", m.records.clone());
+        r.register_sampled("stepwise_profiler_datagrams_refused", "Profiler plugin datagrams refused (bad magic, version or sizes)", m.refused.clone());
+        r.register_sampled(
             "stepwise_profiler_records_dropped",
             "Profiler plugin records refused by the agent: the header's pid is not the sender's (no_credentials, pid_unmapped, pid_mismatch), the sender is not a selected process (not_selected) or admission control (too_many_processes, process_rate, new_communicators)",
             m.dropped.clone(),
         );
-        r.register(
+        r.register_sampled(
             "stepwise_profiler_plugin_drops",
             "Records the profiler plugins dropped: ring_full (the job outran the sender) or unsent (no agent listened, or its queue stayed full)",
             m.plugin_drops.clone(),
         );
-        r.register(
+        r.register_sampled(
             "stepwise_profiler_plugin_processes",
             "Processes whose NCCL profiler plugin sent in the last 30 s, by timing (gpu: KernelCh events on; host_enqueue: off)",
             m.processes.clone(),
         );
-        r.register(
+        r.register_sampled(
             "stepwise_profiler_gpu_offset_error_seconds",
             "Largest GPU-timer-to-host-clock error bound of the active plugin processes",
             m.offset_error.clone(),

@@ -1,5 +1,7 @@
 //! Prometheus families of the ethtool source, and where each statistic's deltas go.
 
+use crate::export::reference::RegisterSampled as _;
+use crate::sources::by_unit::ByUnit;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
@@ -10,38 +12,38 @@ use prometheus_client::{
 
 use super::names::{prio_label, Class, Field};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirPrioLabels {
     pub netdev: String,
     pub direction: &'static str,
     pub priority: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PrioLabels {
     pub netdev: String,
     pub priority: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirLabels {
     pub netdev: String,
     pub direction: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub netdev: String,
     pub reason: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LevelLabels {
     pub netdev: String,
     pub level: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatLabels {
     pub netdev: String,
     pub stat: String,
@@ -87,53 +89,57 @@ pub struct Metrics {
     vport_bytes: Family<DirLabels, Counter>,
     vport_packets: Family<DirLabels, Counter>,
     pause_ctrl: Family<DirLabels, Counter>,
-    generic: Family<StatLabels, Counter>,
+    generic: ByUnit<StatLabels>,
 }
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics::default();
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_pfc_pause_frames",
             "PFC/global pause frames (ethtool -S rx/tx_prio<p>_pause, rx/tx_global_pause)",
             m.pause_frames.clone(),
         );
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_pfc_pause_seconds",
             "Time paused by PFC/global pause (ethtool -S *_pause_duration, µs in the driver)",
             m.pause_seconds.clone(),
         );
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_pfc_pause_transitions",
             "Pause Xoff→Xon transitions (ethtool -S rx_prio<p>_pause_transition)",
             m.pause_transitions.clone(),
         );
-        registry.register("stepwise_nic_priority_bytes", "Bytes per PFC priority (ethtool -S rx/tx_prio<p>_bytes)", m.priority_bytes.clone());
-        registry.register("stepwise_nic_priority_packets", "Packets per PFC priority (ethtool -S rx/tx_prio<p>_packets)", m.priority_packets.clone());
+        registry.register_sampled("stepwise_nic_priority_bytes", "Bytes per PFC priority (ethtool -S rx/tx_prio<p>_bytes)", m.priority_bytes.clone());
+        registry.register_sampled("stepwise_nic_priority_packets", "Packets per PFC priority (ethtool -S rx/tx_prio<p>_packets)", m.priority_packets.clone());
         // `stepwise_nic_ecn_marked_packets_total` belongs to the RDMA source (np_ecn_marked_roce_packets).
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_prio_ecn_marked_packets",
             "ECN-marked packets received per priority (ethtool -S rx_prio<p>_marked)",
             m.ecn_marked.clone(),
         );
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_discards",
             "Packets the NIC dropped, by reason (ethtool -S buf/cong discards, *_discards_phy, rx_out_of_buffer)",
             m.discards.clone(),
         );
-        registry.register("stepwise_nic_pause_storm_events", "Pause storm events (ethtool -S tx_pause_storm_<level>_events)", m.pause_storm.clone());
-        registry.register("stepwise_nic_rdma_vport_bytes", "RoCE bytes through the vport (ethtool -S rx/tx_vport_rdma_unicast_bytes)", m.vport_bytes.clone());
-        registry.register(
+        registry.register_sampled("stepwise_nic_pause_storm_events", "Pause storm events (ethtool -S tx_pause_storm_<level>_events)", m.pause_storm.clone());
+        registry.register_sampled(
+            "stepwise_nic_rdma_vport_bytes",
+            "RoCE bytes through the vport (ethtool -S rx/tx_vport_rdma_unicast_bytes)",
+            m.vport_bytes.clone(),
+        );
+        registry.register_sampled(
             "stepwise_nic_rdma_vport_packets",
             "RoCE packets through the vport (ethtool -S rx/tx_vport_rdma_unicast_packets)",
             m.vport_packets.clone(),
         );
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_pause_ctrl_frames",
             "Link-level MAC control (pause) frames, all priorities (ethtool -S rx/tx_pause_ctrl_phy)",
             m.pause_ctrl.clone(),
         );
-        registry.register("stepwise_ethtool_stat", "Other driver statistics by name (ethtool -S), per-queue names excluded", m.generic.clone());
+        m.generic.register(registry, "stepwise_ethtool_stat", "Other driver statistics by name (ethtool -S), per-queue names excluded");
         m
     }
 
@@ -145,7 +151,7 @@ impl Metrics {
         let dir = |direction: &'static str| DirLabels { netdev: nd(), direction };
         match class {
             Class::PerQueue | Class::NotCounter => Sink::None,
-            Class::Generic if generic_ok => Sink::Count(self.generic.get_or_create_owned(&StatLabels { netdev: nd(), stat: name.to_string() })),
+            Class::Generic if generic_ok => Sink::Count(self.generic.family(name).get_or_create_owned(&StatLabels { netdev: nd(), stat: name.to_string() })),
             Class::Generic => Sink::None,
             Class::Typed(f) => match f {
                 Field::PauseFrames { direction, priority } => Sink::Count(self.pause_frames.get_or_create_owned(&dp(direction.as_str(), priority.label()))),

@@ -133,7 +133,8 @@ pub enum Class {
     PerQueue,
     /// A driver value that is not a counter (e.g. veth's `peer_ifindex`): not exported.
     NotCounter,
-    /// Exported as `stepwise_ethtool_stat_total{stat=name}` (within the cardinality cap).
+    /// Exported as `stepwise_ethtool_stat{,_packets,_bytes}_total{stat=name}` by the unit the name
+    /// says (`sources::by_unit`), within the cardinality cap.
     Generic,
 }
 

@@ -84,7 +84,7 @@ fn mlx5_readings_become_typed_metrics_and_snapshot() {
         "stepwise_nic_pause_storm_events_total{netdev=\"eth2\",level=\"warning\"} 1",
         "stepwise_nic_rdma_vport_bytes_total{netdev=\"eth2\",direction=\"rx\"} 8192",
         "stepwise_nic_priority_bytes_total{netdev=\"eth2\",direction=\"tx\",priority=\"3\"} 900",
-        "stepwise_ethtool_stat_total{netdev=\"eth2\",stat=\"rx_packets\"} 1100",
+        "stepwise_ethtool_stat_packets_total{netdev=\"eth2\",stat=\"rx_packets\"} 1100",
     ] {
         assert!(m.contains(line), "missing {line:?} in\n{m}");
     }
@@ -147,7 +147,7 @@ fn generic_names_are_capped_and_the_overflow_counted() {
     assert!(src.ingest("eth0", &vec![1; n], Instant::now()));
     assert_eq!(c.errors.get(SOURCE, KIND_CARDINALITY), 88);
     let m = text(&reg);
-    assert_eq!(m.matches("stepwise_ethtool_stat_total{").count(), MAX_GENERIC_STATS);
+    assert_eq!(m.matches("stepwise_ethtool_stat_total{").count(), MAX_GENERIC_STATS, "names without a unit word count events");
     // The same names on a second netdev reuse the budget; new ones do not fit.
     src.install_table("eth1", vec!["vendor_counter_0000_x".into(), "brand_new".into()], "foo".into());
     assert_eq!(c.errors.get(SOURCE, KIND_CARDINALITY), 89);

@@ -9,6 +9,7 @@ mod fast;
 pub mod rtnl;
 mod sysfs;
 
+use crate::export::reference::RegisterSampled as _;
 use std::{collections::BTreeMap, time::Instant};
 
 use netlink_packet_route::{
@@ -104,7 +105,7 @@ pub struct NetdevSnapshot {
     pub transmit_errors: u64,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NetdevLabels {
     pub netdev: String,
 }
@@ -173,10 +174,10 @@ impl NetdevSource {
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
         let families: [Family<NetdevLabels, Counter>; 8] = Default::default();
         for ((name, help), f) in COUNTERS.iter().zip(HELP).zip(&families) {
-            registry.register(format!("stepwise_netdev_{name}"), help, f.clone());
+            registry.register_sampled(format!("stepwise_netdev_{name}"), help, f.clone());
         }
         let up = Family::<NetdevLabels, Gauge>::default();
-        registry.register("stepwise_netdev_up", "1 when the netdev's operational state is up", up.clone());
+        registry.register_sampled("stepwise_netdev_up", "1 when the netdev's operational state is up", up.clone());
         NetdevSource { ctx, families, up, rtnl: None, devs: BTreeMap::new(), last_error: None, fast: BTreeMap::new(), rates: BTreeMap::new() }
     }
 

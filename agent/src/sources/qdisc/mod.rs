@@ -5,6 +5,7 @@
 //! kernel adds `TCA_STATS_PKT64` as soon as they pass 2^32, so the value read is exact;
 //! drops, overlimits and requeues are u32 in `gnet_stats_queue` and wrap.
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     time::Instant,
@@ -139,7 +140,7 @@ pub struct QdiscSnapshot {
     pub requeues: u64,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct QdiscLabels {
     pub netdev: String,
     pub kind: String,
@@ -219,10 +220,10 @@ impl QdiscSource {
             ("stepwise_qdisc_requeues", "Packets requeued (TCA_STATS_QUEUE requeues, u32)"),
         ];
         for ((name, help), f) in names.iter().zip(&fam.counters) {
-            registry.register(*name, *help, f.clone());
+            registry.register_sampled(*name, *help, f.clone());
         }
-        registry.register("stepwise_qdisc_backlog_bytes", "Bytes queued in the qdisc now", fam.backlog_bytes.clone());
-        registry.register("stepwise_qdisc_backlog_packets", "Packets queued in the qdisc now", fam.backlog_packets.clone());
+        registry.register_sampled("stepwise_qdisc_backlog_bytes", "Bytes queued in the qdisc now", fam.backlog_bytes.clone());
+        registry.register_sampled("stepwise_qdisc_backlog_packets", "Packets queued in the qdisc now", fam.backlog_packets.clone());
         QdiscSource { ctx, fam, rtnl: None, qdiscs: BTreeMap::new(), last_error: None, per_queue: false }
     }
 

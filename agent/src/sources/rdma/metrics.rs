@@ -5,6 +5,8 @@
 //! resets or the port vanishes, and a series whose labels change (netdev renamed, rail
 //! override) restarts from the port's full cumulative value instead of from zero.
 
+use crate::export::reference::RegisterSampled as _;
+use crate::sources::by_unit::ByUnit;
 use std::sync::{
     atomic::{AtomicU64, Ordering},
     Arc,
@@ -24,7 +26,7 @@ use prometheus_client::{
 use super::spec::Typed;
 
 /// `{device,port,netdev,rail}`: one NIC port.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PortLabels {
     pub device: String,
     pub port: String,
@@ -33,7 +35,7 @@ pub struct PortLabels {
 }
 
 /// `{device,port,netdev,rail,reason}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RetransmitLabels {
     pub device: String,
     pub port: String,
@@ -43,7 +45,7 @@ pub struct RetransmitLabels {
 }
 
 /// `{device,port,counter}`: generic counters; `counter` is a file name, capped in number.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CounterLabels {
     pub device: String,
     pub port: String,
@@ -118,8 +120,8 @@ pub struct Metrics {
     pub out_of_sequence_packets: Family<PortLabels, Counter>,
     pub out_of_buffer_drops: Family<PortLabels, Counter>,
     pub retransmit_events: Family<RetransmitLabels, Counter>,
-    pub hw_counter: Family<CounterLabels, Counter>,
-    pub port_counter: Family<CounterLabels, Counter>,
+    pub hw_counter: ByUnit<CounterLabels>,
+    pub port_counter: ByUnit<CounterLabels>,
     pub port_up: Family<PortLabels, Gauge>,
     pub link_rate: Family<PortLabels, FloatGauge>,
 }
@@ -144,12 +146,12 @@ impl Metrics {
             out_of_sequence_packets: Family::default(),
             out_of_buffer_drops: Family::default(),
             retransmit_events: Family::default(),
-            hw_counter: Family::default(),
-            port_counter: Family::default(),
+            hw_counter: ByUnit::default(),
+            port_counter: ByUnit::default(),
             port_up: Family::default(),
             link_rate: Family::default(),
         };
-        registry.register(
+        registry.register_sampled(
             "stepwise_nic_transmit_wait_seconds",
             "Time with data pending but not sent: PMA port_xmit_wait ticks x [steps.params] xmit_wait_tick_seconds (default 4 ns)",
             m.transmit_wait.clone(),
@@ -169,17 +171,21 @@ impl Metrics {
             ("stepwise_nic_out_of_buffer_drops", "Packets dropped for lack of a posted receive WQE (out_of_buffer)", &m.out_of_buffer_drops),
         ];
         for (name, help, fam) in counters {
-            registry.register(name, help, fam.clone());
+            registry.register_sampled(name, help, fam.clone());
         }
-        registry.register("stepwise_nic_retransmit_events", "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)", m.retransmit_events.clone());
-        registry.register("stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)", m.hw_counter.clone());
-        registry.register(
+        registry.register_sampled(
+            "stepwise_nic_retransmit_events",
+            "Sender-side RDMA retransmission events by cause (mlx5 hw_counters)",
+            m.retransmit_events.clone(),
+        );
+        m.hw_counter.register(registry, "stepwise_rdma_hw_stat", "Every other RDMA hw_counters entry, by file name (at most 256 names)");
+        m.port_counter.register(
+            registry,
             "stepwise_rdma_port_stat",
             "Every other RDMA PMA counters entry (symbol_error, link_downed, unicast_*...), by file name",
-            m.port_counter.clone(),
         );
-        registry.register("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
-        registry.register("stepwise_nic_link_rate_bytes_per_second", "RDMA port link rate (from the rate file, Gb/s x 125000000)", m.link_rate.clone());
+        registry.register_sampled("stepwise_nic_port_up", "1 if the RDMA port state is ACTIVE, else 0", m.port_up.clone());
+        registry.register_sampled("stepwise_nic_link_rate_bytes_per_second", "RDMA port link rate (from the rate file, Gb/s x 125000000)", m.link_rate.clone());
         m
     }
 

@@ -537,8 +537,8 @@ impl PortState {
                         }
                         let fam = match sp.target {
                             Target::Typed(_) => None,
-                            Target::HwGeneric => Some(&io.metrics.hw_counter),
-                            Target::PortGeneric => Some(&io.metrics.port_counter),
+                            Target::HwGeneric => Some(io.metrics.hw_counter.family(&f.name)),
+                            Target::PortGeneric => Some(io.metrics.port_counter.family(&f.name)),
                         };
                         let series =
                             fam.map(|fam| fam.get_or_create_owned(&CounterLabels { device: dev.to_string(), port: port.to_string(), counter: f.name.clone() }));

@@ -85,9 +85,10 @@ impl Typed {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     Typed(Typed),
-    /// `stepwise_rdma_port_stat_total{counter}`: any other `counters/` entry.
+    /// `stepwise_rdma_port_stat{,_packets,_bytes}_total{counter}`: any other `counters/` entry
+    /// (the family by the unit its name says, `sources::by_unit`).
     PortGeneric,
-    /// `stepwise_rdma_hw_stat_total{counter}`: any other `hw_counters/` entry.
+    /// `stepwise_rdma_hw_stat{,_packets,_bytes}_total{counter}`: any other `hw_counters/` entry.
     HwGeneric,
 }
 

@@ -108,7 +108,7 @@ fn first_reading_is_the_initial_count_and_data_is_in_words() {
     assert!(t.contains(r#"stepwise_nic_port_up{device="mlx5_0",port="1",netdev="eth0",rail="0"} 1"#), "{t}");
     assert!(t.contains(r#"stepwise_rdma_hw_stat_total{device="mlx5_0",port="1",counter="rx_read_requests"} 7"#), "{t}");
     assert!(t.contains(r#"stepwise_nic_retransmit_events_total{device="mlx5_0",port="1",netdev="eth0",rail="0",reason="local_ack_timeout_err"} 0"#), "{t}");
-    assert!(t.contains(r#"stepwise_rdma_port_stat_total{device="mlx5_0",port="1",counter="unicast_xmit_packets"} 10"#), "{t}");
+    assert!(t.contains(r#"stepwise_rdma_port_stat_packets_total{device="mlx5_0",port="1",counter="unicast_xmit_packets"} 10"#), "{t}");
     assert!(!t.contains(r#"counter="lifespan""#), "lifespan is not a counter: {t}");
     assert_eq!(errors.get("rdma", "counter_reset"), 0);
 }
@@ -327,7 +327,7 @@ fn generic_counter_names_are_capped() {
     let (mut src, errors, reg) = h.source();
     src.sweep().expect("sweep");
     let t = text(&reg);
-    let series = t.lines().filter(|l| l.starts_with("stepwise_rdma_hw_stat_total{") || l.starts_with("stepwise_rdma_port_stat_total{")).count();
+    let series = t.lines().filter(|l| l.starts_with("stepwise_rdma_hw_stat") || l.starts_with("stepwise_rdma_port_stat")).count();
     assert_eq!(series, MAX_COUNTER_NAMES);
     // 1 PMA generic (unicast_xmit_packets) + 1 hw generic (rx_read_requests) + 300 new names.
     assert_eq!(errors.get("rdma", KIND_CARDINALITY), 302 - MAX_COUNTER_NAMES as u64);

@@ -11,6 +11,7 @@
 //! value held for the interval since the previous sweep); gauges of the connections' in-flight bytes, RTT, MSS,
 //! congestion window and send buffer.
 
+use crate::export::reference::RegisterSampled as _;
 use std::collections::{BTreeMap, HashMap};
 
 use prometheus_client::{
@@ -61,12 +62,12 @@ struct Last {
     seen: u64,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Netdev {
     netdev: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Limit {
     netdev: String,
     limit: &'static str,
@@ -109,35 +110,35 @@ impl Metrics {
             in_flight_integral: Default::default(),
             little: Default::default(),
         };
-        r.register(
+        r.register_sampled(
             "stepwise_tcp_in_flight_bytes",
             "Bytes sent and not yet acknowledged on the interface's established TCP connections (N·m), at the last sweep",
             m.in_flight_bytes.clone(),
         );
-        r.register("stepwise_tcp_in_flight_segments", "Segments in flight (N), at the last sweep", m.in_flight_segments.clone());
-        r.register("stepwise_tcp_mss_bytes", "Mean send MSS of the connections carrying data (m, bytes per request)", m.mss.clone());
-        r.register("stepwise_tcp_cwnd_bytes", "Sum of the connections' congestion windows × MSS", m.cwnd.clone());
-        r.register("stepwise_tcp_sndbuf_bytes", "Sum of the connections' send buffer sizes", m.sndbuf.clone());
-        r.register("stepwise_tcp_connections", "Established TCP connections whose local address is on the interface", m.conns.clone());
-        r.register(
+        r.register_sampled("stepwise_tcp_in_flight_segments", "Segments in flight (N), at the last sweep", m.in_flight_segments.clone());
+        r.register_sampled("stepwise_tcp_mss_bytes", "Mean send MSS of the connections carrying data (m, bytes per request)", m.mss.clone());
+        r.register_sampled("stepwise_tcp_cwnd_bytes", "Sum of the connections' congestion windows × MSS", m.cwnd.clone());
+        r.register_sampled("stepwise_tcp_sndbuf_bytes", "Sum of the connections' send buffer sizes", m.sndbuf.clone());
+        r.register_sampled("stepwise_tcp_connections", "Established TCP connections whose local address is on the interface", m.conns.clone());
+        r.register_sampled(
             "stepwise_tcp_rtt_seconds",
             "Smoothed RTT (T, request occupancy) of each connection that carried data, observed once per sweep",
             m.rtt.clone(),
         );
-        r.register("stepwise_tcp_acked_bytes", "Bytes acknowledged by the peers", m.acked.clone());
-        r.register("stepwise_tcp_delivered_segments", "Segments delivered (completions)", m.delivered.clone());
-        r.register("stepwise_tcp_busy_seconds", "Connection-seconds with data to send (tcpi_busy_time, includes the limited states)", m.busy.clone());
-        r.register(
+        r.register_sampled("stepwise_tcp_acked_bytes", "Bytes acknowledged by the peers", m.acked.clone());
+        r.register_sampled("stepwise_tcp_delivered_segments", "Segments delivered (completions)", m.delivered.clone());
+        r.register_sampled("stepwise_tcp_busy_seconds", "Connection-seconds with data to send (tcpi_busy_time, includes the limited states)", m.busy.clone());
+        r.register_sampled(
             "stepwise_tcp_limited_seconds",
             "Connection-seconds of the busy time stalled by a limit: rwnd (the peer's receive window) or sndbuf (the local send buffer)",
             m.limited.clone(),
         );
-        r.register(
+        r.register_sampled(
             "stepwise_tcp_in_flight_byte_seconds",
             "Integral of the bytes in flight over time (rate() = mean bytes in flight)",
             m.in_flight_integral.clone(),
         );
-        r.register(
+        r.register_sampled(
             "stepwise_tcp_in_flight_per_rtt_bytes",
             "Integral of Σ in-flight bytes / smoothed RTT over time: the bytes Little's law says were sent (rate() = N·m/T throughput; was stepwise_tcp_little_bytes_total)",
             m.little.clone(),

@@ -25,6 +25,7 @@ pub mod own;
 pub use diag::{SockDiag, TcpConn};
 pub use ifaces::{egress_of, interface_addresses, interfaces, IfAddr};
 
+use crate::export::reference::RegisterSampled as _;
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
@@ -39,7 +40,7 @@ use prometheus_client::{
 use super::{kind, Source, SourceContext, SourceError, SweepReport};
 use crate::{ebpf::TcpRetransmits, timeline::windows::SAME_HOST_LINK};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NetdevLabel {
     netdev: String,
 }
@@ -150,7 +151,7 @@ impl TcpSource {
 
     pub fn new(ctx: SourceContext, registry: &mut Registry) -> Self {
         let metric = Family::<NetdevLabel, Counter>::default();
-        registry.register("stepwise_tcp_retransmits", "TCP segments retransmitted, by the interface owning the source address", metric.clone());
+        registry.register_sampled("stepwise_tcp_retransmits", "TCP segments retransmitted, by the interface owning the source address", metric.clone());
         let (probe, load_error) = match TcpRetransmits::load() {
             Ok(p) => (Some(p), None),
             Err(e) => (None, Some(e.to_string())),
@@ -158,7 +159,7 @@ impl TcpSource {
         let diag = SockDiag::open().map_err(|e| e.to_string());
         let inflight = inflight::InFlightTracker::new(registry);
         let own_metric = Family::default();
-        registry.register(
+        registry.register_sampled(
             "stepwise_tcp_traced_transmit_bytes",
             "Wire bytes (payload and headers) the traced collective processes' own TCP connections sent, by the interface owning the source address",
             Clone::clone(&own_metric),
