@@ -57,7 +57,7 @@ fn check(prom: &Prometheus, job: &str, monitor: Monitor, container: &str) {
     let info = wait_for(Duration::from_secs(60), &format!("{job}: both ranks' stepwise_rank_info"), || {
         prom.query(&format!("stepwise_rank_info{{job=\"{job}\", k8s_pod_name=\"llama-worker-0\"}}")).ok().filter(|r| values(r, "rank").len() >= 2)
     })
-    .unwrap_or_else(|e| panic!("{e}: {:?}", prom.query(&format!("stepwise_rank_info{{job=\"{job}\"}}"))));
+    .unwrap_or_else(|e| panic!("{e}: {:?}", prom.query(&format!("last_over_time(stepwise_rank_info{{job=\"{job}\"}}[5m])"))));
     for s in &info {
         let m = &s["metric"];
         assert_eq!(m["k8s_namespace_name"], "training", "{job}: the rank's namespace: {m}");
@@ -74,7 +74,7 @@ fn check(prom: &Prometheus, job: &str, monitor: Monitor, container: &str) {
     let per_rank = wait_for(Duration::from_secs(60), &format!("{job}: per-rank wait series of the pod"), || {
         prom.query(&format!("stepwise_rank_wait_seconds_total{{job=\"{job}\", k8s_pod_name=\"llama-worker-0\"}}")).ok().filter(|r| values(r, "rank").len() >= 2)
     })
-    .unwrap_or_else(|e| panic!("{e}: {:?}", prom.query(&format!("stepwise_rank_wait_seconds_total{{job=\"{job}\"}}"))));
+    .unwrap_or_else(|e| panic!("{e}: {:?}", prom.query(&format!("last_over_time(stepwise_rank_wait_seconds_total{{job=\"{job}\"}}[5m])"))));
     assert_eq!(values(&per_rank, "k8s_namespace_name"), ["training"], "{job}: {per_rank:?}");
     assert_eq!(values(&per_rank, "pod"), [AGENT_POD], "{job}: {per_rank:?}");
 
