@@ -121,10 +121,8 @@ pub fn discovered(docs: &[Value], monitor: Monitor, pod: &AgentPod) -> Result<Va
     let template = &ds["spec"]["template"];
     let ns = str_of(&ds["metadata"]["namespace"], "DaemonSet namespace")?;
     let containers = template["spec"]["containers"].as_array().context("containers")?;
-    let (container, port) = containers
-        .iter()
-        .find_map(|c| c["ports"].as_array()?.first().map(|p| (c, p)))
-        .ok_or_else(|| anyhow!("no container with a port: {containers:?}"))?;
+    let (container, port) =
+        containers.iter().find_map(|c| c["ports"].as_array()?.first().map(|p| (c, p))).ok_or_else(|| anyhow!("no container with a port: {containers:?}"))?;
     let mut m = serde_json::Map::new();
     for (k, v) in [
         ("namespace", ns),

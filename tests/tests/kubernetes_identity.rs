@@ -55,7 +55,10 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
             .find(|l| l.contains(&format!(",rank=\"{r}\"")) || l.starts_with(&format!("rank=\"{r}\"")))
             .unwrap_or_else(|| panic!("rank {r}: {seen:?}"));
         assert!(l.contains(&format!("local_rank=\"{r}\"")), "local rank from OMPI_COMM_WORLD_LOCAL_RANK: {l}");
-        assert!(l.contains("k8s_pod_name=\"llama-worker-0\"") && l.contains("k8s_namespace_name=\"training\""), "pod and namespace from the log directory: {l}");
+        assert!(
+            l.contains("k8s_pod_name=\"llama-worker-0\"") && l.contains("k8s_namespace_name=\"training\""),
+            "pod and namespace from the log directory: {l}"
+        );
     }
     assert!(seen.iter().all(|l| !l.contains("coredns")), "another pod's name never leaks in: {seen:?}");
     // What `diagnose --hang` names a missing rank by: its pod, in /api/v1/open.

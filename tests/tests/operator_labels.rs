@@ -80,8 +80,7 @@ fn check(prom: &Prometheus, job: &str, monitor: Monitor, container: &str) {
 
     let all = prom.query(&format!("{{job=\"{job}\"}}")).expect("every series of the job");
     assert!(all.len() > 50, "{job}: the agent's series: {}", all.len());
-    let renamed: Vec<&Value> =
-        all.iter().filter(|s| s["metric"].as_object().is_some_and(|m| m.keys().any(|k| k.starts_with("exported_")))).collect();
+    let renamed: Vec<&Value> = all.iter().filter(|s| s["metric"].as_object().is_some_and(|m| m.keys().any(|k| k.starts_with("exported_")))).collect();
     assert!(renamed.is_empty(), "{job}: labels renamed to exported_* (a clash with a target label): {renamed:?}");
 }
 
