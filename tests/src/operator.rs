@@ -37,8 +37,8 @@ pub struct AgentPod {
     pub node: String,
 }
 
-/// helm: `STEPWISE_HELM`, else on PATH, else where the ecosystem tier installs it
-/// (`<cache>/helm/helm/helm`, `cargo xtask ecosystem`).
+/// helm: `STEPWISE_HELM` (the integration tier passes the ecosystem tier's pinned helm), else
+/// on PATH, else where the ecosystem tier installs it (`<cache>/helm/helm/helm`).
 pub fn helm() -> Result<PathBuf> {
     if let Some(h) = std::env::var_os("STEPWISE_HELM") {
         return Ok(h.into());
@@ -53,7 +53,7 @@ pub fn helm() -> Result<PathBuf> {
         base.join("stepwise")
     });
     let h = cache.join("helm/helm/helm");
-    h.is_file().then_some(h.clone()).ok_or_else(|| anyhow!("helm not found (STEPWISE_HELM, PATH, {}): run `cargo xtask ecosystem` once", h.display()))
+    h.is_file().then_some(h.clone()).ok_or_else(|| anyhow!("helm not found (STEPWISE_HELM, PATH, {}): `cargo xtask test integration` installs it", h.display()))
 }
 
 /// The chart rendered for a cluster that serves the Operator's API, with `monitor` enabled
@@ -75,10 +75,12 @@ pub fn render(monitor: Monitor, args: &[&str]) -> Result<Vec<Value>> {
     yaml_docs(&out.stdout)
 }
 
-/// YAML documents as JSON (python3's PyYAML, as the ecosystem tier parses them).
+/// YAML documents as JSON (PyYAML, as the ecosystem tier parses them): `STEPWISE_PYTHON`
+/// (the integration tier passes the ecosystem tier's), else `python3`.
 fn yaml_docs(yaml: &[u8]) -> Result<Vec<Value>> {
     use std::io::Write;
-    let mut child = Command::new("python3")
+    let python = std::env::var_os("STEPWISE_PYTHON").unwrap_or_else(|| "python3".into());
+    let mut child = Command::new(python)
         .args(["-c", "import sys, yaml, json; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d is not None]))"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
