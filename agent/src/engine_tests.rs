@@ -189,17 +189,20 @@ fn per_rank_series_carry_the_process_identity_and_follow_it() {
     let first = [coll(100)];
     m.step(&FinishedStep { job: "j", attribution: &step, collectives: &first, windows: &[], step_windows: &[] });
     let text = exposition(&registry);
-    assert!(text.contains(r#"stepwise_rank_late_seconds_total{rank="3",local_rank="3",namespace="train",pod="job-a-0",gpu="0000:18:00.0"} 0.01"#), "{text}");
+    assert!(
+        text.contains(r#"stepwise_rank_late_seconds_total{rank="3",local_rank="3",k8s_namespace_name="train",k8s_pod_name="job-a-0",gpu="0000:18:00.0"} 0.01"#),
+        "{text}"
+    );
     // The next job's process (another pod) runs rank 3: its series replace job a's.
     let second = [coll(200)];
     m.step(&FinishedStep { job: "j", attribution: &step, collectives: &second, windows: &[], step_windows: &[] });
     let text = exposition(&registry);
-    assert!(text.contains(r#"pod="job-b-0",gpu="0000:18:00.0"} 0.01"#), "{text}");
+    assert!(text.contains(r#"k8s_pod_name="job-b-0",gpu="0000:18:00.0"} 0.01"#), "{text}");
     assert!(!text.contains("job-a-0"), "the old pod's series are gone: {text}");
     // A process not published yet keeps the rank's series as they are (no flicker).
     let third = [coll(300)];
     m.step(&FinishedStep { job: "j", attribution: &step, collectives: &third, windows: &[], step_windows: &[] });
     let text = exposition(&registry);
-    assert!(text.contains(r#"pod="job-b-0",gpu="0000:18:00.0"} 0.02"#), "{text}");
+    assert!(text.contains(r#"k8s_pod_name="job-b-0",gpu="0000:18:00.0"} 0.02"#), "{text}");
     assert_eq!(text.lines().filter(|l| l.starts_with("stepwise_rank_")).count(), 2, "{text}");
 }

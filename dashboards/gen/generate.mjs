@@ -18,8 +18,9 @@ const DS = { type: 'prometheus', uid: '${datasource}' };
 // agent, i.e. one host.
 const SEL = 'cluster=~"$cluster", job=~"$job", instance=~"$host"';
 // Who a rank is: its process's Kubernetes namespace and pod and its local rank, labels of the
-// per-rank series themselves (empty when unknown; All is `.*`, which matches empty too).
-const SEL_POD = `${SEL}, namespace=~"$namespace", pod=~"$pod"`;
+// per-rank series themselves (empty when unknown; All is `.*`, which matches empty too). Not
+// `namespace`/`pod`: the Prometheus Operator sets those to the agent's own pod (target labels).
+const SEL_POD = `${SEL}, k8s_namespace_name=~"$namespace", k8s_pod_name=~"$pod"`;
 const SEL_WHO = `${SEL_POD}, local_rank=~"$local_rank"`;
 const SEL_RANK = `${SEL_WHO}, rank=~"$rank"`;
 const RI = '$__rate_interval';
@@ -62,9 +63,9 @@ const VARIABLES = [
   queryVar('cluster', 'Cluster', 'label_values(stepwise_build_info, cluster)', 'The `cluster` label (an external label of your Prometheus); All also matches series without it.'),
   queryVar('job', 'Job', 'label_values(stepwise_build_info{cluster=~"$cluster"}, job)', 'Prometheus scrape job of the agents.'),
   queryVar('host', 'Host', 'label_values(stepwise_build_info{cluster=~"$cluster", job=~"$job"}, instance)', 'One agent per host: the scrape target (`instance`).'),
-  queryVar('namespace', 'Namespace', `label_values(stepwise_rank_wait_seconds_total{${SEL}}, namespace)`, "Kubernetes namespace of the ranks' pods (a label of the per-rank series; none outside Kubernetes)."),
-  queryVar('pod', 'Pod', `label_values(stepwise_rank_wait_seconds_total{${SEL}, namespace=~"$namespace"}, pod)`, "The ranks' pods (a label of the per-rank series; none outside Kubernetes)."),
-  queryVar('local_rank', 'Local rank', `label_values(stepwise_rank_wait_seconds_total{${SEL}, namespace=~"$namespace", pod=~"$pod"}, local_rank)`, 'Rank within its host (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID…): GPU i of every node.'),
+  queryVar('namespace', 'Namespace', `label_values(stepwise_rank_wait_seconds_total{${SEL}}, k8s_namespace_name)`, "Kubernetes namespace of the training job's pods (`k8s_namespace_name` on the per-rank series; none outside Kubernetes). The series' `namespace` is the agent's, a target label."),
+  queryVar('pod', 'Pod', `label_values(stepwise_rank_wait_seconds_total{${SEL}, k8s_namespace_name=~"$namespace"}, k8s_pod_name)`, "The training job's pods (`k8s_pod_name` on the per-rank series; none outside Kubernetes). The series' `pod` is the agent's, a target label."),
+  queryVar('local_rank', 'Local rank', `label_values(stepwise_rank_wait_seconds_total{${SEL_POD}}, local_rank)`, 'Rank within its host (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID…): GPU i of every node.'),
   queryVar('rank', 'Rank', `label_values(stepwise_rank_wait_seconds_total{${SEL_WHO}}, rank)`, 'Global ranks of the selected pods and local ranks (at most 64 values per host at a time, then `other`).'),
   {
     type: 'textbox',

@@ -286,15 +286,21 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn start(dir: &Path, targets: &[&str]) -> Result<Prometheus> {
+        let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+        let scrape = format!("  - job_name: stepwise\n    static_configs:\n      - targets: [{list}]\n        labels:\n          cluster: test\n");
+        Prometheus::start_with(dir, &scrape)
+    }
+
+    /// Scraping with `scrape_configs` (the YAML list's items, or a JSON array), every 1 s
+    /// unless a scrape config says otherwise.
+    pub fn start_with(dir: &Path, scrape_configs: &str) -> Result<Prometheus> {
         let bin = which("prometheus").ok_or_else(|| anyhow!("prometheus not installed: run `cargo xtask setup` (apt package prometheus)"))?;
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let pdir = dir.join(format!("prometheus-{port}"));
         std::fs::create_dir_all(&pdir)?;
-        let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
-        let cfg = format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: stepwise\n    static_configs:\n      - targets: [{list}]\n        labels:\n          cluster: test\n"
-        );
+        let sep = if scrape_configs.trim_start().starts_with('[') { " " } else { "\n" };
+        let cfg = format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:{sep}{scrape_configs}");
         std::fs::write(pdir.join("prometheus.yml"), cfg)?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--config.file={}", pdir.join("prometheus.yml").display()))

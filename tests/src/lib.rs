@@ -4,7 +4,9 @@
 pub mod faults;
 pub mod flows;
 pub mod harness;
+pub mod kubepods;
 pub mod netns;
+pub mod operator;
 pub mod scenario;
 pub mod scenarios;
 pub mod torch;

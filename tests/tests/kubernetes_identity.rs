@@ -6,29 +6,14 @@
 //! container, and lose the series once the job's processes are gone; the per-rank series
 //! carry the local rank, pod and namespace too, and keep them.
 
-use std::{
-    os::unix::process::CommandExt,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::time::Duration;
 
 use stepwise_tests::{
     harness::{samples, wait_for, Agent},
+    kubepods::PodCgroup,
     netns::Netns,
     workloads,
 };
-
-/// The container's cgroup, removed (with its pod's) when the test ends.
-struct Cgroup(PathBuf);
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-        if let Some(pod) = self.0.parent() {
-            let _ = std::fs::remove_dir(pod);
-        }
-    }
-}
 
 fn rank_info(agent: &Agent) -> Vec<String> {
     samples(&agent.metrics().unwrap_or_default(), "stepwise_rank_info").into_iter().filter(|(_, v)| *v == 1.0).map(|(l, _)| l).collect()
@@ -39,17 +24,8 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
     workloads::build().expect("workloads build");
     let dir = tempfile::Builder::new().prefix("stepwise-k8s-").tempdir().expect("tmp");
     let ns = Netns::new().expect("netns (needs root and iproute2)");
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let uid =
-        format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", std::process::id(), n & 0xffff, (n >> 16) & 0xfff, (n >> 28) & 0xfff, (n >> 40) & 0xffff_ffff_ffff);
-    let id = format!("{:032x}{:032x}", n, n.rotate_left(64) ^ 0x5bd1_e995);
-    let root = Path::new("/sys/fs/cgroup/pids");
-    assert!(root.join("cgroup.procs").exists(), "this test needs the cgroup v1 pids hierarchy at {}", root.display());
-    let cg = Cgroup(root.join("kubepods/besteffort").join(format!("pod{uid}")).join(&id));
-    std::fs::create_dir_all(&cg.0).expect("create the container's cgroup");
-    let pods = dir.path().join("pods");
-    std::fs::create_dir_all(pods.join(format!("training_llama-worker-0_{uid}"))).expect("pod log dir");
-    std::fs::create_dir_all(pods.join("kube-system_coredns-7d9f_11111111-2222-4333-8444-555555555555")).expect("another pod");
+    let cg = PodCgroup::new(dir.path(), "training", "llama-worker-0").expect("the pod's cgroup");
+    let pods = &cg.pod_logs;
 
     let cfg = dir.path().join("agent.toml");
     let text = format!(
@@ -60,20 +36,14 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
     std::fs::write(&cfg, text).expect("config");
     let agent = Agent::start(dir.path(), &["--config", cfg.to_str().expect("utf8")]).expect("agent starts");
 
-    // The job joins the container's cgroup before it execs (`0` moves the writer itself), so
-    // mpirun and its ranks are born inside it.
-    let procs = std::fs::OpenOptions::new().write(true).open(cg.0.join("cgroup.procs")).expect("open cgroup.procs");
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&procs);
+    // mpirun and its ranks are born inside the container's cgroup.
     let mut cmd = workloads::mpi_steps(ns.name(), 2, &["--steps", "60", "--compute-us", "50000"]);
-    // SAFETY: only write(2) on a descriptor opened before the fork.
-    unsafe {
-        cmd.pre_exec(move || if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
-    }
+    let procs = cg.enter(&mut cmd).expect("join the cgroup");
     let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().expect("mpirun");
     drop(procs);
 
-    let container = &id[..12];
-    let ours = |l: &String| l.contains(&format!("container=\"{container}\""));
+    let container = &cg.container;
+    let ours = |l: &String| l.contains(&format!("container_id=\"{container}\""));
     let seen = wait_for(Duration::from_secs(30), "both ranks in stepwise_rank_info", || {
         let v: Vec<String> = rank_info(&agent).into_iter().filter(ours).collect();
         (v.iter().filter(|l| l.contains("rank=\"0\"") || l.contains("rank=\"1\"")).count() >= 2).then_some(v)
@@ -85,7 +55,10 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
             .find(|l| l.contains(&format!(",rank=\"{r}\"")) || l.starts_with(&format!("rank=\"{r}\"")))
             .unwrap_or_else(|| panic!("rank {r}: {seen:?}"));
         assert!(l.contains(&format!("local_rank=\"{r}\"")), "local rank from OMPI_COMM_WORLD_LOCAL_RANK: {l}");
-        assert!(l.contains("pod=\"llama-worker-0\"") && l.contains("namespace=\"training\""), "pod and namespace from the log directory: {l}");
+        assert!(
+            l.contains("k8s_pod_name=\"llama-worker-0\"") && l.contains("k8s_namespace_name=\"training\""),
+            "pod and namespace from the log directory: {l}"
+        );
     }
     assert!(seen.iter().all(|l| !l.contains("coredns")), "another pod's name never leaks in: {seen:?}");
     // What `diagnose --hang` names a missing rank by: its pod, in /api/v1/open.
@@ -105,13 +78,13 @@ fn traced_ranks_carry_their_pod_namespace_and_container_and_vanish_with_the_job(
     // rank filters), and keep it after the processes are gone.
     let per_rank = || samples(&agent.metrics().unwrap_or_default(), "stepwise_rank_wait_seconds_total").into_iter().map(|(l, _)| l).collect::<Vec<_>>();
     let labelled = wait_for(Duration::from_secs(30), "per-rank series with the pod's identity", || {
-        let v: Vec<String> = per_rank().into_iter().filter(|l| l.contains("pod=\"llama-worker-0\"")).collect();
+        let v: Vec<String> = per_rank().into_iter().filter(|l| l.contains("k8s_pod_name=\"llama-worker-0\"")).collect();
         (v.len() >= 2).then_some(v)
     })
     .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", per_rank(), agent.proc.log_text()));
     for r in ["0", "1"] {
         let l = labelled.iter().find(|l| l.starts_with(&format!("rank=\"{r}\","))).unwrap_or_else(|| panic!("rank {r}: {labelled:?}"));
-        assert!(l.contains(&format!("local_rank=\"{r}\"")) && l.contains("namespace=\"training\""), "rank {r}: {l}");
+        assert!(l.contains(&format!("local_rank=\"{r}\"")) && l.contains("k8s_namespace_name=\"training\""), "rank {r}: {l}");
     }
     // Exited processes are forgotten once the probe consumer's watermark passes (30 s at most).
     wait_for(Duration::from_secs(45), "the job's series removed", || rank_info(&agent).iter().all(|l| !ours(l)).then_some(()))

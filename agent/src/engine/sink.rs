@@ -145,14 +145,16 @@ struct CauseLabel {
 struct RankLabel {
     rank: String,
     local_rank: String,
-    namespace: String,
-    pod: String,
+    /// The process's Kubernetes namespace and pod: not `namespace`/`pod`, which the
+    /// Prometheus Operator sets to the agent's own pod (docs/prometheus-operator.md).
+    k8s_namespace_name: String,
+    k8s_pod_name: String,
     gpu: String,
 }
 
 impl RankLabel {
     fn new(rank: String, id: RankIdentity) -> RankLabel {
-        RankLabel { rank, local_rank: id.local_rank, namespace: id.namespace, pod: id.pod, gpu: id.gpu }
+        RankLabel { rank, local_rank: id.local_rank, k8s_namespace_name: id.namespace, k8s_pod_name: id.pod, gpu: id.gpu }
     }
 }
 #[derive(Default, Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

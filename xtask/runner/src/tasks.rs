@@ -94,7 +94,9 @@ pub fn test(args: &[String]) -> Result<()> {
             // 2.7× less often in a debug build (the soak tier builds the release agent anyway).
             "integration" => {
                 let bin = build_agent(true)?;
-                sh(cargo().args(["test", "-p", "stepwise-tests", "-p", "xtask-runner"]).env("STEPWISE_AGENT_BIN", bin))?;
+                // helm renders the chart for tests/tests/operator_labels.rs.
+                let tools = ecosystem::test_env()?;
+                sh(cargo().args(["test", "-p", "stepwise-tests", "-p", "xtask-runner"]).env("STEPWISE_AGENT_BIN", bin).envs(tools))?;
             }
             // Dashboards, deployment and least privilege, checked by the real tools (issue 6).
             // $STEPWISE_AGENT_BIN: an agent already built (a quicker run while editing deploy/).

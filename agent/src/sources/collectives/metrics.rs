@@ -42,11 +42,16 @@ pub struct KindLabels {
 pub struct RankInfoLabels {
     pub rank: String,
     pub local_rank: String,
-    pub job: String,
-    pub pod: String,
-    pub namespace: String,
+    /// The job's identity (`STEPWISE_JOB=…`, `TORCHELASTIC_RUN_ID=…`, …; the OTLP spans'
+    /// `stepwise.job`). Not `job`, `k8s_*` rather than `pod`/`namespace`, `container_id` rather
+    /// than `container`: those are target labels every Prometheus (`job`) or the Prometheus
+    /// Operator (the rest) sets to the agent's own, which would rename these to `exported_*`
+    /// (docs/prometheus-operator.md).
+    pub stepwise_job: String,
+    pub k8s_pod_name: String,
+    pub k8s_namespace_name: String,
     /// The container ID's first 12 hex digits (as `crictl ps` shows it).
-    pub container: String,
+    pub container_id: String,
     /// The netdev its traffic uses (`several` when more than one; empty until linked).
     pub nic: String,
     /// Its GPU's PCI address (sysfs spelling, `0000:1b:00.0`), from the profiler plugin;
@@ -67,10 +72,10 @@ impl RankInfoLabels {
         RankInfoLabels {
             rank: opt(p.world_rank()),
             local_rank: opt(p.local_rank()),
-            job: p.job(),
-            pod: pod.and_then(|p| p.name.clone()).unwrap_or_default(),
-            namespace: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
-            container: pod.and_then(|p| p.container_id.as_ref()).map(|c| c.chars().take(12).collect()).unwrap_or_default(),
+            stepwise_job: p.job(),
+            k8s_pod_name: pod.and_then(|p| p.name.clone()).unwrap_or_default(),
+            k8s_namespace_name: pod.and_then(|p| p.namespace.clone()).unwrap_or_default(),
+            container_id: pod.and_then(|p| p.container_id.as_ref()).map(|c| c.chars().take(12).collect()).unwrap_or_default(),
             nic: p.nic.clone(),
             gpu: p.gpu.clone(),
             pci_bus_id: super::gpu_id::dcgm_pci_bus_id(&p.gpu),

@@ -54,6 +54,14 @@ pub fn helm() -> Result<PathBuf> {
     Ok(tools::ensure()?.helm)
 }
 
+/// The pinned helm and the python3 with PyYAML, for the integration tier's test of the chart's
+/// monitors under the Prometheus Operator (tests/tests/operator_labels.rs): `STEPWISE_HELM`,
+/// `STEPWISE_PYTHON`.
+pub fn test_env() -> Result<[(&'static str, PathBuf); 2]> {
+    let t = tools::ensure()?;
+    Ok([("STEPWISE_HELM", t.helm), ("STEPWISE_PYTHON", t.python)])
+}
+
 /// `cargo xtask chart-readme`.
 pub fn chart_readme() -> Result<()> {
     readme::write(&tools::ensure()?)
