@@ -171,7 +171,7 @@ fn lock_checksums() -> Result<BTreeMap<(String, String), String>> {
 /// dependency graph. Deterministic: the serial number derives from Cargo.lock, the timestamp
 /// is the commit's.
 pub fn sbom(version: &str) -> Result<Value> {
-    let out = crate::tasks::cargo_cmd().args(["metadata", "--format-version", "1", "--locked"]).output()?;
+    let out = crate::tasks::cargo().args(["metadata", "--format-version", "1", "--locked"]).output()?;
     if !out.status.success() {
         bail!("cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -251,7 +251,7 @@ pub fn sbom(version: &str) -> Result<Value> {
 /// for the whole workspace at once (tests and xtask turn on features that pull in more
 /// crates); `cargo tree -p` resolves them as `cargo build -p` does.
 fn built_crates() -> Result<BTreeSet<String>> {
-    let tree = crate::tasks::cargo_cmd()
+    let tree = crate::tasks::cargo()
         .args(["tree", "--locked", "-p", "agent", "-p", "nccl-profiler", "-e", "normal", "--target", "all", "--prefix", "none", "--format", "{p}"])
         .output()?;
     if !tree.status.success() {

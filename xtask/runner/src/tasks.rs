@@ -27,10 +27,6 @@ pub fn sh(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn cargo_cmd() -> Command {
-    cargo()
-}
-
 /// The ecosystem tier's pinned helm (installed into the cache if it is not there).
 pub(crate) fn ecosystem_helm() -> Result<PathBuf> {
     ecosystem::helm()
@@ -41,7 +37,7 @@ pub fn chart_readme(_args: &[String]) -> Result<()> {
     ecosystem::chart_readme()
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
     c

@@ -127,7 +127,7 @@ fn sbom(text: &str) -> Result<()> {
     }
     let comps = bom["components"].as_array().context("components")?;
     let got: BTreeSet<String> = comps.iter().map(|c| format!("{} v{}", c["name"].as_str().unwrap_or(""), c["version"].as_str().unwrap_or(""))).collect();
-    let tree = run_ok(crate::tasks::cargo_cmd().args([
+    let tree = run_ok(crate::tasks::cargo().args([
         "tree",
         "--locked",
         "-p",
