@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     attribution::{self, Attribution, NetSample, Params, StepData},
-    timeline::{links::Links, steps::detect_period, steps_from_markers, Collective, CounterLog, Marker, NicWindow, Step, StepSource},
+    timeline::{links::Links, steps::detect_period, steps_from_markers, Activity, Collective, CounterLog, Marker, NicWindow, Step, StepSource},
 };
 
 /// A step and the collectives it holds.
@@ -213,6 +213,10 @@ pub struct StepInputs<'a> {
     pub linked: Vec<String>,
 }
 
+/// How far beyond a step the collectives whose activity shapes its windows are looked for:
+/// longer than the sweep `interval`'s upper bound in practice (1 s by default).
+const ACTIVITY_REACH: f64 = 2.0;
+
 /// A step's collectives, their counter windows reduced to the NICs their ranks use
 /// ([`Links::filter`]) and the sampled requests of the step. In-flight limits are per
 /// connection, so one host's requests are used — the host with the most in the step — rather
@@ -220,9 +224,13 @@ pub struct StepInputs<'a> {
 /// step began is not looked at.
 pub fn step_inputs<'c>(inp: &Inputs<'c, '_>, f: &Found) -> StepInputs<'c> {
     let collectives: Vec<&Collective> = f.members.iter().map(|&i| &inp.colls[i]).collect();
-    let windows = collectives.iter().map(|c| inp.log.map(|l| inp.links.filter(c, l.window(c.last_arrival(), c.last_exit()))).unwrap_or_default()).collect();
-    let same_host = collectives.iter().map(|c| inp.log.and_then(|l| attribution::measure_same_host(c, l, |w| inp.links.filter(c, w)))).collect();
     let (b, e) = (f.step.begin, f.step.end);
+    // The job's bytes are interpolated over its active time in the sample intervals around
+    // the step (`timeline::activity`), which reach at most a sweep `interval` beyond it.
+    let act = Activity::of(inp.colls, b - ACTIVITY_REACH, e + ACTIVITY_REACH);
+    let windows =
+        collectives.iter().map(|c| inp.log.map(|l| inp.links.filter(c, l.window_in(c.last_arrival(), c.last_exit(), &act))).unwrap_or_default()).collect();
+    let same_host = collectives.iter().map(|c| inp.log.and_then(|l| attribution::measure_same_host(c, l, &act, |w| inp.links.filter(c, w)))).collect();
     let net = inp
         .nets
         .iter()

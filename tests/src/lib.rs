@@ -5,6 +5,7 @@ pub mod faults;
 pub mod flows;
 pub mod harness;
 pub mod kubepods;
+pub mod linkpoll;
 pub mod netns;
 pub mod operator;
 pub mod scenario;

@@ -255,17 +255,12 @@ pub fn agent_config(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, ni
 /// [`agent_config`] sampling every 10 ms with the TCP dump at every sweep, as every accuracy
 /// scenario did before the fast lane: the scenarios not yet right at the shipped defaults
 /// (a known gap, issue 31). Measured at the defaults (release agent, as the integration tier
-/// runs it, this 2-core VM): `e2e_netns`'s healthy scenario put the median step's ideal
-/// communication 16–18 % under the rails' bytes at the TBF rate in 2 of 6 runs, its congestion
-/// scenarios put the other job's bytes
-/// 10–13 % under its burst in 2 of 5 runs and its in-flight scenarios left window 16's median
-/// step 11.5–13.3 ms unexplained (threshold 10.2 ms) in every run — counters read ~40–80 ms
-/// apart and interpolated; `e2e_other_traffic` passed 2 of 4 runs (the job's last step 51 ms
-/// `congestion` as its connections closed; same-host bytes 2.9 of 6.3 MB per step);
-/// `e2e_tcp_inflight`'s exported Little's-law integral is fed by the 1 s dumps alone (−52 %
-/// to +171 % off the NIC counter) and its clamped job's `in_flight_limit` came out at 36 ms
-/// against 150 ms; `e2e_rdma_mirror`'s fixture replaces its files every 5 ms, which real
-/// sysfs never does. Everything else runs at the defaults.
+/// runs it, this 2-core VM): `e2e_other_traffic`'s flat ring lost its last step's rail
+/// imbalance in 1 of 2 runs (its connections closed before the next read: the job's own bytes
+/// on the flow's rail unmeasured there); `e2e_tcp_inflight`'s exported Little's-law integral
+/// is fed by the 1 s dumps alone (−52 % to +171 % off the NIC counter) and its clamped job's
+/// `in_flight_limit` came out at 36 ms against 150 ms; `e2e_rdma_mirror`'s fixture replaces
+/// its files every 5 ms, which real sysfs never does. Everything else runs at the defaults.
 pub fn agent_config_10ms(ns: &str, dir: &Path, server: usize, sock: Option<&Path>, nic_rates: &BTreeMap<String, String>, sampled: bool) -> String {
     let top = "interval = \"10ms\"\n[sources]\nrdma = false\nethtool = false\ntcp_cpu_budget = 1.0\n";
     agent_config_with(top, ns, dir, server, sock, nic_rates, sampled)

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::timeline::{windows::SAME_HOST_LINK, Collective, CounterLog, NicInfo, NicWindow};
+use crate::timeline::{windows::SAME_HOST_LINK, Activity, Collective, CounterLog, NicInfo, NicWindow};
 
 /// What was measured of one collective's same-host transfers over its transfer interval.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -78,12 +78,12 @@ fn busy(bytes: f64, total: f64) -> bool {
 /// its ranks use (`timeline::links::Links::filter`). `None` for a collective of one host (no
 /// NIC to tell its phases apart: its whole transfer is local) or one whose same-host links
 /// were not measured (no loopback TCP of the job: shared memory, NVLink, PCIe).
-pub fn measure(c: &Collective, log: &CounterLog, nics: impl Fn(Vec<NicWindow>) -> Vec<NicWindow>) -> Option<SameHost> {
+pub fn measure(c: &Collective, log: &CounterLog, act: &Activity, nics: impl Fn(Vec<NicWindow>) -> Vec<NicWindow>) -> Option<SameHost> {
     let (t0, t1) = (c.last_arrival(), c.last_exit());
     if c.one_host() || t1 <= t0 || !log.has(NicInfo::is_same_host_link) {
         return None;
     }
-    let all = log.window(t0, t1);
+    let all = log.window_in(t0, t1, act);
     let bytes = same_host_bytes(c, &all)?;
     let mut m = SameHost { bytes, ..Default::default() };
     if bytes < BUSY_MIN_BYTES {
@@ -98,7 +98,7 @@ pub fn measure(c: &Collective, log: &CounterLog, nics: impl Fn(Vec<NicWindow>) -
     let slices: Vec<(f64, bool, Option<f64>)> = edges
         .windows(2)
         .map(|e| {
-            let w = log.window(e[0], e[1]);
+            let w = log.window_in(e[0], e[1], act);
             let local = busy(same_host_bytes(c, &w).unwrap_or(0.0), bytes);
             let nic = nic_bytes(c, &nics(w));
             (e[1] - e[0], local, busy(nic, nic_total).then_some(nic))

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::timeline::{join::Arrival, windows::NicInfo, Collective, CounterLog, NicSample, Step, StepSource};
+use crate::timeline::{join::Arrival, windows::NicInfo, Activity, Collective, CounterLog, NicSample, Step, StepSource};
 
 /// 4 ranks, 2 per host (pid = rank), all arriving at 0 and leaving at `t1`.
 fn job(hosts: [&str; 2], t1: f64) -> Collective {
@@ -53,7 +53,7 @@ fn log_named(lo_measured: bool, prefix: &str) -> CounterLog {
 #[test]
 fn the_local_phases_are_the_local_only_slices_and_half_of_those_at_a_phase_edge() {
     let c = job(["a", "b"], 1.0);
-    let m = measure_same_host(&c, &log(true), |w| w).expect("measured");
+    let m = measure_same_host(&c, &log(true), &Activity::default(), |w| w).expect("measured");
     // 5 MB over lo: 2.5 MB in each local phase; 4 slices local only, 0.2–0.3 and 0.7–0.8 hold
     // a phase edge (half each): 0.5 s, the phases' own length.
     assert!((m.bytes - 5e6).abs() < 1.0, "{m:?}");
@@ -61,14 +61,14 @@ fn the_local_phases_are_the_local_only_slices_and_half_of_those_at_a_phase_edge(
     assert_eq!(m.slices, 10);
     assert!(m.idle_seconds.abs() < 1e-9, "{m:?}");
     // Cluster `diagnose` names the NICs of several hosts `host/netdev`: the same.
-    assert_eq!(measure_same_host(&c, &log_named(true, "a/"), |w| w), Some(m));
+    assert_eq!(measure_same_host(&c, &log_named(true, "a/"), &Activity::default(), |w| w), Some(m));
     // The transfer ending 0.2 s after the job's bytes did (its ranks waited): idle, not local.
-    let m = measure_same_host(&job(["a", "b"], 1.2), &log(true), |w| w).expect("measured");
+    let m = measure_same_host(&job(["a", "b"], 1.2), &log(true), &Activity::default(), |w| w).expect("measured");
     assert!((m.seconds - 0.5).abs() < 1e-6 && (m.idle_seconds - 0.2).abs() < 1e-6, "{m:?}");
     // Without the same-host link measured: nothing to say (the step notes it).
-    assert_eq!(measure_same_host(&c, &log(false), |w| w), None);
+    assert_eq!(measure_same_host(&c, &log(false), &Activity::default(), |w| w), None);
     // All ranks on one host: its whole transfer is local, there is no phase to tell apart.
-    assert_eq!(measure_same_host(&job(["a", "a"], 1.0), &log(true), |w| w), None);
+    assert_eq!(measure_same_host(&job(["a", "a"], 1.0), &log(true), &Activity::default(), |w| w), None);
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn samples_too_far_apart_to_tell_the_phases_apart_count_half_of_the_slice() {
         let own = w.own_tx.clone().expect("own");
         coarse.push(w.nic.clone(), NicSample { time: 1.2, tx_bytes: w.tx_bytes, own_tx: Some(own), ..Default::default() });
     }
-    let m = measure_same_host(&job(["a", "b"], 1.0), &coarse, |w| w).expect("measured");
+    let m = measure_same_host(&job(["a", "b"], 1.0), &coarse, &Activity::default(), |w| w).expect("measured");
     assert_eq!(m.slices, 1);
     assert!((m.seconds - 0.5).abs() < 1e-6, "{m:?}");
 }

@@ -10,6 +10,7 @@
 //! - [`open`]: each communicator's progress on one host (open calls, last completed call,
 //!   exited ranks), judged by [`crate::hang`].
 
+pub mod activity;
 pub mod admission;
 pub mod align;
 pub mod clocks;
@@ -21,6 +22,7 @@ pub mod open;
 pub mod steps;
 pub mod windows;
 
+pub use activity::Activity;
 pub use join::{join_calls, Arrival, Collective};
 pub use markers::{Marker, MarkerError, Phase};
 pub use steps::{steps_from_markers, steps_from_period, Step, StepSource};

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use super::activity::Activity;
+
 /// Cumulative counters of one NIC at one time (gauges marked).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct NicSample {
@@ -156,12 +158,13 @@ impl NicWindow {
     }
 }
 
-/// The value at `t` of a series of (time, cumulative value) points sorted by time: linear
-/// between the points around it, clamped to the first and last.
-fn interpolate(points: &[(f64, f64)], t: f64) -> f64 {
+/// The value at `t` of a series of (time, cumulative value) points sorted by time: between
+/// the points around it, in proportion to the job's active time there (`act`; to time when
+/// none was active), clamped to the first and last.
+fn interpolate(points: &[(f64, f64)], t: f64, act: &Activity) -> f64 {
     let k = points.partition_point(|p| p.0 <= t);
     match (k.checked_sub(1).and_then(|k| points.get(k)), points.get(k)) {
-        (Some(a), Some(b)) if b.0 > a.0 => a.1 + (b.1 - a.1) * (t - a.0) / (b.0 - a.0),
+        (Some(a), Some(b)) if b.0 > a.0 => a.1 + (b.1 - a.1) * act.share(a.0, b.0, t).unwrap_or((t - a.0) / (b.0 - a.0)),
         (Some(a), _) => a.1,
         (None, Some(b)) => b.1,
         (None, None) => 0.0,
@@ -267,9 +270,23 @@ impl CounterLog {
 
     /// Deltas of every NIC over [t0, t1]. NICs without samples covering the window give zeros.
     pub fn window(&self, t0: f64, t1: f64) -> Vec<NicWindow> {
+        self.window_in(t0, t1, &Activity::default())
+    }
+
+    /// [`Self::window`], with the job's own bytes on a NIC interpolated over its active time
+    /// `act` (`timeline::activity`) rather than over time: they went out while its collectives
+    /// were in flight. A NIC's other bytes (its counter less the job's own) stay spread over
+    /// time, and so do the same-host link's: a collective's local phases are bursts at its
+    /// edges, not spread over its transfer, and an interval holding one step's last burst and
+    /// the next step's first would give both to whichever step had more active time in it
+    /// (measured: 7.4–7.6 MB of a hierarchical step's local bytes against 6.3 MB per step on
+    /// `lo`).
+    pub fn window_in(&self, t0: f64, t1: f64, act: &Activity) -> Vec<NicWindow> {
+        let by_time = Activity::default();
         self.nics
             .values()
             .map(|(info, s)| {
+                let act = if info.is_same_host_link() { &by_time } else { act };
                 let d = |f: &dyn Fn(&NicSample) -> f64| match (Self::at(s, t0, f), Self::at(s, t1, f)) {
                     (Some(a), Some(b)) => (b - a).max(0.0),
                     _ => 0.0,
@@ -288,12 +305,21 @@ impl CounterLog {
                     sndbuf_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.sndbuf_bytes),
                     cwnd_bytes: Self::gauge(s, t0, t1, &|x| x.tcp.cwnd_bytes),
                 };
-                let own_tx = Self::own_window(s, t0, t1);
+                let own_tx = Self::own_window(s, t0, t1, act);
+                let opaque = d(&|x| x.opaque_tx_bytes);
+                // The counter's bytes: its linear delta, with the job's own part moved to when
+                // the job was active.
+                let sum = |o: &Option<Vec<(u32, f64)>>| o.iter().flatten().map(|e| e.1).sum::<f64>();
+                let moved = if opaque > 0.0 || own_tx.is_none() || act.is_empty() {
+                    0.0
+                } else {
+                    sum(&own_tx) - sum(&Self::own_window(s, t0, t1, &Activity::default()))
+                };
                 NicWindow {
                     own_tx,
-                    opaque_tx_bytes: d(&|x| x.opaque_tx_bytes),
+                    opaque_tx_bytes: opaque,
                     nic: info.clone(),
-                    tx_bytes: d(&|x| x.tx_bytes),
+                    tx_bytes: (d(&|x| x.tx_bytes) + moved).max(0.0),
                     rx_bytes: d(&|x| x.rx_bytes),
                     pause_seconds: d(&|x| x.pause_seconds),
                     pause_frames: d(&|x| x.pause_frames),
@@ -315,7 +341,7 @@ impl CounterLog {
     /// read by then; a pid listed only later sent bytes before it was known, which the window
     /// cannot tell). A pid absent from a later sample is no longer traced and keeps its last
     /// total. `None` unless the samples on both sides of the window measured them.
-    fn own_window(samples: &VecDeque<NicSample>, t0: f64, t1: f64) -> Option<Vec<(u32, f64)>> {
+    fn own_window(samples: &VecDeque<NicSample>, t0: f64, t1: f64, act: &Activity) -> Option<Vec<(u32, f64)>> {
         let i = samples.partition_point(|s| s.time <= t0).checked_sub(1)?;
         let j = samples.partition_point(|s| s.time < t1).min(samples.len() - 1);
         if samples[i].own_tx.is_none() || samples[j].own_tx.is_none() {
@@ -335,7 +361,7 @@ impl CounterLog {
                     (s.time, last)
                 })
                 .collect();
-            out.push((pid, (interpolate(&points, t1) - interpolate(&points, t0)).max(0.0)));
+            out.push((pid, (interpolate(&points, t1, act) - interpolate(&points, t0, act)).max(0.0)));
         }
         Some(out)
     }
@@ -461,6 +487,29 @@ mod tests {
         assert!(log.window(2.5, 2.9)[0].own_tx_of(&[9, 11]).is_some());
         // The sample before the window did not measure them.
         assert!(log.window(0.5, 1.5)[0].own_tx.is_none());
+    }
+
+    #[test]
+    fn the_jobs_own_bytes_on_a_nic_go_where_it_was_active_other_bytes_and_the_same_host_links_by_time() {
+        let mut log = CounterLog::new(100);
+        for name in ["rail0", SAME_HOST_LINK] {
+            let info = NicInfo { name: name.into(), ..Default::default() };
+            log.push(info.clone(), NicSample { time: 0.0, tx_bytes: 0.0, own_tx: Some(vec![(7, 0.0)]), ..Default::default() });
+            log.push(info, NicSample { time: 1.0, tx_bytes: 1500.0, own_tx: Some(vec![(7, 1000.0)]), ..Default::default() });
+        }
+        // One sample interval: compute to 0.2 s, the job's transfer to 0.6 s, compute again.
+        // Its 1000 own bytes went out in [0.2, 0.6]; the other 500 are spread over the second.
+        let act = Activity::from_spans(vec![(0.2, 0.6)]);
+        let w = log.window_in(0.2, 0.4, &act);
+        let (rail, lo) = (w.iter().find(|w| w.nic.name == "rail0").expect("rail0"), w.iter().find(|w| w.nic.name == SAME_HOST_LINK).expect("lo"));
+        assert!((rail.own_tx_of(&[7]).expect("own") - 500.0).abs() < 1e-9, "{rail:?}");
+        assert!((rail.tx_bytes - 600.0).abs() < 1e-9, "own 500 + other 100: {rail:?}");
+        assert!((lo.own_tx_of(&[7]).expect("own") - 200.0).abs() < 1e-9, "by time: {lo:?}");
+        assert!((lo.tx_bytes - 300.0).abs() < 1e-9, "{lo:?}");
+        // Without activity (or none in the interval) the NIC's too are by time.
+        assert!((log.window(0.2, 0.4)[0].tx_bytes - 300.0).abs() < 1e-9);
+        let idle = Activity::from_spans(vec![(2.0, 3.0)]);
+        assert!((log.window_in(0.2, 0.4, &idle)[0].tx_bytes - 300.0).abs() < 1e-9);
     }
 
     #[test]

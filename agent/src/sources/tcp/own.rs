@@ -130,7 +130,15 @@ pub struct OwnTraffic {
     /// Connections whose end was counted from their destroy event: a read taken before it
     /// that still lists them is not counted again.
     ended: HashSet<u64>,
+    /// Pids no longer traced (their process exited) → the dump that found them gone: they
+    /// stay listed with their totals for [`DEPARTED_DUMPS`] dumps, so the bytes they sent
+    /// after the read before their exit (counted from their sockets' destroy events) are in
+    /// the samples, not lost with the pid.
+    departed: BTreeMap<u32, u64>,
 }
+
+/// Dumps a departed pid stays listed.
+const DEPARTED_DUMPS: u64 = 2;
 
 impl OwnTraffic {
     pub fn new(owners: Owners) -> OwnTraffic {
@@ -151,8 +159,10 @@ impl OwnTraffic {
         if self.last.len() > MAX_KEPT {
             self.last.clear();
         }
+        self.departed.retain(|_, at| d - *at <= DEPARTED_DUMPS);
+        let departed = &self.departed;
         for m in self.per_iface.values_mut() {
-            m.retain(|p, _| traced.binary_search(p).is_ok());
+            m.retain(|p, _| traced.binary_search(p).is_ok() || departed.contains_key(p));
         }
         self.measured = ifaces.collect();
     }
@@ -209,6 +219,18 @@ impl OwnTraffic {
             self.foreign.clear();
         }
         let unknown = conns.iter().any(|c| !self.inode_pid.contains_key(&c.inode) && !self.foreign.contains(&c.inode));
+        if changed || pids.is_empty() {
+            let d = self.dumps;
+            for &p in self.resolved.iter().filter(|p| pids.binary_search(p).is_err()) {
+                self.departed.entry(p).or_insert(d);
+            }
+            // A pid traced again starts afresh.
+            for p in &pids {
+                if self.departed.remove(p).is_some() {
+                    self.per_iface.values_mut().for_each(|m| _ = m.remove(p));
+                }
+            }
+        }
         if (unknown || changed) && !pids.is_empty() {
             self.lookups += 1;
             self.resolved = pids.clone();
@@ -221,6 +243,12 @@ impl OwnTraffic {
             self.inode_pid.clear();
             self.resolved.clear();
         }
+        // Departed pids stay listed a little longer (sorted, as the samples keep them).
+        let d = self.dumps;
+        self.resolved.retain(|p| pids.binary_search(p).is_ok());
+        self.resolved.extend(self.departed.iter().filter(|(_, at)| d - **at < DEPARTED_DUMPS).map(|(p, _)| *p));
+        self.resolved.sort_unstable();
+        self.resolved.dedup();
         pids
     }
 
@@ -315,10 +343,16 @@ mod tests {
         // Payload plus at most one 66-byte header per segment of ≥ 1 kB (and the ACKs).
         assert!((900_000.0..1_100_000.0).contains(&bytes), "{bytes}");
         assert_eq!(own.lookups, 2, "and again for the new connection");
-        // Not traced any more: nothing is its own, and its totals are forgotten.
+        // Not traced any more (its process exited): nothing it sends is its own, and its
+        // totals stay listed for two dumps — a window ending after its exit still sees the
+        // bytes it sent before — then are forgotten.
         owners.publish(Path::new("/proc"), std::iter::empty());
         assert!(own.owners_changed(), "the job ended");
         send(&mut a, &mut b, 100_000);
+        for _ in 0..DEPARTED_DUMPS {
+            own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
+            assert_eq!(own.of("lo"), Some(vec![(me, bytes)]), "departed: its total as it left");
+        }
         own.update(&dump(&mut diag), ["lo".to_string()].into_iter(), lo);
         assert_eq!(own.of("lo"), Some(vec![]));
         // Traced again: only what it sends from now on.
