@@ -310,11 +310,7 @@ impl CounterLog {
                 // The counter's bytes: its linear delta, with the job's own part moved to when
                 // the job was active.
                 let sum = |o: &Option<Vec<(u32, f64)>>| o.iter().flatten().map(|e| e.1).sum::<f64>();
-                let moved = if opaque > 0.0 || own_tx.is_none() || act.is_empty() {
-                    0.0
-                } else {
-                    sum(&own_tx) - sum(&Self::own_window(s, t0, t1, &Activity::default()))
-                };
+                let moved = if opaque > 0.0 || own_tx.is_none() || act.is_empty() { 0.0 } else { sum(&own_tx) - sum(&Self::own_window(s, t0, t1, &by_time)) };
                 NicWindow {
                     own_tx,
                     opaque_tx_bytes: opaque,
